@@ -1,0 +1,1 @@
+"""PyTorch-free Monte Carlo checker: samples real activations and gradients with NumPy."""

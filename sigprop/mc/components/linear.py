@@ -1,0 +1,57 @@
+"""Linear y = x W + b: Monte Carlo component and published sweep."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sigprop.mc.component import Component
+from sigprop.mc.components._util import batch_for, grid_std
+from sigprop.mc.sweep import Case, SweepSpec
+from sigprop.state import Backward, Forward
+
+
+class LinearMC(Component):
+    name = "linear"
+    rule = "linear"
+
+    def dims(self, params):
+        return params.get("L", 16), params["d_in"], params["d_out"]
+
+    def sample_weights(self, rng, params, dtype):
+        W = rng.standard_normal((params["d_in"], params["d_out"]), dtype=dtype)
+        W *= dtype(params["w_std"])
+        b = rng.standard_normal(params["d_out"], dtype=dtype) * dtype(params.get("b_std", 0.0))
+        return {"W": W, "b": b}
+
+    def forward(self, X, W, params, rng):
+        return X @ W["W"] + W["b"], W["W"]
+
+    def backward(self, GY, cache):
+        return GY @ cache.T
+
+
+COMPONENT = LinearMC()
+
+
+def _case(pt: dict) -> Case:
+    din, dout = pt["d_in"], pt["d_out"]
+    rule = {"d_in": din, "d_out": dout, "w_std": pt["w_std_sqrt_din"] / np.sqrt(din), "b_std": 0.0}
+    runs = 4
+    batch = batch_for(8000, min(din, dout), runs)
+    return Case(rule, {**rule, "L": pt["L"]},
+                Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
+                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
+
+
+SWEEP = SweepSpec(
+    component=COMPONENT,
+    grid={
+        "x_std": (0.316, 1.0, 3.16), "x_mean": (0.1, 1.0, 10.0), "x_corr": (0.0, 1 / 3, 2 / 3),
+        "g_corr": (0.0, 1 / 3, 2 / 3), "g_std": (0.316, 1.0, 3.16),
+        "d_in": (100, 316, 1000), "d_out": (100, 316, 1000), "L": (100, 1000),
+        "w_std_sqrt_din": (0.1, 1.0, 10.0),
+    },
+    make_case=_case,
+    published={"x_mean": (0.0, 0.4, 1.3), "x_var": (0.4, 1.4, 2.8), "g_var": (0.2, 1.0, 2.2),
+               "x_corr": (0.4, 1.4, 2.8), "g_corr": (0.2, 1.0, 2.2)},
+)

@@ -1,0 +1,187 @@
+"""Rule infrastructure: parameters with domains, and the Rule base class.
+
+A rule is one component's moment map.  It defines, side by side,
+
+* ``forward(m, x, p) -> Forward``: moments of the component output from those of its input;
+* ``backward(m, x, g, p) -> Backward``: moments of dLoss/d(input) from those of
+  dLoss/d(output), given the forward input state ``x``;
+
+against a math namespace ``m`` (:mod:`sigprop.backend`).  Written once, a rule evaluates
+numerically (:meth:`Rule.evaluate`, floats or broadcast NumPy arrays, with domain checks)
+or symbolically (:meth:`Rule.symbolic`, sympy expressions in the symbols of
+:mod:`sigprop.symbols`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from sigprop import symbols
+from sigprop.backend import numeric
+from sigprop.errors import DomainError
+from sigprop.state import Backward, Forward
+
+
+@dataclass(frozen=True)
+class Param:
+    """A rule parameter.  ``lo``/``hi`` bound it (``open_*`` excludes the bound)."""
+
+    name: str
+    doc: str
+    default: Any = None
+    lo: float = -math.inf
+    hi: float = math.inf
+    open_lo: bool = False
+    open_hi: bool = False
+    integer: bool = False
+
+    def check(self, value) -> None:
+        v = np.asarray(value, dtype=float)
+        if not np.all(np.isfinite(v)):
+            raise DomainError(f"{self.name} must be finite, got {value!r}")
+        bad_lo = (v <= self.lo) if self.open_lo else (v < self.lo)
+        bad_hi = (v >= self.hi) if self.open_hi else (v > self.hi)
+        if np.any(bad_lo) or np.any(bad_hi):
+            lb = "(" if self.open_lo else "["
+            rb = ")" if self.open_hi else "]"
+            raise DomainError(
+                f"{self.name} must lie in {lb}{self.lo:g}, {self.hi:g}{rb}, got {_show(value)}"
+            )
+        if self.integer and np.any(v != np.round(v)):
+            raise DomainError(f"{self.name} must be an integer, got {_show(value)}")
+
+    def describe(self) -> str:
+        lb = "(" if self.open_lo else "["
+        rb = ")" if self.open_hi else "]"
+        kind = "integer " if self.integer else ""
+        return f"{kind}{lb}{self.lo:g}, {self.hi:g}{rb}"
+
+
+def _show(value) -> str:
+    v = np.asarray(value)
+    if v.ndim == 0:
+        return f"{float(v):g}"
+    return f"array with values in [{v.min():g}, {v.max():g}]"
+
+
+def positive_int(name: str, doc: str, default=None) -> Param:
+    return Param(name, doc, default, lo=1, integer=True)
+
+
+def std(name: str, doc: str, default=None) -> Param:
+    return Param(name, doc, default, lo=0.0)
+
+
+def probability(name: str, doc: str, default=0.0) -> Param:
+    return Param(name, doc, default, lo=0.0, hi=1.0, open_hi=True)
+
+
+STATE_PARAMS = {
+    "x_mean": Param("x_mean", "input mean"),
+    "x_var": Param("x_var", "input variance", lo=0.0, open_lo=True),
+    "x_corr": Param("x_corr", "input token correlation", lo=-1.0, hi=1.0),
+    "g_var": Param("g_var", "variance of the gradient at the output", lo=0.0),
+    "g_corr": Param("g_corr", "token correlation of the gradient at the output", lo=-1.0, hi=1.0),
+}
+
+
+class Rule:
+    """Base class; subclasses set the class attributes and implement forward/backward."""
+
+    name: str = ""
+    title: str = ""
+    params: tuple[Param, ...] = ()
+    #: assumptions and approximations, each with its range of validity
+    assumptions: tuple[str, ...] = ()
+    references: tuple[str, ...] = ()
+    #: the forward input mean must be 0 (checked numerically)
+    zero_mean_input: bool = False
+
+    def __repr__(self) -> str:
+        return f"<rule {self.name}>"
+
+    # -- to be implemented by each rule ---------------------------------------------------
+    def forward(self, m, x: Forward, p) -> Forward:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def backward(self, m, x: Forward, g: Backward, p) -> Backward:  # pragma: no cover
+        raise NotImplementedError
+
+    # -- numeric --------------------------------------------------------------------------
+    def param_values(self, values: dict) -> SimpleNamespace:
+        known = {q.name for q in self.params}
+        unknown = set(values) - known
+        if unknown:
+            raise DomainError(f"{self.name}: unknown parameter(s) {', '.join(sorted(unknown))}")
+        out = {}
+        for q in self.params:
+            v = values.get(q.name, q.default)
+            if v is None:
+                raise DomainError(f"{self.name}: parameter {q.name} is required")
+            q.check(v)
+            out[q.name] = v if np.ndim(v) == 0 else np.asarray(v, dtype=float)
+        self.check_params(out)
+        return SimpleNamespace(**out)
+
+    def check_params(self, values: dict) -> None:
+        """Cross-parameter domain checks (override where needed)."""
+
+    def check_state(self, x: Forward, g: Backward | None) -> None:
+        STATE_PARAMS["x_mean"].check(x.mean)
+        STATE_PARAMS["x_var"].check(x.var)
+        STATE_PARAMS["x_corr"].check(x.corr)
+        if g is not None:
+            STATE_PARAMS["g_var"].check(g.var)
+            STATE_PARAMS["g_corr"].check(g.corr)
+        if self.zero_mean_input:
+            mean = np.asarray(x.mean, dtype=float)
+            if np.any(np.abs(mean) > 1e-12 * np.sqrt(np.asarray(x.var, dtype=float))):
+                raise DomainError(f"{self.name}: the rule assumes a zero-mean input, got mean {_show(x.mean)}")
+
+    def evaluate(self, x: Forward, g: Backward | None = None, **params):
+        """Numeric forward (and backward, if ``g`` is given) with domain checks.
+
+        Returns ``(Forward, Backward | None)``; arrays broadcast across all inputs.
+        """
+        x = Forward(*(np.asarray(v, dtype=float) if np.ndim(v) else float(v) for v in
+                      (x.mean, x.var, x.corr)))
+        self.check_state(x, g)
+        p = self.param_values(params)
+        with np.errstate(over="ignore"):
+            y = self.forward(numeric, x, p)
+            gb = None if g is None else self.backward(numeric, x, g, p)
+        return y, gb
+
+    # -- symbolic -------------------------------------------------------------------------
+    def symbolic_inputs(self):
+        x = Forward(symbols.symbol("x_mean"), symbols.symbol("x_var"), symbols.symbol("x_corr"))
+        if self.zero_mean_input:
+            x = Forward(0, x.var, x.corr)
+        g = Backward(symbols.symbol("g_var"), symbols.symbol("g_corr"))
+        p = SimpleNamespace(**{q.name: symbols.symbol(q.name) for q in self.params})
+        return x, g, p
+
+    def symbolic(self) -> dict:
+        """sympy expressions: keys x_mean, x_var, x_corr, g_var, g_corr (outputs)."""
+        from sigprop.backend import symbolic as sm
+
+        x, g, p = self.symbolic_inputs()
+        y = self.forward(sm, x, p)
+        gb = self.backward(sm, x, g, p)
+        return {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr,
+                "g_var": gb.var, "g_corr": gb.corr}
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def register(rule: Rule) -> Rule:
+    if rule.name in REGISTRY:
+        raise ValueError(f"rule {rule.name!r} registered twice")
+    REGISTRY[rule.name] = rule
+    return rule
