@@ -8,6 +8,7 @@ length.  This module is numeric-free but imports sympy lazily through :func:`sym
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 # name -> (LaTeX, sympy assumptions).  State names are prefixed "x_" (forward input) and
@@ -36,6 +37,13 @@ SPEC: dict[str, tuple[str, dict]] = {
 SQUARES = {"x_var": "x_std", "g_var": "g_std"}
 
 
+def plain_name(name: str) -> str:
+    """sympy's name of the symbol: the LaTeX without backslashes, braces and \\mathrm
+    (``\\sigma_{x}`` -> ``sigma_x``), which sympy's pretty printer shows as Greek."""
+    latex = SPEC[name][0] if name in SPEC else name
+    return re.sub(r"\\mathrm|\\|[{}]", "", latex)
+
+
 def latex_name(name: str) -> str:
     if name in SQUARES:
         return latex_name(SQUARES[name]) + "^{2}"
@@ -56,5 +64,10 @@ def symbol(name: str):
 
     if name in SQUARES:
         return symbol(SQUARES[name]) ** 2
-    latex, assumptions = SPEC.get(name, (name, {"real": True}))
-    return sp.Symbol(latex, **assumptions)
+    _, assumptions = SPEC.get(name, (name, {"real": True}))
+    return sp.Symbol(plain_name(name), **assumptions)
+
+
+def latex_names() -> dict:
+    """{sympy Symbol: LaTeX} for every registered symbol, for ``sympy.latex(symbol_names=)``."""
+    return {symbol(n): SPEC[n][0] for n in SPEC}

@@ -28,6 +28,8 @@ class Component:
     name: str = ""
     #: name of the rule in :data:`sigprop.rules.REGISTRY` this simulates
     rule: str = ""
+    #: simulation-only parameters accepted besides the rule's (e.g. sequence length L)
+    sim_params: tuple[str, ...] = ("L",)
 
     def dims(self, params: dict) -> tuple[int, int, int]:
         """(L, d_in, d_out) of one sample."""

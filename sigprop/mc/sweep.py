@@ -7,9 +7,12 @@ evaluates the rule and measures the component at every chosen point and returns 
 50/90/99th-percentile errors in percent.
 
 Error metric (the published one): ``|measured - predicted| / |measured|`` for variances;
-for means and covariances the smaller of that and ``|measured - predicted| / predicted
-variance``.  The "x_corr"/"g_corr" moments are scored on the covariance (corr x var),
-exactly like the published "x cov"/"g cov" columns.
+for covariances the smaller of that and ``|measured - predicted| / predicted variance``.
+The "x_corr"/"g_corr" moments are scored on the covariance (corr x var), exactly like the
+published "x cov"/"g cov" columns.  For means the published text divides by the predicted
+*variance*, which is not scale-invariant (a mean error of 1e-3 scores 100% at variance 1e-3
+and 0.01% at variance 10); sigprop divides the mean error by the predicted *standard
+deviation* instead (the smaller of that and the relative error), and says so in the docs.
 """
 
 from __future__ import annotations
@@ -63,10 +66,13 @@ def errors(pred_x: Forward, pred_g: Backward, meas: Measurement) -> dict[str, fl
     def rel_or_var(m, p, v):
         return min(rel(m, p), abs(m - p) / abs(v))
 
+    def rel_or_std(m, p, v):
+        return min(rel(m, p), abs(m - p) / np.sqrt(abs(v)))
+
     mx, mg = meas.x, meas.g
     px_var, pg_var = float(pred_x.var), float(pred_g.var)
     return {
-        "x_mean": rel_or_var(mx.mean, float(pred_x.mean), px_var),
+        "x_mean": rel_or_std(mx.mean, float(pred_x.mean), px_var),
         "x_var": rel(mx.var, px_var),
         "x_corr": rel_or_var(mx.cov, float(pred_x.corr) * px_var, px_var),
         "g_var": rel(mg.var, pg_var),

@@ -123,7 +123,10 @@ class Rule:
             v = values.get(q.name, q.default)
             if v is None:
                 raise DomainError(f"{self.name}: parameter {q.name} is required")
-            q.check(v)
+            try:
+                q.check(v)
+            except DomainError as e:
+                raise DomainError(f"{self.name}: {e}") from None
             out[q.name] = v if np.ndim(v) == 0 else np.asarray(v, dtype=float)
         self.check_params(out)
         return SimpleNamespace(**out)
@@ -148,13 +151,18 @@ class Rule:
 
         Returns ``(Forward, Backward | None)``; arrays broadcast across all inputs.
         """
-        x = Forward(*(np.asarray(v, dtype=float) if np.ndim(v) else float(v) for v in
+        x = Forward(*(np.asarray(v, dtype=float) if np.ndim(v) else np.float64(v) for v in
                       (x.mean, x.var, x.corr)))
+        if g is not None:
+            g = Backward(*(np.asarray(v, dtype=float) if np.ndim(v) else np.float64(v) for v in (g.var, g.corr)))
         self.check_state(x, g)
         p = self.param_values(params)
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             y = self.forward(numeric, x, p)
             gb = None if g is None else self.backward(numeric, x, g, p)
+        y = Forward(y.mean, y.var, _corr_where_defined(y.corr, y.var))
+        if gb is not None:
+            gb = Backward(gb.var, _corr_where_defined(gb.corr, gb.var))
         return y, gb
 
     # -- symbolic -------------------------------------------------------------------------
@@ -175,6 +183,13 @@ class Rule:
         gb = self.backward(sm, x, g, p)
         return {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr,
                 "g_var": gb.var, "g_corr": gb.corr}
+
+
+def _corr_where_defined(corr, var):
+    """A signal with zero variance (all-zero weights, a zero gradient) has no correlation;
+    sigprop reports 0 there rather than NaN."""
+    corr = np.where(np.asarray(var) == 0, 0.0, corr)
+    return corr if corr.ndim else corr[()]
 
 
 REGISTRY: dict[str, Rule] = {}

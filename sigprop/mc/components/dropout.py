@@ -11,9 +11,10 @@ from sigprop.state import Backward, Forward
 class DropoutMC(Component):
     name = "dropout"
     rule = "dropout"
+    sim_params = ("L", "d")
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        return params.get("L", 16), params.get("d", 64), params.get("d", 64)
 
     def forward(self, X, W, params, rng):
         mask = dropout_mask(rng, X.shape, params["p"], X.dtype.type)

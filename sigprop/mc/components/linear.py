@@ -36,7 +36,15 @@ COMPONENT = LinearMC()
 def _case(pt: dict) -> Case:
     din, dout = pt["d_in"], pt["d_out"]
     rule = {"d_in": din, "d_out": dout, "w_std": pt["w_std_sqrt_din"] / np.sqrt(din), "b_std": 0.0}
-    runs = 4
+    # A non-zero input mean becomes a per-feature offset mu * sum_a W_ak shared by every token
+    # of a weight draw: only d_out independent values per draw.  Its share f of the output
+    # variance has relative noise f * sqrt(2 / (runs * d_out)); choose runs to hold that
+    # near 0.6%; the output mean's standard error, in output standard deviations, is about
+    # sqrt(f / (runs * d_out)): hold that near 0.5%.  The batch gives the token-shared input
+    # component >= 8000 samples.
+    x_var = grid_std(pt["x_std"]) ** 2
+    f = pt["x_mean"] ** 2 / (x_var + pt["x_mean"] ** 2)
+    runs = int(np.clip(np.ceil(max(2 * f**2 / 0.006**2, f / 0.005**2) / dout), 4, 400))
     batch = batch_for(8000, min(din, dout), runs)
     return Case(rule, {**rule, "L": pt["L"]},
                 Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),

@@ -16,9 +16,10 @@ from sigprop.state import Backward, Forward
 class ResidualMC(Component):
     name = "residual"
     rule = "residual"
+    sim_params = ("L", "d")
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        return params.get("L", 16), params.get("d", 64), params.get("d", 64)
 
     def forward(self, X, W, params, rng):
         Y = correlated(rng, X.shape, params["y_mean"], params["y_var"], params["y_corr"], X.dtype.type)

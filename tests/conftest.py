@@ -1,0 +1,54 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def symbolic_value(rule, x, g, params: dict) -> dict:
+    """Evaluate ``rule.symbolic()`` at a point by substitution + evalf (the independent path
+    to the numbers: sympy's own arithmetic and special functions, mpmath for integrals)."""
+    from sigprop import symbols
+
+    subs = {symbols.symbol("x_std"): math.sqrt(x.var), symbols.symbol("x_corr"): x.corr,
+            symbols.symbol("g_std"): math.sqrt(g.var), symbols.symbol("g_corr"): g.corr}
+    if not rule.zero_mean_input:
+        subs[symbols.symbol("x_mean")] = x.mean
+    full = {q.name: q.default for q in rule.params}
+    full.update(params)
+    for name, value in full.items():
+        if name in symbols.SQUARES:
+            subs[symbols.symbol(symbols.SQUARES[name])] = math.sqrt(value)
+        else:
+            subs[symbols.symbol(name)] = value
+    out = {}
+    for key, expr in rule.symbolic().items():
+        v = expr.subs(subs) if hasattr(expr, "subs") else expr
+        out[key] = float(v.evalf(30)) if hasattr(v, "evalf") else float(v)
+    return out
+
+
+def numeric_value(rule, x, g, params: dict) -> dict:
+    y, gb = rule.evaluate(x, g, **params)
+    return {"x_mean": float(y.mean), "x_var": float(y.var), "x_corr": float(y.corr),
+            "g_var": float(gb.var), "g_corr": float(gb.corr)}
+
+
+def finite_difference_check(component, params, x_shape, seed=0, eps=1e-6):
+    """<G, J V> (central differences of the forward) vs <backward(G), V>, float64, with the
+    component's randomness (weights, dropout masks) frozen by reseeding."""
+    rng = np.random.default_rng(seed)
+    W = component.sample_weights(rng, params, np.float64)
+    X = rng.standard_normal(x_shape)
+    V = rng.standard_normal(x_shape)
+
+    def fwd(X_):
+        return component.forward(X_, W, params, np.random.default_rng(seed + 1))
+
+    Y, cache = fwd(X)
+    G = np.random.default_rng(seed + 2).standard_normal(Y.shape)
+    analytic = float(np.sum(component.backward(G, cache) * V))
+    numeric = float(np.sum(G * (fwd(X + eps * V)[0] - fwd(X - eps * V)[0])) / (2 * eps))
+    return analytic, numeric
