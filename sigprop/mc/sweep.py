@@ -89,6 +89,8 @@ class SweepResult:
     published: dict
     seconds: float
     rows: list[dict]
+    #: percentiles of alternative rules scored on the same measurements
+    also: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
 
 def choose_points(spec: SweepSpec, n: int | None, seed: int, grid: dict | None = None) -> list[dict]:
@@ -100,8 +102,19 @@ def choose_points(spec: SweepSpec, n: int | None, seed: int, grid: dict | None =
     return [pts[i] for i in idx]
 
 
+def _percentiles(rows, moments, key="errors"):
+    pct = {}
+    for mom in moments:
+        e = np.array([r[key][mom] for r in rows]) * 100
+        pct[mom] = {f"p{q}": float(np.percentile(e, q)) for q in (50, 90, 99)}
+    return pct
+
+
 def run_sweep(spec: SweepSpec, rule, *, n: int | None = 500, seed: int = 0, dtype=np.float32,
-              grid: dict | None = None, progress: Callable[[int, int], None] | None = None) -> SweepResult:
+              grid: dict | None = None, progress: Callable[[int, int], None] | None = None,
+              also: tuple = ()) -> SweepResult:
+    """Measure every chosen grid point once; score ``rule`` (and the rules in ``also``, e.g.
+    the published forms) against the same measurements."""
     pts = choose_points(spec, n, seed, grid)
     rows, total_s = [], 0.0
     for i, pt in enumerate(pts):
@@ -111,16 +124,18 @@ def run_sweep(spec: SweepSpec, rule, *, n: int | None = 500, seed: int = 0, dtyp
                        batch=case.batch, seed=seed * 1_000_003 + i, dtype=dtype)
         total_s += meas.seconds
         err = errors(px, pg, meas)
-        rows.append({"point": pt, "errors": err,
+        alt = {}
+        for other in also:
+            ox, og = other.evaluate(case.x, case.g, **case.rule_params)
+            alt[other.name] = errors(ox, og, meas)
+        rows.append({"point": pt, "errors": err, "also": alt,
                      "predicted": {"x_mean": float(px.mean), "x_var": float(px.var), "x_corr": float(px.corr),
                                    "g_var": float(pg.var), "g_corr": float(pg.corr)},
                      "measured": {"x_mean": meas.x.mean, "x_var": meas.x.var, "x_corr": meas.x.corr,
                                   "g_var": meas.g.var, "g_corr": meas.g.corr}})
         if progress:
             progress(i + 1, len(pts))
-    pct = {}
-    for mom in spec.moments:
-        e = np.array([r["errors"][mom] for r in rows]) * 100
-        pct[mom] = {f"p{q}": float(np.percentile(e, q)) for q in (50, 90, 99)}
+    pct = _percentiles(rows, spec.moments)
+    alt_pct = {o.name: _percentiles([{"e": r["also"][o.name]} for r in rows], spec.moments, "e") for o in also}
     pub = {k: (dict(zip(("p50", "p90", "p99"), v)) if v else None) for k, v in spec.published.items()}
-    return SweepResult(spec.component.name, len(pts), seed, pct, pub, total_s, rows)
+    return SweepResult(spec.component.name, len(pts), seed, pct, pub, total_s, rows, alt_pct)

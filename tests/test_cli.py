@@ -1,0 +1,82 @@
+"""The command line: exit codes, stderr discipline and JSON shapes (contract.md)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "sigprop", *args], capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args", [
+    ["check-component", "nope"],
+    ["check-component", "dropout", "-p", "p=1.0"],
+    ["check-component", "dropout", "-p", "p=0.1", "--x-corr", "1.5"],
+    ["check-component", "linear", "-p", "d_in=-3", "-p", "d_out=4", "-p", "w_std=0.1"],
+    ["check-component", "linear", "-p", "d_in=3"],
+    ["check-component", "dropout", "-p", "p"],
+    ["check-component", "dropout", "-p", "q=3"],
+    ["check-component", "dropout", "--sweep", "--grid", "nope"],
+    ["check-component", "dropout", "--runs", "0"],
+    ["rules", "nope"],
+    ["no-such-command"],
+])
+def test_bad_input_exits_2_without_traceback(args):
+    r = run(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stdout == ""
+    assert "Traceback" not in r.stderr and r.stderr.strip()
+
+
+def test_check_component_single_json_passes():
+    r = run("check-component", "linear", "-p", "d_in=64", "-p", "d_out=32", "-p", "w_std=0.125",
+            "--x-mean", "0.5", "--seed", "3", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["schema"] == "sigprop.component-check/1" and out["seed"] == 3 and out["pass"] is True
+    assert out["predicted"]["x_var"] == pytest.approx(64 * 0.125**2 * 1.25)
+    assert set(out["measured"]) == {"x_mean", "x_var", "x_corr", "g_var", "g_corr"}
+
+
+def test_check_component_detects_a_wrong_prediction():
+    # the rule is right, so make the check wrong on purpose: ask for a tolerance of zero and no
+    # standard-error slack; sampling noise alone must then fail the check (exit 1)
+    r = run("check-component", "dropout", "-p", "p=0.5", "--tol", "0", "--tol-corr", "0", "--z", "0", "--json")
+    assert r.returncode == 1
+    assert json.loads(r.stdout)["pass"] is False
+
+
+def test_sweep_json_schema():
+    r = run("check-component", "dropout", "--sweep", "--n", "3", "--seed", "5", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["schema"] == "sigprop.component-sweep/1" and out["component"] == "dropout"
+    assert out["n_configs"] == 3 and out["seed"] == 5
+    for mom in ("x_mean", "x_var", "x_corr", "g_var", "g_corr"):
+        assert set(out["percentiles"][mom]) == {"p50", "p90", "p99"}
+    assert out["published"]["x_var"]["p99"] == 1.5
+
+
+def test_rules_lists_every_rule_and_latex():
+    r = run("rules")
+    assert r.returncode == 0
+    from sigprop.rules import REGISTRY
+
+    for name in REGISTRY:
+        assert name in r.stdout
+    r = run("rules", "dropout", "--latex")
+    assert r.returncode == 0 and r"\begin{align*}" in r.stdout and r"\frac" in r.stdout
+
+
+def test_numeric_paths_never_import_sympy():
+    code = ("import sys, sigprop.cli, sigprop.rules as R, sigprop.mc.components as C\n"
+            "from sigprop.state import Forward, Backward\n"
+            "for n, r in R.REGISTRY.items():\n"
+            "    case = C.SWEEPS[n].make_case(C.SWEEPS[n].points()[0]) if n in C.SWEEPS else None\n"
+            "    case and r.evaluate(case.x, case.g, **case.rule_params)\n"
+            "assert 'sympy' not in sys.modules, 'sympy imported'\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
