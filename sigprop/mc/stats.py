@@ -17,10 +17,10 @@ import numpy as np
 def raw_moments(x: np.ndarray) -> np.ndarray:
     """[E x, E x^2, E x_i x_j (i != j)] of one array, accumulated in float64."""
     B, L, d = x.shape
-    x64 = x.astype(np.float64, copy=False)
-    m1 = x64.mean()
-    sq = np.einsum("bld,bld->", x64, x64) / x.size
-    s = x64.sum(axis=1)
+    # float64 accumulators without a float64 copy of x (numpy casts in buffered chunks)
+    m1 = np.sum(x, dtype=np.float64) / x.size
+    sq = np.sum(np.square(x), dtype=np.float64) / x.size
+    s = np.sum(x, axis=1, dtype=np.float64)
     cross = (np.einsum("bd,bd->", s, s) / (B * d) - sq * L) / (L * (L - 1)) if L > 1 else np.nan
     return np.array([m1, sq, cross])
 
