@@ -21,6 +21,8 @@ app = typer.Typer(
 
 from sigprop.cli import rules as _rules  # noqa: E402,F401  (registers commands)
 from sigprop.cli import check_component as _check_component  # noqa: E402,F401
+from sigprop.cli import predict as _predict  # noqa: E402,F401
+from sigprop.cli import check as _check  # noqa: E402,F401
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -1,0 +1,38 @@
+"""`sigprop predict`: the per-sublayer trace of a whole model."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from sigprop.cli import app
+from sigprop.cli._model_options import build_model, model_options
+
+
+@app.command("predict")
+@model_options
+def predict_cmd(
+    every: int = typer.Option(1, min=1, help="Show only every K-th layer (and the first and last)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the contract's trace object."),
+    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms."),
+    model_opts: dict = None,
+) -> None:
+    """Predict forward variance, token correlation, logit variance and gradient variance, layer by layer."""
+    model = build_model(model_opts, default_layers=24)
+    if symbolic:
+        from sigprop.cli._render_model import render_symbolic
+
+        render_symbolic(model)
+        return
+    from sigprop.model.predict import predict
+    from sigprop.model.trace import trace
+
+    points = predict(model)
+    tr = trace(model, points, every)
+    if as_json:
+        print(json.dumps(tr))
+        return
+    from sigprop.cli._render_model import render_trace
+
+    render_trace(model, tr)

@@ -1,0 +1,94 @@
+"""Compare a prediction with a whole-model Monte Carlo measurement (`sigprop check`).
+
+A point passes when, for every moment, |predicted - measured| <= max(tol x |measured|,
+z x SE) (variances: relative tolerance; correlations: absolute tolerance).  At finite width
+the weight draws really differ (a Post-LN model's input gradient varies by a factor of several
+between draws), so the standard error term matters as much as the percentage.
+
+Also reported: the R^2 of log predicted vs log measured variance over all points (the
+DeepScaleLM paper's headline figure), forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sigprop.model.trace import num, point_json
+
+DEFAULT_TOL = {"forward_var": 0.05, "grad_var": 0.05, "corr": 0.03, "logit_var": 0.05, "z": 4.0}
+
+
+@dataclass
+class CheckResult:
+    predicted: list[dict]
+    measured: list[dict]
+    errors: dict
+    r2: dict
+    tolerance: dict
+    passed: bool
+    failures: list[str]
+
+
+def _ok(pred, meas, se, tol, z, absolute=False):
+    allowed = tol if absolute else tol * abs(meas)
+    if se is not None and math.isfinite(se):
+        allowed = max(allowed, z * se)
+    return abs(pred - meas) <= allowed
+
+
+def _stats(a: list[float]) -> dict:
+    a = np.asarray(a, dtype=float)
+    if a.size == 0:
+        return {"median": None, "p90": None, "max": None}
+    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "max": float(a.max())}
+
+
+def r2_log(pred: list[float], meas: list[float]) -> float | None:
+    """R^2 of log(measured) explained by log(predicted) (identity line, not a fitted one)."""
+    p, m = np.log(np.asarray(pred, float)), np.log(np.asarray(meas, float))
+    ok = np.isfinite(p) & np.isfinite(m)
+    p, m = p[ok], m[ok]
+    if p.size < 2:
+        return None
+    ss = np.sum((m - m.mean()) ** 2)
+    return float(1 - np.sum((m - p) ** 2) / ss) if ss > 0 else None
+
+
+def compare(points, meas, tol: dict | None = None) -> CheckResult:
+    tol = {**DEFAULT_TOL, **(tol or {})}
+    pred_json, meas_json, fails = [], [], []
+    e = {"forward_var_relerr": [], "grad_var_relerr": [], "forward_corr_abserr": [], "grad_corr_abserr": [],
+         "logit_var_relerr": []}
+    pv, mv, pg, mg = [], [], [], []
+    for k, p in enumerate(points):
+        f, b = meas.forward[k], meas.backward[k]
+        lv = meas.logit_var[k]
+        pred_json.append(point_json(p, with_log=False))
+        meas_json.append({
+            "layer": p.layer, "sublayer": p.sublayer,
+            "forward": {"mean": num(f.mean), "var": num(f.var), "corr": num(f.corr)},
+            "backward": {"var": num(b.var), "corr": num(b.corr)},
+            "logit_var": None if lv is None else num(lv[0]),
+            "se": {"forward": {"mean": num(f.mean_se), "var": num(f.var_se), "corr": num(f.corr_se)},
+                   "backward": {"var": num(b.var_se), "corr": num(b.corr_se)},
+                   "logit_var": None if lv is None else num(lv[1])},
+        })
+        checks = [
+            ("forward var", p.var, f.var, f.var_se, tol["forward_var"], False, "forward_var_relerr"),
+            ("forward corr", p.corr, f.corr, f.corr_se, tol["corr"], True, "forward_corr_abserr"),
+            ("grad var", p.gvar, b.var, b.var_se, tol["grad_var"], False, "grad_var_relerr"),
+            ("grad corr", p.gcorr, b.corr, b.corr_se, tol["corr"], True, "grad_corr_abserr"),
+        ]
+        if lv is not None and p.logit_var is not None:
+            checks.append(("logit var", p.logit_var, lv[0], lv[1], tol["logit_var"], False, "logit_var_relerr"))
+        for name, pr, me, se, t, absolute, key in checks:
+            err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else math.inf
+            e[key].append(err)
+            if not _ok(pr, me, se, t, tol["z"], absolute):
+                fails.append(f"layer {p.layer} {p.sublayer}: {name} predicted {pr:.5g}, measured {me:.5g} ± {se:.2g}")
+        pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
+    r2 = {"forward_var": r2_log(pv, mv), "grad_var": r2_log(pg, mg)}
+    return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails)

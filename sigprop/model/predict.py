@@ -1,0 +1,266 @@
+"""Whole-model prediction: compose the component rules sublayer by sublayer.
+
+Semantics are the contract's (contract.md, "Model specification"):
+
+    pre:  x' = a x + b * Dropout_hidden(F(n * LN(x)))
+    post: x' = LN(a x + b * Dropout_hidden(F(x)))
+
+Forward: the stream state after every sublayer.  Backward: dLoss/d(stream) from the top
+(the model's ``grad`` state) down to the input, using the forward states; the skip and the
+branch paths are independent at initialisation (zero-mean branch weights), so their
+variances and covariances add.
+
+Log space.  The stream variance can grow without bound (Pre-LN with a skip scale > 1) and the
+gradient variance grows or vanishes geometrically in Post-LN stacks, so both are carried as
+natural logarithms (``log_var``, ``log_gvar``) with a normalised state beside them.  Every
+rule is still called on ordinary numbers: on the bounded branch states directly, and on the
+stream through scale-invariant operations (LayerNorm; the residual combination evaluated in
+units of the larger of its two inputs).  Nothing overflows, nothing becomes NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sigprop.rules import get
+from sigprop.state import Backward, Forward
+
+# the stream is handed to a rule directly while exp(log_var) stays in this range; outside it,
+# only scale-invariant uses remain (LayerNorm, whose eps is then negligible) and a stand-in
+# state of the same shape is used (see _stand_in)
+_LOG_VAR_LIMIT = 600.0
+
+
+@dataclass
+class Op:
+    """One rule application in a branch chain."""
+
+    rule: str
+    params: dict
+    x: Forward | None = None      # input state, recorded by the forward pass
+
+
+@dataclass
+class SublayerRecord:
+    layer: int
+    kind: str                     # "attention" | "ffn"
+    post: bool
+    a: float
+    b: float
+    x_log_var: float              # stream entering the sublayer
+    x: Forward                    # normalised (var 1) stream entering the sublayer
+    pre_ops: list = field(default_factory=list)   # LN and norm scale (pre) ...
+    branch_ops: list = field(default_factory=list)
+    branch_out: Forward | None = None
+    z_log_var: float = 0.0        # post: the pre-LN sum
+    z: Forward | None = None
+    out_log_var: float = 0.0
+    out: Forward | None = None
+    logit_var: float | None = None
+
+
+@dataclass
+class StreamPoint:
+    layer: int
+    sublayer: str
+    log_var: float
+    mean: float                   # actual mean (may be +-inf only if it truly overflows)
+    corr: float
+    log_gvar: float = 0.0
+    gcorr: float = 0.0
+    logit_var: float | None = None
+
+    @property
+    def var(self) -> float:
+        return _exp(self.log_var)
+
+    @property
+    def gvar(self) -> float:
+        return _exp(self.log_gvar)
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 709.0 else math.inf
+
+
+def _real(log_var: float, x: Forward) -> Forward:
+    """The actual state of a normalised stream state, clipped into the representable range
+    (a stand-in with the same mean-to-std ratio and correlation outside it)."""
+    lv = min(max(log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
+    s = math.exp(lv / 2)
+    return Forward(x.mean * s, math.exp(lv), x.corr)
+
+
+def _normalise(y: Forward) -> tuple[float, Forward]:
+    v = float(y.var)
+    if v <= 0:
+        return -math.inf, Forward(0.0, 1.0, float(y.corr))
+    return math.log(v), Forward(float(y.mean) / math.sqrt(v), 1.0, float(y.corr))
+
+
+def _fwd(op: Op, x: Forward) -> Forward:
+    op.x = x
+    y, _ = get(op.rule).evaluate(x, None, **op.params)
+    return Forward(float(y.mean), float(y.var), float(y.corr))
+
+
+def _bwd(op: Op, g: Backward) -> Backward:
+    _, gb = get(op.rule).evaluate(op.x, g, **op.params)
+    return Backward(float(gb.var), float(gb.corr))
+
+
+def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: float):
+    """w1 * s1 + w2 * s2 for independent signals given as (log var, normalised state), via the
+    residual rule evaluated in units of the larger input; returns (log var, normalised)."""
+    ref = max(lv1 + 2 * math.log(abs(w1)) if w1 else -math.inf, lv2 + 2 * math.log(abs(w2)) if w2 else -math.inf)
+    if ref == -math.inf:
+        return -math.inf, Forward(0.0, 1.0, 0.0)
+    v1 = _exp_rel(lv1, ref)
+    v2 = _exp_rel(lv2, ref)
+    y, _ = get("residual").evaluate(
+        Forward(x1.mean * math.sqrt(v1), v1 if v1 > 0 else 1.0, x1.corr), None,
+        a=w1 if v1 > 0 else 0.0, b=w2, y_mean=x2.mean * math.sqrt(v2), y_var=v2, y_corr=x2.corr)
+    lv, xn = _normalise(Forward(float(y.mean), float(y.var), float(y.corr)))
+    return ref + lv, xn
+
+
+def _exp_rel(lv: float, ref: float) -> float:
+    return 0.0 if lv == -math.inf else math.exp(lv - ref)
+
+
+class Predictor:
+    """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
+
+    def __init__(self, model):
+        self.model = model
+        m = model
+        self.d = m.d_model
+        self.width = m.n_heads * m.d_head
+
+    # -- branch chains -------------------------------------------------------------------
+    def _attention_ops(self, l: int) -> list[Op]:
+        m, s = self.model, self.model.attention
+        params = dict(d=m.d_model, n_heads=m.n_heads, d_head=m.d_head, L=m.seq_len,
+                      p=m.dropout.attention, causal=int(bool(m.causal)))
+        for w in ("q", "k", "v", "o"):
+            params[f"{w}_std"] = float(s.std[w][l])
+            params[f"{w}_bias_std"] = float(s.bias_std[w][l])
+        return [Op("attention", params)]
+
+    def _ffn_ops(self, l: int) -> list[Op]:
+        m, s = self.model, self.model.ffn
+        return [
+            Op("linear", dict(d_in=m.d_model, d_out=m.d_ff, w_std=float(s.std["in"][l]), b_std=float(s.bias_std["in"][l]))),
+            Op(m.activation, {}),
+            Op("dropout", dict(p=m.dropout.ffn_inner)),
+            Op("linear", dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["out"][l]), b_std=float(s.bias_std["out"][l]))),
+        ]
+
+    def _ln(self) -> Op:
+        return Op("layernorm", dict(d=self.d))
+
+    # -- passes --------------------------------------------------------------------------
+    def forward(self) -> tuple[list[SublayerRecord], StreamPoint]:
+        m = self.model
+        lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
+        records = []
+        for l in range(m.n_layers):
+            for kind in ("attention", "ffn"):
+                cols = getattr(m, kind)
+                post = bool(cols.post[l])
+                a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
+                rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
+                ops = self._attention_ops(l) if kind == "attention" else self._ffn_ops(l)
+                ops.append(Op("dropout", dict(p=m.dropout.hidden)))
+                if post:
+                    h = _real(lv, x)
+                else:
+                    rec.pre_ops = [self._ln(), Op("residual", dict(a=n, b=0.0))]
+                    h = _real(lv, x)
+                    for op in rec.pre_ops:
+                        h = _fwd(op, h)
+                for op in ops:
+                    h = _fwd(op, h)
+                    if op.rule == "attention":
+                        rec.logit_var = self._logit_var(op)
+                rec.branch_ops, rec.branch_out = ops, h
+                blv, bx = _normalise(h)
+                zlv, z = _combine(lv, x, a, blv, bx, b)
+                if post:
+                    rec.z_log_var, rec.z = zlv, z
+                    ln = self._ln()
+                    rec.pre_ops = [ln]
+                    lv, x = _normalise(_fwd(ln, _real(zlv, z)))
+                else:
+                    lv, x = zlv, z
+                rec.out_log_var, rec.out = lv, x
+                records.append(rec)
+        return records
+
+    def _logit_var(self, op: Op) -> float | None:
+        rule = get("attention")
+        fn = getattr(rule, "logit_var", None)
+        if fn is None:
+            return None
+        return float(fn(op.x, **op.params))
+
+    def backward(self, records: list[SublayerRecord]) -> list[tuple[float, float]]:
+        """(log gradient variance, gradient corr) at the input of every sublayer, top down;
+        entry i is the gradient w.r.t. the stream entering record i."""
+        m = self.model
+        lg, gc = math.log(m.grad.var) if m.grad.var > 0 else -math.inf, m.grad.corr
+        out = [None] * len(records)
+        for i in range(len(records) - 1, -1, -1):
+            rec = records[i]
+            if rec.post:
+                # through the final LayerNorm of the sublayer, then split into skip and branch
+                ln = rec.pre_ops[0]
+                gb = _bwd(ln, Backward(1.0, gc))
+                lg = lg + math.log(gb.var) + self._ln_log_adjust(rec.z_log_var)
+                gc = gb.corr
+            # branch path: b * Dropout^T F^T (pre: (n LN)^T)
+            g = Backward(rec.b**2, gc)
+            for op in reversed(rec.branch_ops):
+                g = _bwd(op, g)
+            lg_branch_extra = 0.0
+            if not rec.post:
+                for op in reversed(rec.pre_ops):
+                    g = _bwd(op, g)
+                lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
+            # skip path a, branch path g (relative to exp(lg)); independent: variances add
+            lsum, gsum = _combine(0.0, Forward(0.0, 1.0, gc), rec.a,
+                                  (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra,
+                                  Forward(0.0, 1.0, g.corr), 1.0)
+            lg, gc = lg + lsum, gsum.corr
+            out[i] = (lg, gc)
+        return out
+
+    @staticmethod
+    def _ln_log_adjust(log_var: float) -> float:
+        """LayerNorm's backward divides by the input variance: when the stream was clipped into
+        the representable range (_real), correct the gradient by the clipped-away factor."""
+        clipped = min(max(log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
+        return clipped - log_var
+
+
+def predict(model) -> list[StreamPoint]:
+    """The contract's trace points: the input point, then one per sublayer."""
+    pr = Predictor(model)
+    records = pr.forward()
+    grads = pr.backward(records)
+    m = model
+    lv0, x0 = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
+    g_in = grads[0] if grads else (math.log(m.grad.var), m.grad.corr)
+    pts = [StreamPoint(0, "input", lv0, m.input.mean, m.input.corr, g_in[0], g_in[1])]
+    for i, rec in enumerate(records):
+        # gradient w.r.t. the stream *after* this sublayer = gradient entering the next one
+        if i + 1 < len(records):
+            lg, gc = grads[i + 1]
+        else:
+            lg, gc = (math.log(m.grad.var) if m.grad.var > 0 else -math.inf), m.grad.corr
+        mean = rec.out.mean * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 else math.copysign(math.inf, rec.out.mean)
+        pts.append(StreamPoint(rec.layer, rec.kind, rec.out_log_var, mean, rec.out.corr, lg, gc, rec.logit_var))
+    return pts

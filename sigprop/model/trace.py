@@ -1,0 +1,107 @@
+"""The contract's trace object (`sigprop predict --json`) and the prediction summary."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sigprop import __version__
+from sigprop.model.growth import classify
+
+LOG10E = 1.0 / math.log(10.0)
+
+
+def num(v: float):
+    """A JSON number; overflowed values become the strings "inf"/"-inf" (never NaN)."""
+    v = float(v)
+    if math.isnan(v):
+        raise FloatingPointError("NaN in a trace value")
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return v
+
+
+def point_json(p, with_log: bool) -> dict:
+    out = {
+        "layer": p.layer, "sublayer": p.sublayer,
+        "forward": {"mean": num(p.mean), "var": num(p.var), "corr": num(p.corr)},
+        "backward": {"var": num(p.gvar), "corr": num(p.gcorr)},
+        "logit_var": None if p.logit_var is None else num(p.logit_var),
+    }
+    if with_log:
+        out["forward"]["log10_var"] = num(p.log_var * LOG10E)
+        out["backward"]["log10_var"] = num(p.log_gvar * LOG10E)
+    return out
+
+
+def thin(points: list, every: int) -> list:
+    """Keep the input point, every K-th layer's points and the last layer's."""
+    if every <= 1:
+        return list(points)
+    last = points[-1].layer
+    return [p for p in points if p.layer == 0 or p.layer % every == 0 or p.layer == last]
+
+
+def summary(points: list) -> dict:
+    first, last = points[0], points[-1]
+    per_layer = [p for p in points if p.sublayer == "ffn"]
+    depth = np.array([p.layer for p in per_layer], dtype=float)
+    fw = classify(depth, np.array([p.log_var for p in per_layer]))
+    # gradient as a function of depth measured from the input: the point entering layer l
+    g_pts = [points[0]] + per_layer[:-1]
+    gd = np.arange(1, len(g_pts) + 1, dtype=float)
+    bw = classify(gd, np.array([p.log_gvar for p in g_pts]))
+    logits = [p.logit_var for p in points if p.logit_var is not None]
+    log_ratio_fw = last.log_var - first.log_var
+    log_ratio_bw = first.log_gvar - last.log_gvar
+    out = {
+        "forward_var_final": num(last.var),
+        "forward_var_growth": num(_exp(log_ratio_fw)),
+        "log10_forward_var_growth": num(log_ratio_fw * LOG10E),
+        "forward_law": fw.law,
+        "grad_ratio_input_output": num(_exp(log_ratio_bw)),
+        "log10_grad_ratio_input_output": num(log_ratio_bw * LOG10E),
+        "grad_law": bw.law,
+        "corr_top": num(last.corr),
+        "max_logit_var": num(max(logits)) if logits else None,
+    }
+    out["verdict"] = verdict(fw, bw, out)
+    return out
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 709 else math.inf
+
+
+def verdict(fw, bw, s: dict) -> str:
+    parts = [fw.describe("forward variance"), _grad_words(bw, s)]
+    corr = s["corr_top"]
+    if isinstance(corr, float) and corr > 0.9:
+        parts.append(f"token correlation reaches {corr:.3f} at the top (rank collapse)")
+    if s["max_logit_var"] not in (None,) and isinstance(s["max_logit_var"], float) and s["max_logit_var"] > 10:
+        parts.append(f"attention logit variance up to {s['max_logit_var']:.3g} (softmax saturates)")
+    stable = fw.law == "constant" and bw.law == "constant"
+    return ("stable: " if stable else "unstable: " if (fw.law == "exponential" or bw.law == "exponential") else "drifting: ") + "; ".join(parts)
+
+
+def _grad_words(g, s) -> str:
+    r = s["grad_ratio_input_output"]
+    rs = r if isinstance(r, str) else f"{r:.3g}"
+    if g.law == "constant":
+        return f"gradient variance conserved (input/output {rs})"
+    if g.law == "exponential":
+        return f"gradient {'explodes' if g.slope < 0 else 'vanishes'} geometrically towards the input (input/output {rs})"
+    return f"gradient {g.law} in depth (input/output {rs})"
+
+
+def trace(model, points: list, every: int = 1) -> dict:
+    kept = thin(points, every)
+    with_log = any(not (math.isfinite(p.var) and math.isfinite(p.gvar) and p.var > 0 and p.gvar > 0) for p in points)
+    return {
+        "schema": "sigprop.trace/1",
+        "version": __version__,
+        "model": model.to_json(),
+        "points": [point_json(p, with_log) for p in kept],
+        "summary": summary(points),
+    }
