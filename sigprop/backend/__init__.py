@@ -2,7 +2,7 @@
 
 A rule is a plain function of a namespace ``m`` (``m.exp``, ``m.sqrt``, ``m.acos``,
 ``m.pi``, ``m.expect_normal`` ...).  With :data:`numeric` it evaluates on floats and NumPy
-arrays (broadcasting over configurations); with :func:`symbolic` (imported lazily, it pulls
+arrays (broadcasting over configurations); with :mod:`sigprop.backend.symbolic` (imported explicitly, it pulls
 in sympy) the very same function returns sympy expressions that can be simplified, solved
 and printed as LaTeX.  That is how no formula is ever typed twice.
 
@@ -13,9 +13,5 @@ shape ``broadcast_shape`` broadcast correctly, also when integrals are nested.
 
 from sigprop.backend import numeric  # noqa: F401  (numpy only)
 
-
-def symbolic():
-    """The sympy namespace (imports sympy on first use)."""
-    from sigprop.backend import symbolic as sym
-
-    return sym
+# The sympy namespace is the submodule ``sigprop.backend.symbolic``; import it explicitly
+# (``import sigprop.backend.symbolic as sm``) where formulas are wanted: it pulls in sympy.

@@ -176,7 +176,7 @@ class Rule:
 
     def symbolic(self) -> dict:
         """sympy expressions: keys x_mean, x_var, x_corr, g_var, g_corr (outputs)."""
-        from sigprop.backend import symbolic as sm
+        import sigprop.backend.symbolic as sm
 
         x, g, p = self.symbolic_inputs()
         y = self.forward(sm, x, p)
