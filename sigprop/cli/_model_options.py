@@ -25,7 +25,7 @@ OPTIONS: dict[str, tuple[type, str]] = {
     "d_head": (int, "Head width (default d_model / heads)."),
     "d_ff": (int, "FFN width (default 4 d_model)."),
     "seq_len": (int, "Sequence length L (default 256)."),
-    "dropout": (float, "Sets attention, hidden and FFN dropout (default 0.1)."),
+    "dropout": (float, "Sets attention, hidden and FFN-inner dropout (default: 0.1, 0.1 and 0, the DSLM figure model)."),
     "attn_dropout": (float, "Dropout on the attention probabilities."),
     "hidden_dropout": (float, "Dropout on each branch output."),
     "ffn_dropout": (float, "Dropout after the FFN activation."),

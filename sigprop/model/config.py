@@ -1,0 +1,64 @@
+"""Model options from a TOML file, for the CLI's ``--config``: defaults < config file < flags.
+
+The keys are the option names of :func:`sigprop.model.presets.resolve` (dashes or
+underscores, and the CLI's spellings ``layers`` and ``heads``), at the top level::
+
+    arch = "postln"
+    layers = 96
+    d-model = 256
+    dropout = 0.0
+    causal = true
+
+Every key and value is checked (unknown key, wrong type, out of range: DomainError naming
+the file and the key).  The result maps canonical option names (``n_layers``, ``d_model``,
+...) to values, ready for ``presets.resolve(**options)``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from sigprop.errors import DomainError
+from sigprop.model.presets import OPTIONS, canonical_name
+
+
+def load_config(path) -> dict:
+    """Read and validate a TOML options file; returns {canonical option name: value}."""
+    path = Path(path)
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise DomainError(f"cannot read config file {str(path)!r}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise DomainError(f"config file {str(path)!r} is not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise DomainError(f"config file {str(path)!r} is not UTF-8 text") from None
+    return check_config(data, path.name)
+
+
+def check_config(data: dict, where: str = "config") -> dict:
+    """Validate a parsed config mapping (see :func:`load_config`)."""
+    out: dict = {}
+    given_as: dict = {}
+    for key, value in data.items():
+        name = canonical_name(key)
+        if name is None:
+            raise DomainError(f"{where}: unknown key {key!r}; known: "
+                              f"{', '.join(k.replace('_', '-') for k in OPTIONS)} (dashes or underscores), "
+                              "layers, heads")
+        if name in out:
+            raise DomainError(f"{where}: key {key!r} repeats {given_as[name]!r}")
+        if isinstance(value, dict):
+            raise DomainError(f"{where}: key {key!r} must be a value, not a table")
+        if isinstance(value, list):
+            raise DomainError(f"{where}: key {key!r} must be a single value, not an array")
+        opt = OPTIONS[name]
+        if opt.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if opt.type is int and isinstance(value, float):
+            raise DomainError(f"{where}: {key} must be an integer, got {value!r}")
+        out[name] = opt.check(value, key, f"{where}: ")
+        given_as[name] = key
+    return out
