@@ -13,6 +13,9 @@ from sigprop.state import Backward, Forward
 
 
 class LayerNormMC(Component):
+    """y = (x - mean_f x) / sqrt(var_f x + eps) per token (biased variance over the d
+    features, as torch.nn.LayerNorm), no affine part; params: d, eps (default 1e-5), L."""
+
     name = "layernorm"
     rule = "layernorm"
 
@@ -35,8 +38,9 @@ class LayerNormMC(Component):
         Y, inv = cache
         d = Y.shape[-1]
         yg = (np.einsum("...f,...f->...", Y, GY) / d).astype(Y.dtype, copy=False)[..., None]
-        GX = GY - GY.mean(axis=-1, keepdims=True)
-        GX -= Y * yg
+        GX = Y * -yg
+        GX += GY
+        GX -= GY.mean(axis=-1, keepdims=True)
         GX *= inv
         return GX
 
@@ -51,16 +55,20 @@ COMPONENT = LayerNormMC()
 # --- sample sizes -------------------------------------------------------------------------
 # Per sequence (L tokens sharing one correlated component), the estimates fluctuate mostly
 # through the shared components: |c|^2/d and |h|^2/d have relative std sqrt(2/d).  To first
-# order (measured, scratch calibration) the per-sequence standard deviations, in the units
-# the error metric uses, are
-#   output cov  ~ sqrt(2/d) r (1-r)                   (normalisation cancels most of |c|^2)
-#   grad var    ~ sqrt(2/d) sqrt(r^2 + rg^2)          (relative)
-#   grad cov    ~ sqrt(2/d) rg sqrt(1 + r^2)          (over the gradient variance)
-# plus pair noise ~ sqrt(2/d)/L.  We choose the number of sequences so that the standard
-# error of every moment is at most TARGET_SE (fractions), keeping p99 well below the
-# published figures without simulating more than needed.
-TARGET_SE = {"x_corr": 0.0025, "g_var": 0.008, "g_corr": 0.006}
-RUNS = 4
+# order (checked against the pooled standard errors at d = 100, 1000 and L = 100, 1000,
+# within about 10%) the per-sequence standard deviations, in the units of the error metric:
+#   output cov  ~ sqrt(2/d) r (1-r)              (the normalisation cancels most of |c|^2)
+#   grad var    ~ sqrt(2/d) sqrt(r^2 + rg^2)     (relative)
+#   grad cov    ~ sqrt(2/d) rg sqrt(1 + r^2)     (over the gradient variance)
+# plus per-token noise sqrt(2/d) sqrt(2/L) (grad var) and pair noise sqrt(2/d)/L
+# (covariances).  The number of sequences makes every moment's standard error at most
+# TARGET_SE (fractions): about 2.5 TARGET_SE at p99, below the published figures.  The
+# shared-component noise does not shrink with L, so L = 1000 points cost 10x L = 100 ones.
+TARGET_SE = {"x_corr": 0.004, "g_var": 0.015, "g_corr": 0.0078}
+MIN_RUNS = 4
+#: largest array of one run, in elements: keeps the float64 copies the estimators make under
+#: glibc's 32 MiB mmap threshold, so buffers are reused instead of page-faulted afresh
+MAX_RUN_ELEMENTS = 4_000_000
 
 
 def _sequences(d: int, L: int, r: float, rg: float) -> int:
@@ -68,20 +76,21 @@ def _sequences(d: int, L: int, r: float, rg: float) -> int:
     pair = (1.0 / L) ** 2 + 1.0 / (L * d)
     need = max(
         (base * (r * (1 - r)) ** 2 + base * pair) / TARGET_SE["x_corr"] ** 2,
-        (base * (r**2 + rg**2) + base * pair) / TARGET_SE["g_var"] ** 2,
+        (base * (r**2 + rg**2) + base * 2.0 / L) / TARGET_SE["g_var"] ** 2,
         (base * rg**2 * (1 + r**2) + base * pair) / TARGET_SE["g_corr"] ** 2,
     )
-    return max(RUNS * 2, int(math.ceil(need)))
+    return max(2 * MIN_RUNS, int(math.ceil(need)))
 
 
 def _case(pt: dict) -> Case:
     d, L = pt["d"], pt["L"]
     rule = {"d": d, "eps": 1e-5}
     nseq = _sequences(d, L, pt["x_corr"], pt["g_corr"])
-    batch = int(math.ceil(nseq / RUNS))
+    batch = max(1, min(nseq // MIN_RUNS, MAX_RUN_ELEMENTS // (L * d)))
+    runs = int(math.ceil(nseq / batch))
     return Case(rule, {**rule, "L": L},
                 Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
-                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), RUNS, batch)
+                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
 
 
 SWEEP = SweepSpec(
@@ -92,6 +101,7 @@ SWEEP = SweepSpec(
         "d": (100, 316, 1000), "L": (100, 1000),
     },
     make_case=_case,
+    # published "~0" for the mean is written as 0
     published={"x_mean": (0.0, 0.0, 0.0), "x_var": (0.0, 0.0, 0.0), "g_var": (0.4, 1.5, 3.2),
                "x_corr": (0.1, 0.5, 1.0), "g_corr": (0.2, 0.9, 2.2)},
     note="Sample sizes adapt to the predicted noise of each point (see TARGET_SE).",

@@ -1,0 +1,198 @@
+"""Embedding (word + position + segment tables): Monte Carlo component and a sweep.
+
+Token ids are drawn iid from Zipf(s, V), segment ids iid from fixed segment frequencies,
+positions are 0..L-1.  The forward input ``X`` is a dummy of shape (B, L, 1): only its
+batch size, length and dtype are used.
+
+Backward is the hand-written scatter-add of the output gradient into the word table, done
+per sequence (matching the rule's definition): sequence b's row gradients, one per distinct
+token, fill the first slots of row b of a (B, L, d) array (the rest is 0), so the
+estimators see one sequence's table gradient per token occurrence.
+:meth:`EmbeddingMC.table_gradient` folds them into the full (V, d) table gradient.
+
+Word-table rows are drawn lazily, only for the ids that occur in the batch (the same law as
+drawing the whole V x d table and indexing it); passing explicit tables in ``W`` (keys
+"word", "pos", "seg") uses those instead, which the finite-difference test relies on.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from sigprop.mc.component import Component
+from sigprop.mc.sweep import Case, SweepSpec
+from sigprop.rules.embedding import zipf_frequencies
+from sigprop.state import Backward, Forward
+
+#: segment (token-type) frequencies of the sweep: two types, as in BERT
+SEGMENT_FREQS = (0.6, 0.4)
+
+
+@lru_cache(maxsize=32)
+def _zipf_cdf(s: float, V: int) -> np.ndarray:
+    c = np.cumsum(zipf_frequencies(s, V))
+    c[-1] = 1.0
+    return c
+
+
+def _draw(rng, cdf: np.ndarray, shape) -> np.ndarray:
+    """iid ids with cumulative distribution ``cdf`` (inverse-CDF sampling)."""
+    ids = np.searchsorted(cdf, rng.random(shape), side="right")
+    return np.minimum(ids, len(cdf) - 1)
+
+
+def _grouping(tok: np.ndarray, V: int):
+    """Group the positions of each sequence by token: the permutation that sorts them by
+    (sequence, token), the start of every group, and for every group its sequence, its slot
+    (rank among the sequence's distinct tokens) and its token."""
+    B, L = tok.shape
+    key = (np.arange(B, dtype=np.int64)[:, None] * V + tok).ravel()
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    starts = np.flatnonzero(np.r_[True, sk[1:] != sk[:-1]])
+    ukey = sk[starts]
+    seq = ukey // V
+    slot = np.arange(len(ukey)) - np.searchsorted(seq, seq, side="left")
+    return order, starts, seq, slot, ukey % V
+
+
+class EmbeddingMC(Component):
+    name = "embedding"
+    rule = "embedding"
+
+    def dims(self, params):
+        return params["L"], 1, params["d"]
+
+    def forward(self, X, W, params, rng):
+        B, L = X.shape[:2]
+        d, V = params["d"], params["V"]
+        dt = X.dtype.type
+        tok = _draw(rng, _zipf_cdf(float(params["zipf_s"]), int(V)), (B, L))
+        uniq, inv = np.unique(tok, return_inverse=True)
+        inv = inv.ravel()
+        if "word" in W:
+            rows = W["word"][uniq]
+        else:
+            rows = rng.standard_normal((len(uniq), d), dtype=dt)
+            rows *= dt(params["word_std"])
+        Y = rows[inv].reshape(B, L, d)
+        pos_std = params.get("pos_std", 0.0)
+        if "pos" in W:
+            Y += W["pos"][:L]
+        elif pos_std:
+            Y += rng.standard_normal((L, d), dtype=dt) * dt(pos_std)
+        seg_std = params.get("seg_std", 0.0)
+        if "seg" in W or seg_std:
+            q = np.cumsum(params.get("segment_freqs", SEGMENT_FREQS), dtype=float)
+            q /= q[-1]
+            seg = _draw(rng, q, (B, L))
+            if "seg" in W:
+                S = W["seg"]
+            else:
+                S = rng.standard_normal((len(q), d), dtype=dt) * dt(seg_std)
+            Y += S[seg]
+        return Y, _grouping(tok, int(V))
+
+    def backward(self, GY, cache):
+        """Scatter-add dLoss/dY per sequence: the row of token i in sequence b is the sum of
+        GY[b, t] over the positions t holding i; laid out in (B, L, d) slots."""
+        order, starts, seq, slot, _ = cache
+        B, L, d = GY.shape
+        sums = np.add.reduceat(GY.reshape(-1, d)[order], starts, axis=0)
+        T = np.zeros_like(GY)
+        T[seq, slot] = sums
+        return T
+
+    @staticmethod
+    def table_gradient(T, cache, V: int) -> np.ndarray:
+        """The (V, d) word-table gradient of the whole batch from :meth:`backward`'s slots."""
+        _, _, seq, slot, token = cache
+        out = np.zeros((V, T.shape[-1]), dtype=np.float64)
+        rows = T[seq, slot].astype(np.float64)
+        order = np.argsort(token, kind="stable")
+        st = token[order]
+        starts = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
+        out[st[starts]] = np.add.reduceat(rows[order], starts, axis=0)
+        return out
+
+    def flops(self, params, batch):
+        return 6.0 * batch * params["L"] * params["d"]
+
+
+COMPONENT = EmbeddingMC()
+
+
+# --- sweep --------------------------------------------------------------------------------
+#: target relative standard error of the measured moments (no published figures to beat; the
+#: rule is exact, so the sweep's errors are sampling noise of about this size)
+TARGET_SE = 0.02
+TOKENS_PER_RUN = 512
+MAX_RUN_ELEMENTS = 4_000_000
+
+
+@lru_cache(maxsize=32)
+def _power_sums(s: float, V: int) -> tuple[float, float, float]:
+    """sum f^2, sum f^3, sum f^4 of Zipf(s, V)."""
+    f = zipf_frequencies(s, V)
+    return float(f @ f), float(np.sum(f**3)), float(np.sum(f**4))
+
+
+def _count_noise(c2: float, c3: float, L: int) -> float:
+    """Relative variance of the number of same-id ordered pairs among L iid draws (a
+    U-statistic): 2/(L^2 c2) + 4 (c3 - c2^2)/(L c2^2), to leading orders."""
+    return 2.0 / (L * L * c2) + 4.0 * (c3 - c2 * c2) / (L * c2 * c2)
+
+
+def _case(pt: dict) -> Case:
+    s, V, d, L, rg = pt["zipf_s"], pt["V"], pt["d"], pt["L"], pt["g_corr"]
+    cw, c3, c4 = _power_sums(float(s), int(V))
+    q = np.asarray(SEGMENT_FREQS) / sum(SEGMENT_FREQS)
+    cs, cs3, cs4 = float(q @ q), float(np.sum(q**3)), float(np.sum(q**4))
+    w2, p2, s2 = pt["word_std"] ** 2, pt["pos_std"] ** 2, pt["seg_std"] ** 2
+    var = w2 + p2 + s2
+    B0 = max(1, TOKENS_PER_RUN // L)
+    # Noise model (relative variances; checked against the pooled standard errors).  Per run
+    # the tables are fixed, and the few frequent rows carry the estimates: table noise
+    # ~ (2/d) x (sum of squared row weights).  Per sequence, the count of same-token pairs
+    # fluctuates (heavy for Zipf): it drives the covariance and the coherent part
+    # rg (L-1) c / (1 + rg (L-1) c) of the table-gradient energy, whose other sources
+    # (the sequence's shared gradient component, the chi-square of the frequent rows) are
+    # also per sequence.
+    coh = rg * (L - 1) * cw / (1 + rg * (L - 1) * cw)
+    per_run = max(
+        2.0 / d * (w2**2 * (cw + 1.0 / (B0 * L)) + p2**2 / L + s2**2 * cs) / var**2,
+        2.0 / d * (w2**2 * (c4 + cw**2) + s2**2 * (cs4 + cs**2)) / var**2,
+    )
+    per_seq = max(
+        (w2**2 * cw**2 * _count_noise(cw, c3, L) + s2**2 * cs**2 * _count_noise(cs, cs3, L)) / var**2,
+        coh**2 * (_count_noise(cw, c3, L) + 2.0 / d) + 2.0 / d * (cw + 1.0 / L),
+    )
+    runs = int(min(1000, max(8, math.ceil(per_run / TARGET_SE**2))))
+    B = max(B0, math.ceil(per_seq / (runs * TARGET_SE**2)))
+    cap = max(1, MAX_RUN_ELEMENTS // (L * d))
+    if B > cap:
+        runs = math.ceil(runs * B / cap)
+        B = cap
+    rule = {"word_std": pt["word_std"], "pos_std": pt["pos_std"], "seg_std": pt["seg_std"],
+            "word_collision": cw, "segment_collision": cs, "L": L}
+    sim = {"word_std": pt["word_std"], "pos_std": pt["pos_std"], "seg_std": pt["seg_std"],
+           "zipf_s": s, "V": V, "d": d, "L": L, "segment_freqs": SEGMENT_FREQS}
+    return Case(rule, sim, Forward(0.0, 1.0, 0.0), Backward(pt.get("g_std", 1.0) ** 2, rg),
+                runs, B)
+
+
+SWEEP = SweepSpec(
+    component=COMPONENT,
+    grid={
+        "zipf_s": (0.8, 1.0, 1.2), "V": (1000, 30000),
+        "word_std": (0.02, 1.0), "pos_std": (0.0, 0.5), "seg_std": (0.0, 0.3),
+        "d": (64, 256), "L": (128, 512), "g_corr": (0.0, 1 / 3, 2 / 3),
+    },
+    make_case=_case,
+    published={"x_mean": None, "x_var": None, "x_corr": None, "g_var": None, "g_corr": None},
+    note="Own grid (no published one). Backward = word-table gradient of one sequence per "
+         "token occurrence (see sigprop.rules.embedding).",
+)
