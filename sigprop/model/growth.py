@@ -1,11 +1,11 @@
 """Name the growth law of a moment along depth.
 
-Candidates (theory.md section 3): constant; linear in depth (Pre-LN forward variance);
-harmonic, i.e. linear in the harmonic number H_l (LayerNorm Scaling); hyperbolic, i.e.
-proportional to 1/l (Pre-LN gradient, counted from the input); exponential (Post-LN
-gradient).  Each law is a least-squares fit of a linear model in a transformed variable; the
-law with the best R^2 wins, ties going to the simpler law, and a series whose total change is
-below 10% is "constant".
+Candidates (theory.md section 3): constant; linear in depth, y = c0 + c1 l (Pre-LN forward
+variance); harmonic, y = c0 + c1 H_l (LayerNorm Scaling); hyperbolic, y = 1/(c0 + c1 l)
+(Pre-LN gradient, counted from the input); exponential, log y = c0 + c1 l (Post-LN
+gradient).  Each law is a least-squares fit in the space where it is linear; the fits are
+then compared by R^2 of log y (one common space), ties going to the simpler law.  A series
+whose total change is below 10% is "constant".
 """
 
 from __future__ import annotations
@@ -34,12 +34,20 @@ class Growth:
         return f"{what} is {self.law} in depth (x{self.ratio:.3g} overall)"
 
 
-def _r2(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+def _fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least-squares line through (x, y): fitted values and slope."""
     A = np.vstack([np.ones_like(x), x]).T
     coef, *_ = np.linalg.lstsq(A, y, rcond=None)
-    resid = y - A @ coef
-    ss = np.sum((y - y.mean()) ** 2)
-    return (1.0 - np.sum(resid**2) / ss if ss > 0 else 1.0), float(coef[1])
+    return A @ coef, float(coef[1])
+
+
+def _r2_log(lv: np.ndarray, fitted_y: np.ndarray) -> float:
+    """R^2 in log space of a fit given on the (max-normalised) linear scale."""
+    if np.any(~np.isfinite(fitted_y)) or np.any(fitted_y <= 0):
+        return -np.inf
+    resid = lv - np.log(fitted_y)
+    ss = np.sum((lv - lv.mean()) ** 2)
+    return 1.0 - np.sum(resid**2) / ss if ss > 0 else 1.0
 
 
 def classify(depth: np.ndarray, log_values: np.ndarray) -> Growth:
@@ -54,15 +62,22 @@ def classify(depth: np.ndarray, log_values: np.ndarray) -> Growth:
     ratio = float(np.exp(np.clip(lv[-1] - lv[0], -700, 700)))
     if np.max(lv) - np.min(lv) < np.log(1.1):
         return Growth("constant", 1.0, 0.0, ratio)
-    # linear-scale fits on values normalised by their maximum (safe for huge values)
-    y = np.exp(lv - lv.max())
+    # fits on values normalised by their maximum (safe for huge values)
+    lv = lv - lv.max()
+    y = np.exp(lv)
     harmonic = np.cumsum(1.0 / np.maximum(depth, 1.0))
-    cands = {
-        "linear": _r2(depth, y),
-        "harmonic": _r2(harmonic, y),
-        "hyperbolic": _r2(1.0 / np.maximum(depth, 1e-9), y),
-        "exponential": _r2(depth, lv),
-    }
-    best = max(cands, key=lambda k: (round(cands[k][0], 4), -LAWS.index(k)))
+    cands = {}
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        fy, slope = _fit(depth, y)
+        cands["linear"] = (_r2_log(lv, fy), slope)
+        fy, slope = _fit(harmonic, y)
+        cands["harmonic"] = (_r2_log(lv, fy), slope)
+        inv = 1.0 / y
+        if np.all(np.isfinite(inv)):
+            fi, slope = _fit(depth, inv)
+            cands["hyperbolic"] = (_r2_log(lv, 1.0 / fi), slope)
+        fl, slope = _fit(depth, lv)
+        cands["exponential"] = (_r2_log(lv, np.exp(fl)), slope)
+    best = max(cands, key=lambda k: (round(cands[k][0], 3), -LAWS.index(k)))
     r2, slope = cands[best]
     return Growth(best, float(r2), slope, ratio)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sigprop.model.tables import TableCache
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
@@ -41,6 +42,7 @@ class Op:
     rule: str
     params: dict
     x: Forward | None = None      # input state, recorded by the forward pass
+    table: object = None          # interpolation table used for it (expensive rules)
 
 
 @dataclass
@@ -60,6 +62,10 @@ class SublayerRecord:
     out_log_var: float = 0.0
     out: Forward | None = None
     logit_var: float | None = None
+    # backward gains per unit upstream gradient variance (set by the backward pass): the skip
+    # path's a^2 and the branch path's (pre: includes LayerNorm's division by the stream variance)
+    branch_gain: float | None = None
+    z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
 
 
 @dataclass
@@ -101,13 +107,22 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
     return math.log(v), Forward(float(y.mean) / math.sqrt(v), 1.0, float(y.corr))
 
 
+_TABLES = TableCache()
+
+
 def _fwd(op: Op, x: Forward) -> Forward:
     op.x = x
+    table = _TABLES.get(op.rule, op.params, x)
+    if table is not None:
+        op.table = table
+        return table.forward(x)
     y, _ = get(op.rule).evaluate(x, None, **op.params)
     return Forward(float(y.mean), float(y.var), float(y.corr))
 
 
 def _bwd(op: Op, g: Backward) -> Backward:
+    if op.table is not None:
+        return op.table.backward(op.x, g)
     _, gb = get(op.rule).evaluate(op.x, g, **op.params)
     return Backward(float(gb.var), float(gb.corr))
 
@@ -163,7 +178,7 @@ class Predictor:
         return Op("layernorm", dict(d=self.d))
 
     # -- passes --------------------------------------------------------------------------
-    def forward(self) -> tuple[list[SublayerRecord], StreamPoint]:
+    def forward(self) -> list[SublayerRecord]:
         m = self.model
         lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
         records = []
@@ -219,6 +234,7 @@ class Predictor:
                 # through the final LayerNorm of the sublayer, then split into skip and branch
                 ln = rec.pre_ops[0]
                 gb = _bwd(ln, Backward(1.0, gc))
+                rec.z_gain = gb.var * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var) + self._ln_log_adjust(rec.z_log_var)
                 gc = gb.corr
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
@@ -230,6 +246,7 @@ class Predictor:
                 for op in reversed(rec.pre_ops):
                     g = _bwd(op, g)
                 lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
+            rec.branch_gain = g.var * math.exp(lg_branch_extra)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
             lsum, gsum = _combine(0.0, Forward(0.0, 1.0, gc), rec.a,
                                   (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra,
@@ -246,11 +263,16 @@ class Predictor:
         return clipped - log_var
 
 
-def predict(model) -> list[StreamPoint]:
-    """The contract's trace points: the input point, then one per sublayer."""
+def run(model) -> tuple[list[SublayerRecord], list]:
+    """Forward and backward passes: the per-sublayer records and gradients."""
     pr = Predictor(model)
     records = pr.forward()
-    grads = pr.backward(records)
+    return records, pr.backward(records)
+
+
+def predict(model) -> list[StreamPoint]:
+    """The contract's trace points: the input point, then one per sublayer."""
+    records, grads = run(model)
     m = model
     lv0, x0 = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
     g_in = grads[0] if grads else (math.log(m.grad.var), m.grad.corr)
