@@ -78,6 +78,7 @@ def classify(depth: np.ndarray, log_values: np.ndarray) -> Growth:
             cands["hyperbolic"] = (_r2_log(lv, 1.0 / fi), slope)
         fl, slope = _fit(depth, lv)
         cands["exponential"] = (_r2_log(lv, np.exp(fl)), slope)
-    best = max(cands, key=lambda k: (round(cands[k][0], 3), -LAWS.index(k)))
+    # predictions are deterministic, so R^2 differences far below 1e-3 are meaningful
+    best = max(cands, key=lambda k: (round(cands[k][0], 9), -LAWS.index(k)))
     r2, slope = cands[best]
     return Growth(best, float(r2), slope, ratio)

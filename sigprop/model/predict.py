@@ -215,12 +215,15 @@ class Predictor:
                 records.append(rec)
         return records
 
-    def _logit_var(self, op: Op) -> float | None:
-        rule = get("attention")
-        fn = getattr(rule, "logit_var", None)
-        if fn is None:
-            return None
-        return float(fn(op.x, **op.params))
+    def _logit_var(self, op: Op) -> float:
+        """Variance of the pre-softmax logits q.k / sqrt(d_head): q and k are independent
+        zero-mean linear projections of the attention input, so the variance is var(q) var(k)
+        (the d_head terms of the dot product and the 1/sqrt(d_head) cancel)."""
+        p = op.params
+        width = p["n_heads"] * p["d_head"]
+        vq, _ = get("linear").evaluate(op.x, None, d_in=p["d"], d_out=width, w_std=p["q_std"], b_std=p["q_bias_std"])
+        vk, _ = get("linear").evaluate(op.x, None, d_in=p["d"], d_out=width, w_std=p["k_std"], b_std=p["k_bias_std"])
+        return float(vq.var * vk.var)
 
     def backward(self, records: list[SublayerRecord]) -> list[tuple[float, float]]:
         """(log gradient variance, gradient corr) at the input of every sublayer, top down;
