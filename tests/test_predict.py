@@ -67,10 +67,11 @@ def test_postln_unit_forward_and_geometric_gradient():
     per_layer = [pts[0]] + [p for p in pts if p.sublayer == "ffn"]
     steps = np.diff(_series(per_layer, "log_gvar"))
     # (the direction depends on the gains: here the gradient vanishes towards the input)
+    # the per-layer factor converges (its changes shrink geometrically) to a constant
     top = steps[-12:]
-    assert np.ptp(top) < 0.05 * np.abs(top).mean()
-    corr = _series(per_layer, "corr")
-    assert abs(corr[-1] - corr[-12]) < 0.01
+    changes = np.abs(np.diff(top))
+    assert np.all(changes[1:] < changes[:-1])
+    assert changes[-1] < 0.01 * abs(top[-1])
 
 
 def test_lns_variance_grows_slower_than_preln():
