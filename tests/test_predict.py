@@ -116,3 +116,24 @@ def test_predict_bad_input(args):
     r = subprocess.run([sys.executable, "-m", "sigprop", "predict", *args], capture_output=True, text=True)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stdout == "" and "Traceback" not in r.stderr
+
+
+def test_logit_moment_estimator_matches_brute_force():
+    from sigprop.mc.model import _logit_moments
+
+    rng = np.random.default_rng(0)
+    Qs, K = rng.normal(size=(2, 3, 7, 5)), rng.normal(0.3, 1.0, size=(2, 3, 7, 5))
+    S = Qs @ K.transpose(0, 1, 3, 2)
+    first, second = _logit_moments(object(), (None, Qs, K))
+    assert first == pytest.approx(S.mean()) and second == pytest.approx((S**2).mean())
+
+
+def test_check_small_model_passes():
+    r = subprocess.run([sys.executable, "-m", "sigprop", "check", "--arch", "preln", "--layers", "3",
+                        "--d-model", "64", "--heads", "2", "--d-ff", "256", "--seq-len", "16",
+                        "--trials", "4", "--batch", "4", "--json", "--seed", "2"], capture_output=True, text=True)
+    out = json.loads(r.stdout)
+    assert out["schema"] == "sigprop.check/1" and out["seed"] == 2
+    assert len(out["predicted"]) == len(out["measured"]) == 7
+    assert r.returncode == (0 if out["pass"] else 1)
+    assert out["pass"], out["failures"]

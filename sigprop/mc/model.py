@@ -60,15 +60,19 @@ def _ffn_params(m, l):
             dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["out"][l]), b_std=float(s.bias_std["out"][l])))
 
 
-def _logit_moments(cache) -> tuple[float, float]:
-    """Mean and second moment of all L x L pre-softmax logits Q K^T / sqrt(dh), from Q and K
-    without forming the L x L matrix: sum_ij (q_i.k_j)^2 = ||Q^T K||_F^2."""
-    Q, K, dh = cache[2], cache[3], cache[9]
-    L = Q.shape[-2]
-    QtK = np.matmul(Q.transpose(0, 1, 3, 2).astype(np.float64), K.astype(np.float64))
-    second = np.sum(QtK**2) / (Q.shape[0] * Q.shape[1] * L * L * dh)
-    first = np.sum(Q.sum(axis=-2, dtype=np.float64) * K.sum(axis=-2, dtype=np.float64)) / (
-        Q.shape[0] * Q.shape[1] * L * L * np.sqrt(dh))
+def _logit_moments(component, cache) -> tuple[float, float]:
+    """Mean and second moment of all L x L pre-softmax logits (causal mask aside), from the
+    scaled queries Qs = Q / sqrt(dh) and the keys without forming the L x L matrix:
+    sum_ij (qs_i . k_j)^2 = <Qs^T Qs, K^T K>_F (two dh x dh Gram matrices)."""
+    if hasattr(component, "logit_moments"):
+        return component.logit_moments(cache)
+    Qs, K = cache[1], cache[2]
+    B, H, L, _ = Qs.shape
+    Q64, K64 = Qs.astype(np.float64), K.astype(np.float64)
+    gram_q = np.matmul(Q64.transpose(0, 1, 3, 2), Q64)
+    gram_k = np.matmul(K64.transpose(0, 1, 3, 2), K64)
+    second = np.sum(gram_q * gram_k) / (B * H * L * L)
+    first = np.sum(Qs.sum(axis=-2, dtype=np.float64) * K.sum(axis=-2, dtype=np.float64)) / (B * H * L * L)
     return first, second
 
 
@@ -92,7 +96,7 @@ class _Trial:
             prm = _attention_params(m, l)
             W = self.attn.sample_weights(rng, prm, dt)
             Y, c_attn = self.attn.forward(X, W, prm, rng)
-            logits = _logit_moments(c_attn)
+            logits = _logit_moments(self.attn, c_attn)
             chain = [(self.attn, c_attn)]
         else:
             p_in, p_out = _ffn_params(m, l)
