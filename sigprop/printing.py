@@ -26,8 +26,23 @@ def tidy(expr):
     return sp.sympify(expr)
 
 
+#: above this many operations in total, a rule is printed through common-subexpression
+#: elimination (definitions x0, x1, ... then the five outputs): the attention rule's exact
+#: expression has ~42,000 operations and would print as millions of characters.
+CSE_THRESHOLD = 600
+
+
 def formulas(rule: Rule) -> dict:
     return {k: tidy(v) for k, v in rule.symbolic().items()}
+
+
+def structured(rule: Rule) -> tuple[list, dict]:
+    """(definitions, outputs): definitions is [] for small rules, else sympy's CSE."""
+    f = formulas(rule)
+    if sum(sp.count_ops(e) for e in f.values()) <= CSE_THRESHOLD:
+        return [], f
+    repl, reduced = sp.cse(list(f.values()), optimizations=None)
+    return repl, dict(zip(f, reduced))
 
 
 def to_latex(expr) -> str:
@@ -39,10 +54,12 @@ def to_text(expr) -> str:
 
 
 def rule_latex(rule: Rule) -> str:
-    """An amsmath ``align*`` block with the rule's five output moments."""
+    """An amsmath ``align*`` block with the rule's five output moments (preceded by the
+    common subexpressions for large rules)."""
     lines = [f"% {rule.name}: {rule.title}", r"\begin{align*}"]
-    f = formulas(rule)
-    rows = [f"  {MOMENT_LABELS[k][1]} &= {to_latex(v)}" for k, v in f.items()]
+    defs, f = structured(rule)
+    rows = [f"  {to_latex(a)} &= {to_latex(b)}" for a, b in defs]
+    rows += [f"  {MOMENT_LABELS[k][1]} &= {to_latex(v)}" for k, v in f.items()]
     lines.append(" \\\\\n".join(rows))
     lines.append(r"\end{align*}")
     return "\n".join(lines)

@@ -33,6 +33,9 @@ def rules_cmd(
         t.add_row("parameters", "\n".join(f"{p.name} {p.describe()}: {p.doc}" for p in rule.params) or "-")
         t.add_row("assumptions", "\n".join(f"- {a}" for a in rule.assumptions))
         t.add_row("references", "; ".join(rule.references))
-        for key, expr in printing.formulas(rule).items():
-            t.add_row(printing.MOMENT_LABELS[key][0], printing.to_text(expr))
+        defs, outputs = printing.structured(rule)
+        if defs:
+            t.add_row("where", "\n".join(f"{a} = {b}" for a, b in defs))
+        for key, expr in outputs.items():
+            t.add_row(printing.MOMENT_LABELS[key][0], str(expr) if defs else printing.to_text(expr))
         console.print(Panel(t, title=f"[bold]{rule.name}[/]: {rule.title}", expand=False))
