@@ -58,9 +58,15 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--rescore", nargs=3, metavar=("ROWS.json", "COMPONENT", "GRID"), default=None,
+                    help="score stored measurements (rows with 'point' and 'measured') with the current rules")
     args = ap.parse_args(argv)
     store = Path(args.out).with_suffix("")
     store.mkdir(parents=True, exist_ok=True)
+    if args.rescore:
+        rescore(store, *args.rescore)
+        write_markdown(args.out, store)
+        return 0
     for name, spec in SWEEPS.items():
         if args.only and name not in args.only:
             continue
@@ -78,6 +84,38 @@ def main(argv=None) -> int:
             print(f"{name} [{grid_name}]: {res.n_configs} configs in {wall:.0f} s", file=sys.stderr)
     write_markdown(args.out, store)
     return 0
+
+
+def rescore(store: Path, rows_file: str, name: str, grid_name: str) -> None:
+    """Measurements do not depend on the rule: re-score stored rows (each with the grid
+    ``point`` and the ``measured`` moments of a run_sweep) with the current rule and the
+    published forms, without re-running the simulation."""
+    from sigprop.mc.sweep import _percentiles, errors
+    from sigprop.mc.stats import Moments
+
+    data = json.loads(Path(rows_file).read_text())
+    spec = SWEEPS[name]
+    rules = [REGISTRY[spec.component.rule]] + [REGISTRY[a] for a in PUBLISHED_FORMS.get(name, ()) if a in REGISTRY]
+    scored = {r.name: [] for r in rules}
+    for row in data["rows"]:
+        case = spec.make_case(row["point"])
+        m = row["measured"]
+        meas = SimpleNamespace(
+            x=Moments(m["x_mean"], m["x_var"], m["x_corr"] * m["x_var"], 0, 0, 0),
+            g=Moments(0.0, m["g_var"], m["g_corr"] * m["g_var"], 0, 0, 0))
+        for rule in rules:
+            px, pg = rule.evaluate(case.x, case.g, **case.rule_params)
+            scored[rule.name].append({"e": errors(px, pg, meas)})
+    pct = {k: _percentiles(v, spec.moments, "e") for k, v in scored.items()}
+    note = spec.note if grid_name == "published" else spec.variants[grid_name].get("note", "")
+    pub = {k: (dict(zip(("p50", "p90", "p99"), v)) if v else None) for k, v in spec.published.items()}
+    (store / f"{name}-{grid_name}.json").write_text(json.dumps({
+        "component": name, "grid": grid_name, "n_configs": len(data["rows"]), "seed": data.get("seed", 0),
+        "n": len(data["rows"]), "wall_s": data.get("wall", float("nan")), "simulate_s": data.get("mc", float("nan")),
+        "note": (note + " " if note else "") + f"Measurements from a stored run_sweep ({Path(rows_file).name}), "
+                "re-scored with the current rules (`validate --rescore`).",
+        "percentiles": pct[rules[0].name], "published": pub, "also": {k: v for k, v in pct.items() if k != rules[0].name},
+        "version": __version__, "date": datetime.date.today().isoformat()}, indent=1))
 
 
 def write_markdown(out: str, store: Path) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from sigprop.model.tables import TableCache
 from sigprop.rules import get

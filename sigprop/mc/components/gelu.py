@@ -17,9 +17,7 @@ import numpy as np
 
 from sigprop.backend.numeric import Phi
 from sigprop.mc.component import Component
-from sigprop.mc.components._util import batch_for, grid_std
-from sigprop.mc.sweep import Case, SweepSpec
-from sigprop.state import Backward, Forward
+from sigprop.mc.components._util import activation_sweep
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _CHUNK = 16384  # elements per Phi call in the forward
@@ -56,29 +54,5 @@ class GeLUMC(Component):
 
 COMPONENT = GeLUMC()
 
-#: shared (token-independent) draws per configuration, tokens per sequence, independent runs
-#: (see the module docstring)
-N_SHARED = 600_000
-L_SEQ = 2
-RUNS = 8
-
-
-def _case(pt: dict) -> Case:
-    batch = batch_for(N_SHARED, pt["d"], RUNS)
-    return Case({}, {"d": pt["d"], "L": L_SEQ},
-                Forward(0.0, grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
-                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), RUNS, batch)
-
-
-SWEEP = SweepSpec(
-    component=COMPONENT,
-    grid={
-        "x_std": (0.316, 1.0, 3.16), "x_corr": (0.0, 0.2, 0.4, 0.6, 0.8),
-        "g_corr": (0.0, 0.2, 0.4, 0.6, 0.8), "g_std": (0.316, 1.0, 3.16), "d": (100, 1000),
-    },
-    make_case=_case,
-    note=("published 450-point grid with the unnamed 2-level factor taken as width d "
-          "{100, 1000}; L = 2 tokens, 6e5 token-shared draws per configuration"),
-    published={"x_mean": (0.1, 1.0, 2.4), "x_var": (0.2, 0.6, 1.3), "g_var": (0.2, 0.6, 1.1),
-               "x_corr": (0.1, 0.5, 1.2), "g_corr": (0.1, 0.4, 0.9)},
-)
+SWEEP = activation_sweep(COMPONENT, 600_000, {"x_mean": (0.1, 1.0, 2.4), "x_var": (0.2, 0.6, 1.3), "g_var": (0.2, 0.6, 1.1),
+     "x_corr": (0.1, 0.5, 1.2), "g_corr": (0.1, 0.4, 0.9)})

@@ -21,9 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from sigprop.mc.component import Component
-from sigprop.mc.components._util import batch_for, grid_std
-from sigprop.mc.sweep import Case, SweepSpec
-from sigprop.state import Backward, Forward
+from sigprop.mc.components._util import activation_sweep
 
 
 class ReLUMC(Component):
@@ -48,29 +46,5 @@ class ReLUMC(Component):
 
 COMPONENT = ReLUMC()
 
-#: shared (token-independent) draws per configuration, tokens per sequence, independent runs
-#: (see the module docstring)
-N_SHARED = 400_000
-L_SEQ = 2
-RUNS = 8
-
-
-def _case(pt: dict) -> Case:
-    batch = batch_for(N_SHARED, pt["d"], RUNS)
-    return Case({}, {"d": pt["d"], "L": L_SEQ},
-                Forward(0.0, grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
-                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), RUNS, batch)
-
-
-SWEEP = SweepSpec(
-    component=COMPONENT,
-    grid={
-        "x_std": (0.316, 1.0, 3.16), "x_corr": (0.0, 0.2, 0.4, 0.6, 0.8),
-        "g_corr": (0.0, 0.2, 0.4, 0.6, 0.8), "g_std": (0.316, 1.0, 3.16), "d": (100, 1000),
-    },
-    make_case=_case,
-    note=("published 450-point grid with the unnamed 2-level factor taken as width d "
-          "{100, 1000}; L = 2 tokens, 4e5 token-shared draws per configuration"),
-    published={"x_mean": (0.3, 1.3, 2.3), "x_var": (0.5, 1.9, 3.4), "g_var": (0.6, 1.5, 2.6),
-               "x_corr": (0.3, 1.6, 3.1), "g_corr": (0.2, 1.1, 2.3)},
-)
+SWEEP = activation_sweep(COMPONENT, 400_000, {"x_mean": (0.3, 1.3, 2.3), "x_var": (0.5, 1.9, 3.4), "g_var": (0.6, 1.5, 2.6),
+     "x_corr": (0.3, 1.6, 3.1), "g_corr": (0.2, 1.1, 2.3)})
