@@ -1,0 +1,408 @@
+"""Multi-head scaled dot-product attention: forward and backward moment rules.
+
+Definition (contract.md, attention F).  Input X: L tokens x d features, mean mu, variance s2,
+token correlation r.  Q = X Wq + bq, K = X Wk + bk, V = X Wv + bv (d -> H dh); per head
+A = Dropout_p(softmax(Q K^T / sqrt(dh))) (causal mask if ``causal``), O = A V; heads
+concatenated; Y = O Wo + bo (H dh -> d).  Weights iid N(0, std^2), biases N(0, bias_std^2).
+
+Derivation (sigprop's own; every step checked by Monte Carlo, see tests/test_attention.py)
+------------------------------------------------------------------------------------------
+Write x_j = c + u_j: c is shared by the tokens (second moment c2 = r s2 + mu^2 per feature,
+the input mean folded in), u_j iid N(0, tau), tau = (1 - r) s2.  Per head let
+M = Wk Wq^T / sqrt(dh) and a_i = Wk q_i / sqrt(dh) (a d-vector per query row).  The logit of
+key j in row i is a_i . x_j; the shared part a_i . c is the same for every key and cancels in
+the softmax, so a row sees iid logits z_j = a_i . u_j ~ N(0, v) given a_i, with
+v = tau |a_i|^2: the *row logit variance*.  Its mean is
+
+    vbar = tau d sk^2 (d sq^2 (s2 + mu^2) + sbq^2),
+
+and it fluctuates from row to row (|a_i|^2 is a product of chi-squares, relative variance
+~ 2/dh + 4/d); the softmax moments are strongly convex in v, so every row statistic is
+averaged over a Gamma law for v with the matched relative variance (Gauss-Laguerre).  Two
+rows i, k see correlated logits for the same key, with correlation rho = cos(a_i, a_k)
+~ N(r_a, (1 - r_a^2)^2 / D), r_a the shared fraction of a (= r with mean and biases folded),
+D = 2 / relvar the effective dimension of the a's (1/D = 1/dh + 2/d without biases).
+
+Softmax statistics of one row (n keys), expectations over iid N(0, v) logits
+(:func:`sigprop.rules.softmax_moments.softmax_expect_sum`, exact integrals):
+A2 = E sum P^2, m1 = E sum P z, Bz = E (sum P z)^2 / v, Cz = E sum P^2 z^2 / v,
+T2 = E tr(D - P P^T)^2 = E[sum P^2 - 2 sum P^3 + (sum P^2)^2], trA2 = E (1 - sum P^2)^2,
+Ajj2 = E sum (P - P^2)^2, Ra = E sum P_j^2 (z_j - sum P z)^2 / v.
+Two rows (shared keys, logit correlation rho; exact double integrals,
+``m.integrate_smoothed2``): C2 = E sum_j P_ij P_kj, T2x = E tr(A_i A_k), PP = E sum P_i^2 sum P_k^2.
+
+Forward (per head, per feature of O = A V; u_j split along a_i and orthogonal to it):
+    E O_i^2   = sv2 [d c2 (1 + q A2) + tau (d-1) A2/(1-p) + tau (Bz + q Cz)] + sbv2 (1 + q A2)
+    E O_i O_k = sv2 [d c2 + tau (d-2) C2 + tau (r_a E[m1^2/v] + 2 C2)] + sbv2
+with q = p/(1-p); Y: var = H dh so2 E O_i^2 + sbo2, cov = H dh so2 E O_i O_k + sbo2, mean 0.
+
+Backward (G at the output, variance g2, correlation rg).  Per head the gradient reaching
+the core is g_i = (G Wo^T)_head; b_i = Wv g_i; K0 = |b|^2/d = d sv2 dh so2 g2; the value
+logit-gradient y_j = b_i . u_j has variance gam2 = tau d K0 and the shared part of v gives
+kap2 = |g|^2 (sv2 d c2 + sbv2) (it survives only through dropout:
+gt = (gam2 + p kap2)/((1-p) gam2)).  The gradient to X is the sum of three paths:
+- value  (P^T G through Wv): K0 [A2/(1-p) + rg (L-1) C2];
+- query  (Wq M^T sum_j dS_ij u_j; the row sums of dS vanish, so only u_j enters):
+  K0 tau^2 [(tr - la - lb) gt T2 + la gt Ra + lb (trA2 + (2-p)/(1-p) T2 + 2q Ajj2 + q kr T2)],
+  tr = d^2 sq2 sk2, lb = tr/d (the coherent part E sum_j dS_ij u_j = tau (1 - sum P^2) b_i),
+  la = tr (1/dh + (1 + f_x)/d) (the a_i direction, amplified by M M^T), kr = kap2/gam2;
+- key    (sum_i dS_ij a_i): K0 [gt E(v T2) + rg (L-1) E(rho v T2x)].
+Token covariance: value K0 [(1 - A2)/(L-1) + rg (1 - C2)]; query
+K0 tau^2 rg [tr T2x + lb (1 - 2 A2 + PP)]; key exactly -(key variance)/(L-1), because the
+column sums of dS vanish (sum_j dK_j = 0).  Heads are independent: multiply by H.
+
+Causal: row i has i+1 keys.  Row statistics are averaged over the lengths n = 1..L and
+two-row statistics over the pairs of rows (the shorter row's keys are shared, the longer
+row's extra keys only enter its normaliser), with the (L-1) factors unchanged.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sigprop import symbols
+from sigprop.errors import DomainError
+from sigprop.rules.base import Param, Rule, positive_int, probability, register, std
+from sigprop.rules.softmax_moments import softmax_expect_sum
+from sigprop.state import Backward, Forward
+
+symbols.register("n_heads", r"H", positive=True, integer=True)
+symbols.register("d_head", r"d_{h}", positive=True, integer=True)
+for _nm in ("q", "k", "v", "o"):
+    symbols.register(f"{_nm}_std", rf"\sigma_{{{_nm}}}", positive=True)
+    symbols.register(f"{_nm}_bias_std", rf"\sigma_{{b{_nm}}}", positive=True)
+symbols.register("causal", r"\kappa_{\mathrm{causal}}", nonnegative=True, integer=True)
+
+#: quadrature sizes: Gauss-Laguerre nodes over the row logit variance (one-row and
+#: two-row statistics) and Gauss-Hermite nodes over the row-pair correlation
+_NS, _NS2, _NR = 6, 4, 3
+_VMIN = 1e-30   # floor for the row logit variance where it divides (v -> 0 limits)
+
+
+def _num(m, guard, x):
+    """A purely numerical guard (a floor against 0/0, a clip against rounding): applied by
+    the numeric backend, the identity in the symbolic one (where it would only add Max/Min
+    noise to the expressions)."""
+    return x if getattr(m, "SYMBOLIC", False) else guard(x)
+
+
+def _floor(m, v):
+    return _num(m, lambda t: m.maximum(t, _VMIN), v)
+
+
+_MEMO: dict = {}
+
+
+def _memo(m, tag, arrays, fn):
+    """Numeric results of the expensive statistics, keyed by their exact inputs, so that the
+    forward and backward of one evaluation (and repeated evaluations) share them."""
+    if getattr(m, "SYMBOLIC", False):
+        return fn()
+    key = (tag,) + tuple((np.shape(a), np.asarray(a, dtype=float).tobytes()) for a in arrays)
+    if key not in _MEMO:
+        if len(_MEMO) > 256:
+            _MEMO.clear()
+        _MEMO[key] = fn()
+    return _MEMO[key]
+
+
+class _Ctx:
+    """Derived quantities shared by forward and backward (works for any namespace)."""
+
+    def __init__(self, m, x, p):
+        self.m = m
+        sq2, sk2 = p.q_std**2, p.k_std**2
+        self.S2 = x.var + x.mean**2                    # uncentred second moment
+        self.c2 = x.corr * x.var + x.mean**2           # shared (token-constant) part
+        self.tau = (1 - x.corr) * x.var                # token-varying part
+        vx = p.d * sq2 * self.S2                       # q component variance from x
+        vq = vx + p.q_bias_std**2
+        vqf = _floor(m, vq)                            # (no queries at all: uniform rows)
+        self.fx = vx / vqf
+        self.s_mean = self.tau * p.d * sk2 * vq        # mean row logit variance
+        kap = (x.var**2 + 2 * x.var * x.mean**2) / self.S2**2
+        self.relvar = 2 / p.d + 2 * (vx**2 + 2 * vx * p.q_bias_std**2) / (p.d_head * vqf**2) \
+            + self.fx**2 * 2 * kap / p.d
+        self.ra = (p.d * sq2 * self.c2 + p.q_bias_std**2) / vqf
+        self.rho_var = (1 - self.ra**2) ** 2 * self.relvar / 2
+        self.L = p.L + 0 * self.s_mean                 # broadcast to the configuration shape
+        self.causal = p.causal
+
+    # -- one row ---------------------------------------------------------------------------
+    def row(self, fn):
+        """Average of fn(v, n) over the row logit variance v and (causal) the row length n."""
+        m = self.m
+
+        def bi():
+            return m.expect_gamma(lambda v: fn(v, self.L), self.s_mean, self.relvar, n=_NS)
+
+        def ca():
+            return m.sum_over_lengths(
+                lambda n: m.expect_gamma(lambda v: fn(v, n), self.s_mean + 0 * n,
+                                         self.relvar + 0 * n, n=_NS), self.L) / self.L
+
+        return m.choose(self.causal, bi, ca)
+
+    # -- two rows --------------------------------------------------------------------------
+    def pair(self, name, weight=None):
+        """Average over v, rho (and causal row pairs) of a two-row statistic times weight(v, rho)."""
+        m = self.m
+
+        def f(v, rho):
+            val = self._pair_stats(v, rho)[name]
+            return val if weight is None else weight(v, rho) * val
+
+        return m.expect_gamma(
+            lambda v: m.expect_normal(lambda rho: f(v, _num(m, lambda t: np.clip(t, -0.999, 0.999), rho)),
+                                      self.rho_var + 0 * v, self.ra + 0 * v, n=_NR),
+            self.s_mean, self.relvar, n=_NS2)
+
+    def _pair_stats(self, v, rho):
+        return _memo(self.m, "pair", (v, rho, self.L, self.causal),
+                     lambda: _two_row(self.m, v, rho, self.L, self.causal))
+
+
+def _g(m, a):
+    return lambda w: m.exp(a * w - m.exp(w))
+
+
+def _two_row(m, v, rho, L, causal):
+    """C2, T2x and PP of two rows (see the module docstring), one double integral."""
+    g0, g1, g2 = _g(m, 0), _g(m, 1), _g(m, 2)
+    inner = [(g0, g0), (g1, g1), (g1, g2), (g2, g1), (g2, g2), (g2, g0), (g0, g2), (None, g0)]
+    v = _floor(m, v)
+    sd = m.sqrt(v)
+    lo = None if getattr(m, "SYMBOLIC", False) else -m.log(L) - v / 2 - 3 * sd - 18.0
+
+    def outer_bi(u, w, S, L):
+        phi2, pq, pq2, p2q, p2q2, p2, q2, _ = S
+        phi2 = _num(m, lambda t: m.maximum(t, 0), phi2)   # interpolation may undershoot 0
+        w1 = L * phi2 ** (L - 1)
+        w2 = L * (L - 1) * phi2 ** (L - 2)
+        c2 = w1 * pq
+        t2x = w1 * (pq - pq2 - p2q + p2q2) + w2 * pq**2
+        pp = w1 * p2q2 + w2 * p2 * q2
+        return c2, t2x, pp
+
+    def outer_ca(u, w, S, L):
+        phi2, pq, pq2, p2q, p2q2, p2, q2, phi1 = S
+        l2 = m.log(_num(m, lambda t: m.maximum(t, 1e-300), phi2))
+        l1 = m.log(_num(m, lambda t: m.maximum(t, 1e-300), phi1))
+        norm = 2 / (L * (L - 1))
+        w1, w2 = m.pair_length_sum(l2, l1, L, (1, 2))
+        w1, w2 = norm * w1, norm * w2
+        c2 = w1 * pq
+        t2x = w1 * (pq - pq2 - p2q + p2q2) + w2 * pq**2
+        return c2, t2x, 0 * c2
+
+    symbolic = getattr(m, "SYMBOLIC", False)   # the integration window is numeric-only
+
+    def bi():
+        win = None if symbolic else (lo, -m.maximum(-(8.5 * sd + 5.0), -(-m.log(L - 1) + 5.0 + v / 2 + 3 * sd)))
+        return m.integrate_smoothed2(outer_bi, inner, v, rho, args=(L,), window=win)
+
+    def ca():
+        win = None if symbolic else (lo, 8.5 * sd + 5.0)
+        return m.integrate_smoothed2(outer_ca, inner, v, rho, args=(L,), window=win)
+
+    c2, t2x, pp = m.choose(causal, bi, ca)
+    return {"C2": c2, "T2x": t2x, "PP": pp}
+
+
+def _ff(n, k):
+    out = 1
+    for j in range(k):
+        out = out * (n - j)
+    return out
+
+
+# one-row statistics: sums over distinct key indices, so a monomial with k indices carries
+# the coefficient c (n)_k; (name: ([(c, monomial), ...], divide by v))
+_ROW = {
+    "A2": ([(1, ((2, 0),))], False),
+    "m1": ([(1, ((1, 1),))], False),
+    "Bz": ([(1, ((2, 2),)), (1, ((1, 1), (1, 1)))], True),
+    "Cz": ([(1, ((2, 2),))], True),
+    "T2": ([(1, ((2, 0),)), (-2, ((3, 0),)), (1, ((4, 0),)), (1, ((2, 0), (2, 0)))], False),
+    "trA2m1": ([(-2, ((2, 0),)), (1, ((4, 0),)), (1, ((2, 0), (2, 0)))], False),
+    "Ajj2": ([(1, ((2, 0),)), (-2, ((3, 0),)), (1, ((4, 0),))], False),
+    "Ra": ([(1, ((2, 2),)), (-2, ((3, 2),)), (-2, ((2, 1), (1, 1))), (1, ((4, 2),)),
+            (1, ((2, 2), (2, 0))), (2, ((3, 1), (1, 1))), (1, ((1, 1), (1, 1), (2, 0)))], True),
+}
+
+
+def _row_value(m, name, v, n):
+    return _memo(m, name, (v, n), lambda: _row_value_(m, name, v, n))
+
+
+def _row_value_(m, name, v, n):
+    combo, divide = _ROW[name]
+    vv = _floor(m, v) if divide else v
+    total = 0
+    # one integral per number of distinct indices k, with the row length floored at k (the
+    # coefficient (n)_k vanishes for n < k, but the integrand's phi^(n-k) would not be finite)
+    for k in sorted({len(t) for _, t in combo}):
+        terms = [(c * _ff(n, k), t) for c, t in combo if len(t) == k]
+        nk = n if k == 1 else _num(m, lambda t: m.maximum(t, k), n)
+        total = total + softmax_expect_sum(m, vv, nk, terms)
+    return total / vv if divide else total
+
+
+class Attention(Rule):
+    name = "attention"
+    title = "Multi-head scaled dot-product attention"
+    params = (
+        positive_int("d", "model width (input and output features)"),
+        positive_int("n_heads", "number of heads H", default=1),
+        positive_int("d_head", "head width dh"),
+        Param("L", "sequence length (tokens)", lo=2, integer=True),
+        std("q_std", "std of Wq entries"),
+        std("k_std", "std of Wk entries"),
+        std("v_std", "std of Wv entries"),
+        std("o_std", "std of Wo entries"),
+        std("q_bias_std", "std of the query bias", default=0.0),
+        std("k_bias_std", "std of the key bias (cancels in the softmax)", default=0.0),
+        std("v_bias_std", "std of the value bias", default=0.0),
+        std("o_bias_std", "std of the output bias", default=0.0),
+        probability("p", "attention-probability dropout"),
+        Param("causal", "1 for a causal mask (row i sees keys 0..i), else 0", 0, lo=0, hi=1,
+              integer=True),
+    )
+    assumptions = (
+        "Input Gaussian with a token-shared component carrying the correlation (the sampler's "
+        "law); the input mean is folded into the shared part (zero-mean weights: only the "
+        "uncentred second moments enter).  Upstream gradient independent of the input.",
+        "Large d and dh: the logit, value-gradient and orthogonal directions of a key are "
+        "treated as independent (a_i . b_i ~ 0); corrections kept to O(1/d) and O(1/dh) "
+        "(the (d-1), (d-2) factors, the a_i and b_i directions of the query path).  Relative "
+        "error O(1/d^2, 1/(d dh)).",
+        "Row logit variance v = tau |a_i|^2 averaged over a Gamma law with the exact mean and "
+        "the leading relative variance 2/d + 2/dh + 2/d (mu = 0, no bias): the exact law is a "
+        "product of three chi-squares; the Gamma matches its first two moments (checked: "
+        "< 0.5% on the statistics used, d >= 100, dh >= 32).  6 Gauss-Laguerre nodes (4 for "
+        "two-row statistics).",
+        "Two rows: logit correlation rho ~ Normal(r_a, (1 - r_a^2)^2/D), the sampling law of the "
+        "cosine of two a-vectors with D = 2/relvar effective dimensions; both rows share one "
+        "logit variance.  3 Gauss-Hermite nodes in rho.",
+        "The self key (key i in row i, which also enters a_i) is treated as another iid key: "
+        "its logit has a random offset of relative size sqrt((1-r)/d); error O(1/(L sqrt d)) "
+        "(larger for the first rows of a causal mask).",
+        "Cross terms between the value, query and key paths of the gradient are dropped "
+        "(zero mean over the weight signs up to O(1/d)).",
+        "Causal: sums over row lengths are exact up to n = 12, then the midpoint-rule integral "
+        "with Euler-Maclaurin end corrections by Gauss-Legendre in log n (relative error "
+        "< 1e-4); the pair statistic E[sum P_i^2 sum P_k^2] (only in an O(1/d) term of the "
+        "query-path covariance) is replaced by the square of the row average of sum P^2.",
+        "Softmax moments are exact integrals (Laplace transform of the normaliser), evaluated "
+        "by trapezoid/Gauss-Hermite quadrature (relative error ~1e-6).",
+    )
+    references = (
+        "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "
+        "and key paths, finite-width corrections, multi-head, biases, causal masks)",
+    )
+
+    def check_params(self, values):
+        if np.any(np.asarray(values["L"]) < 2):
+            raise DomainError("attention: L must be >= 2")
+
+    def check_state(self, x, g):
+        super().check_state(x, g)
+        if np.any(np.asarray(x.corr) < 0):
+            raise DomainError("attention: the input token correlation must be >= 0 (shared-component law)")
+        if g is not None and np.any(np.asarray(g.corr) < 0):
+            raise DomainError("attention: the gradient token correlation must be >= 0")
+
+    # ------------------------------------------------------------------------------------
+    def forward(self, m, x, p):
+        c = _Ctx(m, x, p)
+        q = p.p / (1 - p.p)
+        A2 = c.row(lambda v, n: _row_value(m, "A2", v, n))
+        Bz = c.row(lambda v, n: _row_value(m, "Bz", v, n))
+        Cz = c.row(lambda v, n: _row_value(m, "Cz", v, n))
+        m1sq = c.row(lambda v, n: _row_value(m, "m1", v, n) ** 2 / _floor(m, v))
+        C2 = c.pair("C2")
+        sv2, sbv2 = p.v_std**2, p.v_bias_std**2
+        EO2 = sv2 * (p.d * c.c2 * (1 + q * A2) + c.tau * (p.d - 1) * A2 / (1 - p.p)
+                     + c.tau * (Bz + q * Cz)) + sbv2 * (1 + q * A2)
+        EOO = sv2 * (p.d * c.c2 + c.tau * (p.d - 2) * C2 + c.tau * (c.ra * m1sq + 2 * C2)) + sbv2
+        gain = p.n_heads * p.d_head * p.o_std**2
+        var = gain * EO2 + p.o_bias_std**2
+        cov = gain * EOO + p.o_bias_std**2
+        return Forward(0 * x.mean, var, cov / var)
+
+    def backward(self, m, x, g, p):
+        c = _Ctx(m, x, p)
+        L, rg, pp = p.L, g.corr, p.p
+        q = pp / (1 - pp)
+        sq2, sk2, sv2 = p.q_std**2, p.k_std**2, p.v_std**2
+        A2 = c.row(lambda v, n: _row_value(m, "A2", v, n))
+        T2 = c.row(lambda v, n: _row_value(m, "T2", v, n))
+        trA2 = 1 + c.row(lambda v, n: _row_value(m, "trA2m1", v, n))
+        Ajj2 = c.row(lambda v, n: _row_value(m, "Ajj2", v, n))
+        Ra = c.row(lambda v, n: _row_value(m, "Ra", v, n))
+        vT2 = c.row(lambda v, n: v * _row_value(m, "T2", v, n))
+        C2 = c.pair("C2")
+        T2x = c.pair("T2x")
+        rvT2x = c.pair("T2x", weight=lambda v, rho: rho * v)
+        PP = m.choose(p.causal, lambda: c.pair("PP"), lambda: A2**2)
+        # gradient reaching one head's value/logit products
+        K0 = sv2 * p.d_head * p.d * p.o_std**2 * g.var
+        kr = (sv2 * p.d * c.c2 + p.v_bias_std**2) / _floor(m, p.d * sv2 * c.tau)
+        gt = (1 + pp * kr) / (1 - pp)
+        tr = p.d**2 * sq2 * sk2
+        lb = tr / p.d
+        la = tr * (1 / p.d_head + (1 + c.fx) / p.d)
+        perp = _num(m, lambda t: m.maximum(t, 0), tr - la - lb)
+        val = A2 / (1 - pp) + rg * (L - 1) * C2
+        qry = c.tau**2 * (perp * gt * T2 + la * gt * Ra
+                          + lb * (trA2 + (2 - pp) / (1 - pp) * T2 + 2 * q * Ajj2 + q * kr * T2))
+        key = gt * vT2 + rg * (L - 1) * rvT2x
+        val_c = (1 - A2) / (L - 1) + rg * (1 - C2)
+        qry_c = c.tau**2 * rg * (tr * T2x + lb * (1 - 2 * A2 + PP))
+        key_c = -key / (L - 1)
+        var = p.n_heads * K0 * (val + qry + key)
+        cov = p.n_heads * K0 * (val_c + qry_c + key_c)
+        return Backward(var, cov / var)
+
+
+register(Attention())
+
+
+class AttentionPublished(Rule):
+    """[TGS] single-head formulas (theory.md section 2), per head, with the output
+    projection Wo applied exactly (a linear map: var and cov times H dh so2 forward, the
+    gradient into the core d so2 g2).  For comparison in the validation table."""
+
+    name = "attention-published"
+    title = "Attention, published [TGS] formulas (value path only)"
+    params = Attention.params
+    zero_mean_input = True
+    assumptions = (
+        "[TGS] single-head attention formulas (theory.md section 2), applied per head; "
+        "biases ignored; the causal flag is ignored (bidirectional formulas).",
+        "Backward keeps only the value path (the published weakness).",
+    )
+    references = ("[TGS] Kedia et al. 2024, attention rule and verification code",)
+
+    def forward(self, m, x, p):
+        s2, r, L, pp = x.var, x.corr, p.L, p.p
+        qk = p.q_std**2 * p.k_std**2
+        sv2, d = p.v_std**2, p.d
+        var_c = d * sv2 * (r * s2 + (1 / L) * ((1 - r) ** 2 * (L - 1) * d * qk * s2**3
+                           + m.exp((1 - r) * d**2 * qk * s2**2) / (1 - pp)
+                           * (4 * (1 - r) ** 2 * d * qk * s2**3 + (1 - r) * s2)))
+        cov_c = d * sv2 * (r * s2 + (1 / L) * (2 * (1 - r) ** 2 * d * qk * s2**3 + (1 - r) * s2))
+        gain = p.n_heads * p.d_head * p.o_std**2
+        var = gain * var_c + p.o_bias_std**2
+        cov = gain * cov_c + p.o_bias_std**2
+        return Forward(0 * x.mean, var, cov / var)
+
+    def backward(self, m, x, g, p):
+        L, rg, pp = p.L, g.corr, p.p
+        g2c = p.d * p.o_std**2 * g.var
+        var = p.n_heads * g2c * p.d_head * p.v_std**2 * (1 + (L - 1) * rg * (1 - pp)) / (L * (1 - pp))
+        cov = p.n_heads * g2c * p.d_head * p.v_std**2 * (1 + (L - 1) * rg) / L
+        return Backward(var, cov / var)
+
+
+register(AttentionPublished())

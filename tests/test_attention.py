@@ -1,0 +1,277 @@
+"""Attention: moment rules ("attention", "attention-published"), their backend primitives,
+and the Monte Carlo component (hand-written backward)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import sigprop.backend.numeric as nm
+from sigprop.errors import DomainError
+from sigprop.mc.component import measure
+from sigprop.mc.components.attention import COMPONENT, SWEEP
+from sigprop.rules import REGISTRY
+from sigprop.state import Backward, Forward
+
+RULE = REGISTRY["attention"]
+PUB = REGISTRY["attention-published"]
+
+
+def _params(d=128, H=1, dh=32, L=64, wqk=0.5, wv=1.0, p=0.0, causal=0, **biases):
+    out = dict(d=d, n_heads=H, d_head=dh, L=L, q_std=wqk / math.sqrt(d), k_std=wqk / math.sqrt(d),
+               v_std=wv / math.sqrt(d), o_std=1 / math.sqrt(H * dh), p=p, causal=causal)
+    out.update(biases)
+    return out
+
+
+def _sym():
+    import sigprop.backend.symbolic as sm  # noqa: F401  (makes the submodule importable)
+    from sigprop import symbols
+
+    return symbols.symbol
+
+
+# --- (a) limits and identities ------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.0, 0.3])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_small_logit_limit(p, causal):
+    """Vanishing query/key weights: uniform attention.  Closed forms written out by hand:
+    O_i = sum_j A_ij v_j with A_ij = m_ij / (n (1-p)), n keys in row i."""
+    d, H, dh, L = 200, 2, 16, 40
+    s2, r, mu, g2, rg = 1.7, 0.35, 0.4, 0.8, 0.25
+    sv, so, sbv, sbo = 0.9 / math.sqrt(d), 1.1 / math.sqrt(H * dh), 0.3, 0.2
+    prm = _params(d=d, H=H, dh=dh, L=L, wqk=1e-5, p=p, causal=causal, v_bias_std=sbv, o_bias_std=sbo)
+    prm["v_std"], prm["o_std"] = sv, so
+    y, gb = RULE.evaluate(Forward(mu, s2, r), Backward(g2, rg), **prm)
+    q = p / (1 - p)
+    ns = np.arange(1, L + 1) if causal else np.full(L, L)
+    A2 = np.mean(1.0 / ns)                                   # mean over rows of sum_j P_ij^2
+    c2, tau = r * s2 + mu**2, (1 - r) * s2
+    # E|sum_j A_ij x_j|^2 / d = c2 E(sum A)^2 + tau E sum A^2
+    EO2 = sv**2 * d * (c2 * (1 + q * A2) + tau * A2 / (1 - p)) + sbv**2 * (1 + q * A2)
+    # rows i != k: the shared keys are the shorter row's, weight 1/n_long each
+    pairs = [(i, k) for i in range(L) for k in range(L) if i != k]
+    C2 = np.mean([1.0 / max(ns[i], ns[k]) for i, k in pairs]) if causal else 1.0 / L
+    EOO = sv**2 * d * (c2 + tau * C2) + sbv**2
+    gain = H * dh * so**2
+    assert y.var == pytest.approx(gain * EO2 + sbo**2, rel=2e-3)
+    assert y.corr * y.var == pytest.approx(gain * EOO + sbo**2, rel=2e-3)
+    assert float(y.mean) == 0.0
+    # value path only: dV_j = sum_i A_ij g_i
+    K0 = H * sv**2 * dh * d * so**2 * g2
+    gvar = K0 * (A2 / (1 - p) + rg * (L - 1) * C2)
+    gcov = K0 * ((1 - A2) / (L - 1) + rg * (1 - C2))
+    assert gb.var == pytest.approx(gvar, rel=2e-3)
+    assert gb.corr * gb.var == pytest.approx(gcov, rel=2e-3)
+
+
+def test_published_limits():
+    """[TGS] formulas: r = 1 gives corr 1; the gradient at rg = 0 is the 1/L value path."""
+    prm = _params(d=100, dh=32, L=300, wqk=0.3, p=0.0)
+    y, gb = PUB.evaluate(Forward(0.0, 2.0, 1.0), Backward(1.0, 0.0), **prm)
+    assert float(y.corr) == pytest.approx(1.0)
+    so2, sv2 = prm["o_std"] ** 2, prm["v_std"] ** 2
+    assert gb.var == pytest.approx(100 * so2 * 32 * sv2 / 300)
+
+
+@pytest.mark.slow   # building the symbolic expressions takes ~10-25 s
+def test_symbolic_identities():
+    symbol = _sym()
+    import sympy as sp
+
+    ex = RULE.symbolic()
+    so, sbo, sg, sbv, p = (symbol(n) for n in ("o_std", "o_bias_std", "g_std", "v_bias_std", "p"))
+    assert ex["x_mean"] == 0
+    # the output projection scales the bias-free part of the forward variance by so^2
+    assert sp.simplify(sp.diff((ex["x_var"] - sbo**2) / so**2, so)) == 0
+    # the backward is linear in the upstream gradient variance ...
+    assert sp.simplify(sp.diff(ex["g_var"] / sg**2, sg)) == 0
+    # ... and, without dropout, blind to the value bias (it is constant over the keys)
+    assert sp.diff(ex["g_var"].subs(p, 0), sbv) == 0
+    pub = PUB.symbolic()
+    L, rg = symbol("L"), symbol("g_corr")
+    assert sp.simplify(pub["g_var"].subs({rg: 0, p: 0})
+                       - symbol("n_heads") * symbol("d") * so**2 * sg**2 * symbol("d_head")
+                       * symbol("v_std") ** 2 / L) == 0
+
+
+# --- (b) properties -------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(s2=st.floats(0.05, 10.0), r=st.floats(0.0, 0.95), mu=st.floats(-2.0, 2.0),
+       rg=st.floats(0.0, 0.95), wqk=st.floats(0.05, 0.7), p=st.floats(0.0, 0.7),
+       d=st.sampled_from([64, 256, 1024]), dh=st.sampled_from([16, 64]),
+       L=st.integers(2, 400), H=st.integers(1, 4), qb=st.floats(0.0, 1.0))
+def test_properties(s2, r, mu, rg, wqk, p, d, dh, L, H, qb):
+    prm = _params(d=d, H=H, dh=dh, L=L, wqk=wqk, p=p, q_bias_std=qb, v_bias_std=0.1)
+    y, gb = RULE.evaluate(Forward(mu, s2, r), Backward(1.3, rg), **prm)
+    for v in (y.var, gb.var):
+        assert np.isfinite(v) and v > 0
+    for c in (y.corr, gb.corr):   # (1e-6: the quadratures' relative accuracy near corr = 1)
+        assert np.isfinite(c) and -1 - 1e-6 <= c <= 1 + 1e-6
+    # without dropout, the output is a convex combination of values: corr >= the
+    # correlation carried by the shared input part alone
+    if p == 0:
+        assert y.corr >= -1e-9
+
+
+def test_properties_causal_and_arrays():
+    """Arrays broadcast (one call for several configurations); causal rows included."""
+    prm = _params(d=128, dh=32, L=np.array([8.0, 50.0]), wqk=0.8, p=0.2, causal=1)
+    y, gb = RULE.evaluate(Forward(0.0, np.array([1.0, 4.0]), 0.3), Backward(1.0, 0.5), **prm)
+    assert y.var.shape == (2,) and gb.var.shape == (2,)
+    assert np.all(y.var > 0) and np.all(np.abs(y.corr) <= 1) and np.all(np.abs(gb.corr) <= 1)
+    y1, g1 = RULE.evaluate(Forward(0.0, 4.0, 0.3), Backward(1.0, 0.5),
+                           **{**prm, "L": 50})
+    assert y1.var == pytest.approx(y.var[1], rel=1e-10)
+    assert g1.var == pytest.approx(gb.var[1], rel=1e-10)
+
+
+def test_domain():
+    with pytest.raises(DomainError):
+        RULE.evaluate(Forward(0.0, 1.0, 0.2), None, **_params(L=1))
+    with pytest.raises(DomainError):
+        RULE.evaluate(Forward(0.0, 1.0, -0.2), None, **_params())
+    with pytest.raises(DomainError):
+        RULE.evaluate(Forward(0.0, 1.0, 0.2), None, **_params(causal=2))
+    with pytest.raises(DomainError):
+        RULE.evaluate(Forward(0.0, 1.0, 0.2), None, **_params(p=1.0))
+
+
+# --- (c) numeric == symbolic --------------------------------------------------------------
+def test_published_numeric_equals_symbolic():
+    symbol = _sym()
+    ex = PUB.symbolic()
+    for s2, r, rg, p, L in [(0.5, 0.1, 0.3, 0.2, 300), (3.0, 0.6, 0.0, 0.0, 1000)]:
+        prm = _params(d=316, dh=64, L=L, wqk=0.4, p=p)
+        y, gb = PUB.evaluate(Forward(0.0, s2, r), Backward(0.7, rg), **prm)
+        pv = PUB.param_values(prm)
+        sub = {symbol(q.name): getattr(pv, q.name) for q in PUB.params}
+        sub.update({symbol("x_corr"): r, symbol("g_corr"): rg, symbol("x_std"): math.sqrt(s2),
+                    symbol("g_std"): math.sqrt(0.7)})
+        for key, val in (("x_var", y.var), ("x_corr", y.corr), ("g_var", gb.var), ("g_corr", gb.corr)):
+            assert float(ex[key].subs(sub).evalf()) == pytest.approx(float(val), rel=1e-9)
+
+
+def test_primitives_numeric_equals_symbolic():
+    """The quadrature primitives of the rule against sympy's exact values."""
+    import sympy as sp
+
+    import sigprop.backend.symbolic as sm
+
+    # Gamma expectation: exact for polynomials
+    e = sm.expect_gamma(lambda x: x**3 + 2 * x, sp.Rational(3, 2), sp.Rational(1, 10))
+    assert nm.expect_gamma(lambda x: x**3 + 2 * x, 1.5, 0.1) == pytest.approx(float(e.doit()), rel=1e-12)
+    # sums over row lengths (harmonic numbers), exact part and Gauss-Legendre tail
+    for L in (7, 16, 300):
+        ex = float(sm.sum_over_lengths(lambda n: 1 / n, L).doit())
+        assert nm.sum_over_lengths(lambda n: 1 / n, float(L)) == pytest.approx(ex, rel=2e-4)
+    # causal pair weights
+    l2, l1 = -0.013, -0.021
+    for k in (1, 2):
+        ex = float(sm.pair_length_sum(sp.Float(l2), sp.Float(l1), 40, k).doit())
+        assert nm.pair_length_sum(np.array(l2), np.array(l1), 40, k) == pytest.approx(ex, rel=3e-4)
+    # bivariate smoothing: E[exp(u + e) exp(w + e')] = exp(u + w + var (1 + rho)); the outer
+    # Gaussian makes the double integral closed-form.
+    var, rho = 0.7, 0.4
+
+    def outer(u, w, S):
+        return S[0] * nm.exp(-(u**2) - w**2) if not hasattr(u, "free_symbols") else S[0] * sp.exp(-(u**2) - w**2)
+
+    num = nm.integrate_smoothed2(outer, [(np.exp, np.exp)], var, rho, window=(-9.0, 9.0))
+    exact = math.pi * math.exp(0.5 + var * (1 + rho))   # int exp(-u^2 + u) du = sqrt(pi) e^(1/4)
+    assert num == pytest.approx(exact, rel=2e-5)
+    sym = sm.integrate_smoothed2(outer, [(sp.exp, sp.exp)], sp.Float(var), sp.Float(rho))
+    assert isinstance(sym, sp.Integral)
+
+
+def test_two_row_statistics_against_sampling():
+    """C2 = E sum_j P_ij P_kj for correlated logit rows, by direct sampling (numpy only)."""
+    from sigprop.rules.attention import _two_row
+
+    rng = np.random.default_rng(0)
+    for v, rho, n in [(2.0, 0.6, 30), (0.5, -0.3, 50)]:
+        z = rng.standard_normal((40000, n))
+        w = rho * z + math.sqrt(1 - rho**2) * rng.standard_normal((40000, n))
+        P = np.exp(math.sqrt(v) * z); P /= P.sum(1, keepdims=True)
+        Q = np.exp(math.sqrt(v) * w); Q /= Q.sum(1, keepdims=True)
+        s = _two_row(nm, v, rho, float(n), 0)
+        pq = (P * Q).sum(1)
+        assert float(s["C2"]) == pytest.approx(pq.mean(), rel=4 * pq.std() / pq.mean() / 200)
+        t2x = pq - (P * Q**2).sum(1) - (P**2 * Q).sum(1) + pq**2
+        assert float(s["T2x"]) == pytest.approx(t2x.mean(), rel=4 * t2x.std() / t2x.mean() / 200)
+
+
+# --- (d) hand-written backward against finite differences ---------------------------------
+@pytest.mark.parametrize("causal", [0, 1])
+def test_backward_finite_differences(causal):
+    prm = _params(d=6, H=2, dh=3, L=5, wqk=1.3, wv=1.0, p=0.4, causal=causal,
+                  q_bias_std=0.3, k_bias_std=0.2, v_bias_std=0.4, o_bias_std=0.1)
+    rng = np.random.default_rng(1)
+    W = COMPONENT.sample_weights(rng, prm, np.float64)
+    X = rng.standard_normal((2, 5, 6))
+    GY = rng.standard_normal((2, 5, 6))
+
+    def loss(X):  # the dropout mask is fixed by reseeding the generator
+        Y, _ = COMPONENT.forward(X, W, prm, np.random.default_rng(7))
+        return float(np.sum(Y * GY))
+
+    Y, cache = COMPONENT.forward(X, W, prm, np.random.default_rng(7))
+    assert cache[5] is not None                     # a dropout mask is in play
+    GX = COMPONENT.backward(GY, cache)
+    num = np.zeros_like(X)
+    h = 1e-6
+    for idx in np.ndindex(*X.shape):
+        Xp, Xm = X.copy(), X.copy()
+        Xp[idx] += h
+        Xm[idx] -= h
+        num[idx] = (loss(Xp) - loss(Xm)) / (2 * h)
+    np.testing.assert_allclose(GX, num, rtol=1e-6, atol=1e-8)
+    paths = COMPONENT.backward_paths(GY, cache)
+    np.testing.assert_allclose(paths["q"] + paths["k"] + paths["v"], GX, rtol=1e-12, atol=1e-12)
+
+
+def test_causal_mask_blocks_future():
+    prm = _params(d=8, H=1, dh=4, L=6, wqk=1.0, causal=1)
+    rng = np.random.default_rng(2)
+    W = COMPONENT.sample_weights(rng, prm, np.float64)
+    X = rng.standard_normal((1, 6, 8))
+    Y, _ = COMPONENT.forward(X, W, prm, rng)
+    X2 = X.copy()
+    X2[0, 4:] += 5.0                                 # change only the last two tokens
+    Y2, _ = COMPONENT.forward(X2, W, prm, rng)
+    np.testing.assert_allclose(Y[0, :4], Y2[0, :4], rtol=1e-12)
+
+
+# --- (e) Monte Carlo agreement -----------------------------------------------------------
+@pytest.mark.parametrize("causal", [0, 1])
+@pytest.mark.parametrize("case", ["moderate", "wide-logits"])
+def test_mc_agreement(case, causal):
+    if case == "moderate":
+        prm = _params(d=128, H=2, dh=32, L=48, wqk=0.7, p=0.2, causal=causal,
+                      q_bias_std=0.3, v_bias_std=0.2, o_bias_std=0.1)
+        x, g = Forward(0.5, 4.0, 0.3), Backward(1.0, 0.4)
+    else:   # row logit variance ~ 2: query and key paths carry most of the gradient
+        prm = _params(d=128, H=1, dh=64, L=64, wqk=1.0, p=0.0, causal=causal)
+        x, g = Forward(0.0, 2.0, 0.0), Backward(1.0, 0.0)
+    meas = measure(COMPONENT, prm, x, g, runs=24, batch=16, seed=11)
+    y, gb = RULE.evaluate(x, g, **prm)
+    for m_, se, pr, scale in ((meas.x.var, meas.x.var_se, y.var, y.var),
+                              (meas.x.cov, meas.x.cov_se, y.corr * y.var, y.var),
+                              (meas.g.var, meas.g.var_se, gb.var, gb.var),
+                              (meas.g.cov, meas.g.cov_se, gb.corr * gb.var, gb.var)):
+        assert abs(m_ - pr) <= 4 * se + 0.03 * abs(scale), (case, causal, m_, pr, se)
+
+
+def test_sweep_spec():
+    pts = SWEEP.points()
+    assert len(pts) == 3**9 * 4
+    assert {"causal", "multihead"} <= set(SWEEP.variants)
+    case = SWEEP.make_case(pts[0])
+    assert case.rule_params["n_heads"] == 1 and case.runs * case.batch >= 8
+    mh = SWEEP.variants["multihead"]["grid"]
+    case = SWEEP.make_case(SWEEP.points(mh)[0])
+    assert case.rule_params["d"] == case.rule_params["n_heads"] * case.rule_params["d_head"]
