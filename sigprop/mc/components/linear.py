@@ -44,11 +44,11 @@ def _case(pt: dict) -> Case:
     # variance has relative noise f * sqrt(2 / (runs * d_out)); choose runs to hold that
     # near 1%; the output mean's standard error, in output standard deviations, is about
     # sqrt(f / (runs * d_out)): hold that near 0.8% (at most 160 draws).  The batch gives the
-    # token-shared input component >= 8000 samples.
+    # token-shared input and gradient components >= 20000 samples (relative noise ~1%).
     x_var = grid_std(pt["x_std"]) ** 2
     f = pt["x_mean"] ** 2 / (x_var + pt["x_mean"] ** 2)
     runs = int(np.clip(np.ceil(max(2 * f**2 / 0.01**2, f / 0.008**2) / dout), 4, 160))
-    batch = batch_for(8000, min(din, dout), runs)
+    batch = batch_for(20000, min(din, dout), runs)
     return Case(rule, {**rule, "L": pt["L"]},
                 Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
                 Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
