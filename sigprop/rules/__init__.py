@@ -7,11 +7,7 @@ import importlib
 _MODULES = ["linear", "dropout", "residual", "activation", "layernorm", "embedding", "softmax",
             "attention"]
 for _mod in _MODULES:
-    try:
-        importlib.import_module(f"sigprop.rules.{_mod}")
-    except ModuleNotFoundError as _e:  # TEMPORARY while rules are being written
-        if _e.name != f"sigprop.rules.{_mod}":
-            raise
+    importlib.import_module(f"sigprop.rules.{_mod}")
 
 
 def get(name: str) -> Rule:

@@ -15,12 +15,7 @@ _MODULES = ["linear", "dropout", "residual", "relu", "gelu", "layernorm", "embed
 def _load():
     comps, sweeps = {}, {}
     for mod in _MODULES:
-        try:
-            m = importlib.import_module(f"sigprop.mc.components.{mod}")
-        except ModuleNotFoundError as e:  # TEMPORARY while components are being written
-            if e.name != f"sigprop.mc.components.{mod}":
-                raise
-            continue
+        m = importlib.import_module(f"sigprop.mc.components.{mod}")
         comps[m.COMPONENT.name] = m.COMPONENT
         sweeps[m.COMPONENT.name] = m.SWEEP
     return comps, sweeps
