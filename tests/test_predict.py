@@ -67,8 +67,10 @@ def test_postln_unit_forward_and_geometric_gradient():
     per_layer = [pts[0]] + [p for p in pts if p.sublayer == "ffn"]
     steps = np.diff(_series(per_layer, "log_gvar"))
     # (the direction depends on the gains: here the gradient vanishes towards the input)
-    # the per-layer factor converges (its changes shrink geometrically) to a constant
-    top = steps[-12:]
+    # the per-layer factor converges (its changes shrink geometrically) to a constant; the top
+    # layer itself differs (the injected gradient is isotropic, not yet in the tangent space
+    # of the LayerNorms below: LayerNorm g_generic)
+    top = steps[-13:-1]
     changes = np.abs(np.diff(top))
     assert np.all(changes[1:] < changes[:-1])
     assert changes[-1] < 0.01 * abs(top[-1])
@@ -138,3 +140,19 @@ def test_check_small_model_passes():
     assert len(out["predicted"]) == len(out["measured"]) == 7
     assert r.returncode == (0 if out["pass"] else 1)
     assert out["pass"], out["failures"]
+
+
+@pytest.mark.parametrize("arch", ["postln", "deepnorm"])
+def test_check_small_postln_gradient(arch):
+    """Post-LN gradients pass through a LayerNorm per sublayer: at d 64 a 1/d error per
+    LayerNorm (the Gaussian per-token assumption) would compound to ~25% over 12 sublayers;
+    the stream's per-token statistics keep the prediction within a few percent."""
+    r = subprocess.run([sys.executable, "-m", "sigprop", "check", "--arch", arch, "--layers", "6",
+                        "--d-model", "64", "--heads", "2", "--d-ff", "256", "--seq-len", "32",
+                        "--trials", "8", "--batch", "4", "--json", "--seed", "5", "--dropout", "0",
+                        "--init-std", "0.02"], capture_output=True, text=True)
+    out = json.loads(r.stdout)
+    pred = np.array([p["backward"]["var"] for p in out["predicted"]])
+    meas = np.array([p["backward"]["var"] for p in out["measured"]])
+    se = np.array([p["se"]["backward"]["var"] for p in out["measured"]])
+    assert np.all(np.abs(pred - meas) <= np.maximum(0.03 * meas, 4 * se)), (pred, meas, se)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from sigprop.model.tables import TableCache
 from sigprop.rules import get
+from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
 
 # the stream is handed to a rule directly while exp(log_var) stays in this range; outside it,
@@ -141,6 +142,40 @@ def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: fl
     return ref + lv, xn
 
 
+def _mix_tokens(lv: float, a: float, tok: tuple[float, float], blv: float, b: float):
+    """Per-token statistics of a x + b y (y a Gaussian-like branch output) from the stream's."""
+    w1 = lv + 2 * math.log(abs(a)) if a else -math.inf
+    w2 = blv + 2 * math.log(abs(b)) if b else -math.inf
+    ref = max(w1, w2)
+    if ref == -math.inf:
+        return tok
+    return combine_token_stats(_exp_rel(w1, ref), tok[0], tok[1], _exp_rel(w2, ref), 0.0, 1.0)
+
+
+def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float, float]:
+    """Shares (along 1, along the stream direction) of the gradient handed to the stream
+    entering ``rec``, from the gradient's shares above it (``gen``).  Variance shares of the
+    two paths: skip a^2, branch branch_gain (relative, per unit gradient at the split).
+
+    * post, x' = LN(z), z = a x + b F: the skip part a J^T g is orthogonal to 1 exactly and
+      to the LN output y ~ (a x + b F); so x . J^T g = -(b/a) F . J^T g, whose share is
+      b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's);
+      the branch part F^T(..) is isotropic (1, 1).
+    * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
+      left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0)."""
+    a2, bg = rec.a**2, rec.branch_gain
+    tot = a2 + bg
+    if tot <= 0:
+        return (1.0, 1.0)
+    if rec.post:
+        bvar = float(rec.branch_out.var)
+        clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
+        v_f = bvar * math.exp(-clipped) if bvar > 0 else 0.0
+        leak = min(1.0, rec.b**2 * v_f / a2) if a2 > 0 else 1.0
+        return (bg / tot, (a2 * leak + bg) / tot)
+    return (a2 * gen[0] / tot, a2 * gen[1] / tot)
+
+
 def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
@@ -173,13 +208,18 @@ class Predictor:
             Op("linear", dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["out"][l]), b_std=float(s.bias_std["out"][l]))),
         ]
 
-    def _ln(self) -> Op:
-        return Op("layernorm", dict(d=self.d))
+    def _ln(self, tok: tuple[float, float]) -> Op:
+        """LayerNorm op for a stream with per-token statistics ``tok`` = (centred, kappa)."""
+        return Op("layernorm", dict(d=self.d, centred=tok[0], kappa=tok[1]))
 
     # -- passes --------------------------------------------------------------------------
     def forward(self) -> list[SublayerRecord]:
         m = self.model
         lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
+        # per-token variance statistics of the stream (LayerNorm params centred, kappa): the
+        # Gaussian input has (0, 1); a LayerNorm output (1, 0); branch outputs are taken as
+        # Gaussian; sums mix them (layernorm.combine_token_stats)
+        tok = (0.0, 1.0)
         records = []
         for l in range(m.n_layers):
             for kind in ("attention", "ffn"):
@@ -192,7 +232,7 @@ class Predictor:
                 if post:
                     h = _real(lv, x)
                 else:
-                    rec.pre_ops = [self._ln(), Op("residual", dict(a=n, b=0.0))]
+                    rec.pre_ops = [self._ln(tok), Op("residual", dict(a=n, b=0.0))]
                     h = _real(lv, x)
                     for op in rec.pre_ops:
                         h = _fwd(op, h)
@@ -203,11 +243,13 @@ class Predictor:
                 rec.branch_ops, rec.branch_out = ops, h
                 blv, bx = _normalise(h)
                 zlv, z = _combine(lv, x, a, blv, bx, b)
+                tok = _mix_tokens(lv, a, tok, blv, b)
                 if post:
                     rec.z_log_var, rec.z = zlv, z
-                    ln = self._ln()
+                    ln = self._ln(tok)
                     rec.pre_ops = [ln]
                     lv, x = _normalise(_fwd(ln, _real(zlv, z)))
+                    tok = (1.0, 0.0)
                 else:
                     lv, x = zlv, z
                 rec.out_log_var, rec.out = lv, x
@@ -229,12 +271,18 @@ class Predictor:
         entry i is the gradient w.r.t. the stream entering record i."""
         m = self.model
         lg, gc = math.log(m.grad.var) if m.grad.var > 0 else -math.inf, m.grad.corr
+        # share of the gradient (w.r.t. the stream) along the all-ones vector and along the
+        # stream's own direction, relative to an isotropic gradient: a Post-LN LayerNorm's
+        # Jacobian removes exactly these, and its skip path hands down a gradient that is
+        # already nearly free of them (see _generic_below)
+        gen = (1.0, 1.0)
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
             rec = records[i]
             if rec.post:
                 # through the final LayerNorm of the sublayer, then split into skip and branch
                 ln = rec.pre_ops[0]
+                ln.params["g_generic"] = 0.5 * (gen[0] + gen[1])
                 gb = _bwd(ln, Backward(1.0, gc))
                 rec.z_gain = gb.var * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var) + self._ln_log_adjust(rec.z_log_var)
@@ -249,6 +297,7 @@ class Predictor:
                     g = _bwd(op, g)
                 lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
             rec.branch_gain = g.var * math.exp(lg_branch_extra)
+            gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
             lsum, gsum = _combine(0.0, Forward(0.0, 1.0, gc), rec.a,
                                   (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra,

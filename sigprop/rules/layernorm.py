@@ -40,6 +40,9 @@ from sigprop.rules.base import Param, Rule, register
 from sigprop.state import Backward, Forward
 
 symbols.register("eps", r"\epsilon", nonnegative=True)
+symbols.register("centred", r"c_{\mathrm{LN}}", nonnegative=True)
+symbols.register("kappa", r"\kappa_{\mathrm{LN}}", nonnegative=True)
+symbols.register("g_generic", r"\gamma_{\mathrm{LN}}", nonnegative=True)
 
 
 def _n(p):
@@ -48,8 +51,13 @@ def _n(p):
 
 
 def _s2_eff(x, p):
-    """Harmonic-mean per-token variance: E[1/s_t^2] = 1/_s2_eff (inverse chi-square, d-1 dof)."""
-    return x.var * (p.d - 3) / p.d
+    """Harmonic-mean per-token variance, E[1/s_t^2] = 1/_s2_eff, written as M (1 - delta):
+    M = var (1 - (1 - c)/d) the mean per-token (centred) variance, c the fraction of the
+    variance already centred per token, and delta = 2 kappa/(d - 1) the relative variance of
+    the per-token variance.  For a Gaussian input (c = 0, kappa = 1) this is the exact
+    inverse chi-square value var (d-3)/d."""
+    mean_tok = x.var * (1 - (1 - p.centred) / p.d)
+    return mean_tok * (1 - 2 * p.kappa / (p.d - 1))
 
 
 def corr_factor_forward(m, r, n):
@@ -66,6 +74,22 @@ def corr_factor_backward(m, r, n):
             - 3 * q * (5 * r**2 - 1) * (35 * r**2 - 3) / (16 * n**3))
 
 
+def combine_token_stats(a2v1, c1, k1, a2v2, c2, k2):
+    """Per-token variance statistics (centred fraction c, dispersion kappa; see the LayerNorm
+    params) of the sum of two independent signals whose variance contributions are a2v1 and
+    a2v2: c mixes linearly; the per-token variance of the sum has relative variance
+    (v1^2 delta1 + v2^2 delta2 + 4 v1 v2/d) / (v1 + v2)^2 (the cross term x.y has variance
+    d v1 v2 per token), i.e. in units of 2/(d-1), up to O(1/d):
+    kappa = (v1^2 k1 + v2^2 k2 + 2 v1 v2)/(v1 + v2)^2.  Two Gaussians give a Gaussian
+    (kappa 1) exactly."""
+    v = a2v1 + a2v2
+    if v <= 0:
+        return 0.0, 1.0
+    c = (a2v1 * c1 + a2v2 * c2) / v
+    k = (a2v1**2 * k1 + a2v2**2 * k2 + 2 * a2v1 * a2v2) / v**2
+    return c, k
+
+
 class LayerNorm(Rule):
     name = "layernorm"
     title = "LayerNorm (gain 1, bias 0)"
@@ -74,15 +98,36 @@ class LayerNorm(Rule):
               "inverse per-token variance, hence the gradient variance, diverges as eps -> 0)",
               None, lo=4, integer=True),
         Param("eps", "variance floor added inside the square root", 1e-5, lo=0.0),
+        Param("centred", "fraction of the input variance that is already centred per token "
+              "(0 for a Gaussian input, 1 for the output of another LayerNorm)", 0.0, lo=0.0, hi=1.0),
+        Param("kappa", "relative variance of the per-token variance in units of its Gaussian "
+              "value 2/(d-1) (1 for a Gaussian input, 0 for a LayerNorm output)", 1.0, lo=0.0,
+              hi=2.0),
+        Param("g_generic", "share of the upstream gradient along the two directions the "
+              "LayerNorm Jacobian removes (the all-ones vector and the output itself), relative "
+              "to a gradient independent of the input (1); 0 for a gradient already in this "
+              "LayerNorm's tangent space", 1.0, lo=0.0, hi=1.0),
     )
     assumptions = (
         "Per feature, two different tokens are jointly Gaussian with correlation r (a component "
         "shared by all tokens carries it, as in the Monte Carlo sampler); the input mean is any "
         "constant (removed exactly by the per-token centring).",
         "Output mean 0: exact (every token is centred).",
-        "Output variance s2_eff/(s2_eff + eps), s2_eff = s2 (d-3)/d: exact as eps -> 0 and to "
-        "first order in eps/s2; for s2 comparable to eps or smaller its O(1/d) factors are "
-        "approximate.",
+        "Output variance s2_eff/(s2_eff + eps), s2_eff = s2 (d-3)/d for a Gaussian input: exact "
+        "as eps -> 0 and to first order in eps/s2; for s2 comparable to eps or smaller its O(1/d) "
+        "factors are approximate.",
+        "Per-token variance statistics (params centred c, kappa): s2_eff = M (1 - delta), "
+        "M = s2 (1 - (1-c)/d), delta = 2 kappa/(d-1), i.e. E[1/s_t^2] = 1/(M (1 - delta)): exact "
+        "for a chi-square per-token variance (Gaussian input, c = 0, kappa = 1), first order in "
+        "delta otherwise.  A Post-LN stream (LN output plus a small branch) has c near 1 and "
+        "kappa near 0, and its gradient gain differs from the Gaussian one by about 1.5/d; "
+        "the correlation factors keep the Gaussian series (their norm-fluctuation terms are "
+        "O(1/d) in the correlation, below the checker's absolute tolerance).",
+        "Gradient variance factor (d - 2 g_generic)/d: the Jacobian removes the components along "
+        "the all-ones vector and along the output, each 1/d of an isotropic gradient (g_generic "
+        "1, exact for a gradient independent of the input); in a Post-LN stack the skip path "
+        "delivers a gradient already orthogonal to both (g_generic near 0), see "
+        "sigprop.model.predict.",
         "Output correlation r [1 - q/(2n) + q(1-9r^2)/(8n^2) - q(75r^4-42r^2-1)/(16n^3)], "
         "q = 1-r^2, n = d-1: the large-n series of the exact hypergeometric mean of the "
         "uncentred sample correlation; truncation error O(n^-4) (< 2e-5 absolute for d >= 16); "
@@ -110,7 +155,7 @@ class LayerNorm(Rule):
 
     def backward(self, m, x, g, p):
         s2e = _s2_eff(x, p)
-        var = g.var * (p.d - 2) / (p.d * (s2e + p.eps))
+        var = g.var * (p.d - 2 * p.g_generic) / (p.d * (s2e + p.eps))
         corr = g.corr * corr_factor_backward(m, x.corr, _n(p))
         return Backward(var, corr)
 
