@@ -42,7 +42,6 @@ class Op:
     rule: str
     params: dict
     x: Forward | None = None      # input state, recorded by the forward pass
-    table: object = None          # interpolation table used for it (expensive rules)
 
 
 @dataclass
@@ -66,6 +65,8 @@ class SublayerRecord:
     # path's a^2 and the branch path's (pre: includes LayerNorm's division by the stream variance)
     branch_gain: float | None = None
     z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
+    chain_table: object = None    # interpolation table of the whole branch chain, if used
+    chain_x: Forward | None = None
 
 
 @dataclass
@@ -112,17 +113,11 @@ _TABLES = TableCache()
 
 def _fwd(op: Op, x: Forward) -> Forward:
     op.x = x
-    table = _TABLES.get(op.rule, op.params, x)
-    if table is not None:
-        op.table = table
-        return table.forward(x)
     y, _ = get(op.rule).evaluate(x, None, **op.params)
     return Forward(float(y.mean), float(y.var), float(y.corr))
 
 
 def _bwd(op: Op, g: Backward) -> Backward:
-    if op.table is not None:
-        return op.table.backward(op.x, g)
     _, gb = get(op.rule).evaluate(op.x, g, **op.params)
     return Backward(float(gb.var), float(gb.corr))
 
@@ -229,17 +224,16 @@ class Predictor:
                 rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
                 ops = self._attention_ops(l) if kind == "attention" else self._ffn_ops(l)
                 ops.append(Op("dropout", dict(p=m.dropout.hidden)))
-                if post:
-                    h = _real(lv, x)
-                else:
-                    rec.pre_ops = [self._ln(tok), Op("residual", dict(a=n, b=0.0))]
-                    h = _real(lv, x)
-                    for op in rec.pre_ops:
-                        h = _fwd(op, h)
-                for op in ops:
-                    h = _fwd(op, h)
-                    if op.rule == "attention":
-                        rec.logit_var = self._logit_var(op)
+                h = _real(lv, x)
+                if not post:
+                    ln = self._ln(tok)
+                    rec.pre_ops = [ln]
+                    h = _fwd(ln, h)
+                    ops.insert(0, Op("residual", dict(a=n, b=0.0)))     # norm scale n
+                if kind == "attention":
+                    rec.logit_var = self._logit_var(ops[-2].params,
+                                                    h if post else Forward(h.mean * n, h.var * n * n, h.corr))
+                h = self._branch_forward(rec, ops, h)
                 rec.branch_ops, rec.branch_out = ops, h
                 blv, bx = _normalise(h)
                 zlv, z = _combine(lv, x, a, blv, bx, b)
@@ -256,15 +250,26 @@ class Predictor:
                 records.append(rec)
         return records
 
-    def _logit_var(self, op: Op) -> float:
-        """Variance of the pre-softmax logits q.k / sqrt(d_head): q and k are independent
-        zero-mean linear projections of the attention input, so the variance is var(q) var(k)
-        (the d_head terms of the dot product and the 1/sqrt(d_head) cancel)."""
-        p = op.params
+    def _logit_var(self, p: dict, x: Forward) -> float:
+        """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``: q
+        and k are independent zero-mean linear projections of it, so the variance is
+        var(q) var(k) (the d_head terms of the dot product and the 1/sqrt(d_head) cancel)."""
         width = p["n_heads"] * p["d_head"]
-        vq, _ = get("linear").evaluate(op.x, None, d_in=p["d"], d_out=width, w_std=p["q_std"], b_std=p["q_bias_std"])
-        vk, _ = get("linear").evaluate(op.x, None, d_in=p["d"], d_out=width, w_std=p["k_std"], b_std=p["k_bias_std"])
+        vq, _ = get("linear").evaluate(x, None, d_in=p["d"], d_out=width, w_std=p["q_std"], b_std=p["q_bias_std"])
+        vk, _ = get("linear").evaluate(x, None, d_in=p["d"], d_out=width, w_std=p["k_std"], b_std=p["k_bias_std"])
         return float(vq.var * vk.var)
+
+    @staticmethod
+    def _branch_forward(rec: SublayerRecord, ops: list[Op], h: Forward) -> Forward:
+        """The branch chain: through an interpolation table of the whole chain where one is
+        available (see sigprop.model.tables), else rule by rule."""
+        table = _TABLES.get([(op.rule, op.params) for op in ops], h)
+        if table is not None:
+            rec.chain_table, rec.chain_x = table, h
+            return table.forward(h)
+        for op in ops:
+            h = _fwd(op, h)
+        return h
 
     def backward(self, records: list[SublayerRecord]) -> list[tuple[float, float]]:
         """(log gradient variance, gradient corr) at the input of every sublayer, top down;
@@ -289,8 +294,11 @@ class Predictor:
                 gc = gb.corr
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
             g = Backward(rec.b**2, gc)
-            for op in reversed(rec.branch_ops):
-                g = _bwd(op, g)
+            if rec.chain_table is not None:
+                g = rec.chain_table.backward(rec.chain_x, g)
+            else:
+                for op in reversed(rec.branch_ops):
+                    g = _bwd(op, g)
             lg_branch_extra = 0.0
             if not rec.post:
                 for op in reversed(rec.pre_ops):

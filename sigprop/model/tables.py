@@ -2,18 +2,20 @@
 
 In a transformer the branch input of a sublayer is (n times) a LayerNorm output: its mean and
 variance are the same at every layer up to O(eps / var), and only its token correlation drifts
-from layer to layer.  So for one rule with fixed parameters we evaluate the rule once,
-vectorised, on Chebyshev nodes in the correlation, and interpolate:
+from layer to layer.  So for one branch (a :class:`Chain` of rule applications) with fixed
+parameters we evaluate it once, vectorised, on Chebyshev nodes in the correlation, and
+interpolate:
 
-* forward: barycentric Chebyshev interpolation in corr, plus a first-order Taylor term in the
+* forward: barycentric Chebyshev interpolation in theta = arccos(corr) (the arc-cosine
+  kernels of ReLU and GeLU have a square-root singularity at corr = 1 in corr, not in theta), plus a first-order Taylor term in the
   variance (used only within 1e-3 relative of the table's reference variance; a new table is
   built otherwise);
 * backward: every backward rule is linear in the gradient's second moments, var_out = g2 (A +
   B rg) and cov_out = g2 (C + D rg), so A..D are tabulated the same way.
 
 Each table is verified when built: at the midpoints between nodes the interpolant must match
-direct evaluation to 1e-8 relative (doubling the nodes up to 257), and linearity in the
-gradient is checked at rg = 1/2; otherwise the predictor falls back to direct evaluation.
+direct evaluation to TOL relative (17, 33 or 65 nodes), and linearity in the gradient is
+checked at rg = 1/2; otherwise the predictor falls back to direct evaluation.
 """
 
 from __future__ import annotations
@@ -25,8 +27,20 @@ import numpy as np
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
-TOL = 1e-8
+#: interpolation error allowed at the verification points, relative.  The attention rule's
+#: own quadrature error is ~1e-6..1e-5 relative at small logit variances (second differences
+#: in r measured at 1e-5), so a table is held to the same order; where the rule's output is
+#: rougher (large logit variances) the table fails verification and direct evaluation is used.
+TOL = 3e-5
 VAR_WINDOW = 1e-3
+#: a table is built for a (chain, mean) key at its BUILD_AFTER-th request: parameters used
+#: by only a few sublayers (per-layer init scales) are evaluated directly
+BUILD_AFTER = 3
+#: the table stops short of corr = 1 (identical tokens), where rules take degenerate limits
+#: (the attention rule's tau -> 0 floor is not continuous there); corr above cos(TH_MIN)
+#: = 1 - 5e-9 is evaluated directly
+TH_MIN = 1e-4
+R_MAX = math.cos(TH_MIN)
 
 
 def _cheb(n: int, lo: float, hi: float) -> np.ndarray:
@@ -52,30 +66,61 @@ def _interp(x: float, nodes: np.ndarray, w: np.ndarray, values: np.ndarray) -> n
     return values @ c / c.sum()
 
 
+class Chain:
+    """A sequence of rule applications (a sublayer's branch) evaluated as one rule: forward
+    through every op, backward through them in reverse with the recorded forward states."""
+
+    def __init__(self, ops):
+        self.ops = [(get(name), params) for name, params in ops]
+
+    def evaluate(self, x: Forward, g: Backward | None = None):
+        states = []
+        for rule, params in self.ops:
+            states.append(x)
+            x, _ = rule.evaluate(x, None, **params)
+        if g is None:
+            return x, None
+        for (rule, params), xin in zip(reversed(self.ops), reversed(states)):
+            _, g = rule.evaluate(xin, g, **params)
+        return x, g
+
+
 class Table:
-    def __init__(self, rule_name: str, params: dict, mean: float, var: float, lo: float = 0.0):
-        self.rule = get(rule_name)
+    def __init__(self, rule, params: dict, mean: float, var: float, lo: float = 0.0):
+        self.rule = get(rule) if isinstance(rule, str) else rule
         self.params, self.mean, self.var, self.lo = params, mean, var, lo
         self.ok = False
-        for n in (33, 65, 129, 257):
-            nodes = _cheb(n, lo, 1.0)
+        # interpolation variable theta = arccos(corr): the arc-cosine kernels (ReLU, GeLU near
+        # r = 1) have a square-root singularity at r = 1 in r but are analytic in theta
+        th_hi = math.acos(lo)
+        for n in (17, 33, 65):
+            th = _cheb(n, TH_MIN, th_hi)
+            nodes = np.cos(th)
             vals = self._values(nodes, var)
-            mids = (nodes[1:] + nodes[:-1]) / 2
-            direct = self._values(mids, var)
+            th_mid = (th[1:] + th[:-1]) / 2
+            direct = self._values(np.cos(th_mid), var)
             w = _bary_weights(n)
-            approx = np.stack([_interp(x, nodes, w, vals) for x in mids], axis=1)
-            scale = np.maximum(np.abs(direct), 1e-300)
+            approx = np.stack([_interp(x, th, w, vals) for x in th_mid], axis=1)
+            # relative error, floored at 1e-6 of the row's size (covariances cross 0)
+            scale = np.maximum(np.abs(direct), 1e-6 * np.max(np.abs(vals), axis=1, keepdims=True))
+            scale = np.maximum(scale, 1e-300)
             if np.all(np.isfinite(vals)) and np.max(np.abs(approx - direct) / scale) < TOL:
-                self.nodes, self.w, self.vals = nodes, w, vals
-                h = 1e-4
-                self.dvals = (self._values(nodes, var * (1 + h)) - self._values(nodes, var * (1 - h))) / (2 * h * var)
-                self.ok = self._linear_in_gradient(mids[len(mids) // 2])
+                self.nodes, self.w, self.vals = th, w, vals
+                self.dvals = None
+                self.nodes_n = n
+                # linearity in the gradient, checked at a node (exact table values there)
+                self.ok = self._linear_in_gradient(float(np.cos(th[n // 2])))
                 break
 
     def _evaluate(self, corr, var, g):
         c = np.asarray(corr, dtype=float)
         x = Forward(np.full_like(c, self.mean), np.full_like(c, var), c)
         return self.rule.evaluate(x, g, **self.params)
+
+    def _derivative(self):
+        """d(row)/d(var) at the nodes (one-sided difference; built on first use)."""
+        h = 1e-4
+        self.dvals = (self._values(np.cos(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var)
 
     def _values(self, corr: np.ndarray, var: float) -> np.ndarray:
         """Rows: mean, var, cov | A, B, C, D of the backward linear map."""
@@ -86,7 +131,7 @@ class Table:
 
     def _linear_in_gradient(self, corr: float) -> bool:
         _, g = self._evaluate(np.array([corr]), self.var, Backward(np.array([2.0]), np.array([0.5])))
-        row = self._row(corr, self.var)
+        row = self._row(corr, self.var, th=float(self.nodes[len(self.nodes) // 2]))
         var = 2.0 * (row[3] + 0.5 * row[4])
         cov = 2.0 * (row[5] + 0.5 * row[6])
         return math.isclose(var, float(g.var[0]), rel_tol=1e-7) and math.isclose(
@@ -94,10 +139,17 @@ class Table:
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= VAR_WINDOW
-                and self.lo <= x.corr <= 1.0)
+                and self.lo <= x.corr <= R_MAX)
 
-    def _row(self, corr: float, var: float) -> np.ndarray:
-        return _interp(corr, self.nodes, self.w, self.vals) + (var - self.var) * _interp(corr, self.nodes, self.w, self.dvals)
+    def _row(self, corr: float, var: float, th: float | None = None) -> np.ndarray:
+        if th is None:
+            th = math.acos(min(1.0, max(-1.0, corr)))
+        row = _interp(th, self.nodes, self.w, self.vals)
+        if var != self.var:
+            if self.dvals is None:
+                self._derivative()
+            row = row + (var - self.var) * _interp(th, self.nodes, self.w, self.dvals)
+        return row
 
     def forward(self, x: Forward) -> Forward:
         r = self._row(float(x.corr), float(x.var))
@@ -111,22 +163,23 @@ class Table:
 
 
 class TableCache:
-    """Tables per (rule, parameters, mean, variance window)."""
-
-    # empty until the attention rule is smooth in the correlation (see docs/design.md)
-    EXPENSIVE: set = set()
+    """Tables per (chain of ops, mean, variance window); a key's table is built at its
+    BUILD_AFTER-th request (returns None before that, and where verification failed)."""
 
     def __init__(self):
         self.tables: dict = {}
+        self.requests: dict = {}
 
-    def get(self, rule: str, params: dict, x: Forward) -> Table | None:
-        if rule not in self.EXPENSIVE:
-            return None
-        key = (rule, tuple(sorted(params.items())), float(x.mean))
+    def get(self, ops: list, x: Forward) -> Table | None:
+        key = (tuple((name, tuple(sorted(params.items()))) for name, params in ops), float(x.mean))
         for t in self.tables.get(key, []):
             if t.covers(x):
                 return t
+        n = self.requests.get(key, 0) + 1
+        self.requests[key] = n
+        if n < BUILD_AFTER or len(self.tables.get(key, [])) >= 4:
+            return None
         lo = min(0.0, float(x.corr))
-        t = Table(rule, params, float(x.mean), float(x.var), lo)
+        t = Table(Chain(ops), {}, float(x.mean), float(x.var), lo)
         self.tables.setdefault(key, []).append(t)
         return t if t.covers(x) else None

@@ -41,19 +41,30 @@ class Param:
     integer: bool = False
 
     def check(self, value) -> None:
+        if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, bool):
+            # scalar fast path (the whole-model predictor calls rules on scalars)
+            f = float(value)
+            if not math.isfinite(f):
+                raise DomainError(f"{self.name} must be finite, got {value!r}")
+            if ((f <= self.lo) if self.open_lo else (f < self.lo)) or ((f >= self.hi) if self.open_hi else (f > self.hi)):
+                self._range_error(value)
+            if self.integer and f != round(f):
+                raise DomainError(f"{self.name} must be an integer, got {_show(value)}")
+            return
         v = np.asarray(value, dtype=float)
         if not np.all(np.isfinite(v)):
             raise DomainError(f"{self.name} must be finite, got {value!r}")
         bad_lo = (v <= self.lo) if self.open_lo else (v < self.lo)
         bad_hi = (v >= self.hi) if self.open_hi else (v > self.hi)
         if np.any(bad_lo) or np.any(bad_hi):
-            lb = "(" if self.open_lo else "["
-            rb = ")" if self.open_hi else "]"
-            raise DomainError(
-                f"{self.name} must lie in {lb}{self.lo:g}, {self.hi:g}{rb}, got {_show(value)}"
-            )
+            self._range_error(value)
         if self.integer and np.any(v != np.round(v)):
             raise DomainError(f"{self.name} must be an integer, got {_show(value)}")
+
+    def _range_error(self, value):
+        lb = "(" if self.open_lo else "["
+        rb = ")" if self.open_hi else "]"
+        raise DomainError(f"{self.name} must lie in {lb}{self.lo:g}, {self.hi:g}{rb}, got {_show(value)}")
 
     def describe(self) -> str:
         lb = "(" if self.open_lo else "["
@@ -114,6 +125,22 @@ class Rule:
 
     # -- numeric --------------------------------------------------------------------------
     def param_values(self, values: dict) -> SimpleNamespace:
+        """Validated parameters (defaults filled in).  Scalar parameter sets are memoised:
+        the whole-model predictor applies the same few parameter sets thousands of times."""
+        try:
+            key = tuple(sorted(values.items()))
+            hash(key)
+        except TypeError:           # arrays: not memoised
+            return self._param_values(values)
+        memo = self.__dict__.setdefault("_param_memo", {})
+        p = memo.get(key)
+        if p is None:
+            if len(memo) > 1024:
+                memo.clear()
+            p = memo[key] = self._param_values(values)
+        return p
+
+    def _param_values(self, values: dict) -> SimpleNamespace:
         known = {q.name for q in self.params}
         unknown = set(values) - known
         if unknown:
