@@ -178,10 +178,17 @@ class Rule:
 
         Returns ``(Forward, Backward | None)``; arrays broadcast across all inputs.
         """
-        x = Forward(*(np.asarray(v, dtype=float) if np.ndim(v) else np.float64(v) for v in
-                      (x.mean, x.var, x.corr)))
-        if g is not None:
-            g = Backward(*(np.asarray(v, dtype=float) if np.ndim(v) else np.float64(v) for v in (g.var, g.corr)))
+        vals = (x.mean, x.var, x.corr) if g is None else (x.mean, x.var, x.corr, g.var, g.corr)
+        if all(type(v) in _SCALARS for v in vals):
+            # scalar fast path (the whole-model predictor): same checks and formulas
+            x = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
+            if g is not None:
+                g = Backward(np.float64(g.var), np.float64(g.corr))
+        else:
+            x = Forward(*(np.asarray(v, dtype=float) if np.ndim(v) else np.float64(v) for v in
+                          (x.mean, x.var, x.corr)))
+            if g is not None:
+                g = Backward(*(np.asarray(v, dtype=float) if np.ndim(v) else np.float64(v) for v in (g.var, g.corr)))
         self.check_state(x, g)
         p = self.param_values(params)
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -212,9 +219,14 @@ class Rule:
                 "g_var": gb.var, "g_corr": gb.corr}
 
 
+_SCALARS = (float, int, np.float64, np.float32, np.int64)
+
+
 def _corr_where_defined(corr, var):
     """A signal with zero variance (all-zero weights, a zero gradient) has no correlation;
     sigprop reports 0 there rather than NaN."""
+    if type(var) in _SCALARS and type(corr) in _SCALARS:
+        return np.float64(0.0) if var == 0 else corr
     corr = np.where(np.asarray(var) == 0, 0.0, corr)
     return corr if corr.ndim else corr[()]
 
