@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test validate bench clean
+.PHONY: run test validate bench figures clean docs-latex
 
 $(BIN)/sigprop: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(VENV)/.test-deps: $(BIN)/sigprop
 	touch $@
 
 run: $(BIN)/sigprop
-	$(BIN)/sigprop rules
+	$(BIN)/sigprop predict --arch preln --layers 768
 
 test: $(VENV)/.test-deps
 	$(BIN)/python -m pytest -q -n 2 -m "not slow"
@@ -27,6 +27,29 @@ validate: $(VENV)/.test-deps
 
 bench: $(BIN)/sigprop
 	$(BIN)/python benchmarks/run.py
+	$(BIN)/python benchmarks/check_speed.py
+
+$(VENV)/.plot-deps: $(BIN)/sigprop
+	$(BIN)/python -m pip install -q -e '.[plot]'
+	touch $@
+
+# The README's figure (docs/figures/depth.png): prediction lines and Monte Carlo markers for
+# five architectures at 192 layers; the Monte Carlo takes several minutes.
+FIGURE_MODEL := --arch preln,postln,dslm,deepnorm,lns --layers 192 --d-model 256 --heads 4 --d-ff 1024 --seq-len 128
+FIGURE_MC    := --check --trials 2 --batch 2 --seed 0 --mark-every 16
+
+figures: $(VENV)/.plot-deps
+	mkdir -p docs/figures
+	$(BIN)/sigprop plot $(FIGURE_MODEL) $(FIGURE_MC) -o docs/figures/depth.png
+
+# The rendered component table in docs/ (docs/latex/): `sigprop export latex`, pdflatex and
+# pdftoppm (Debian: texlive-latex-base texlive-latex-recommended poppler-utils).
+docs-latex: $(BIN)/sigprop
+	mkdir -p docs/latex
+	$(BIN)/sigprop export latex --what components -o docs/latex/components.tex
+	cd docs/latex && pdflatex -interaction=nonstopmode -halt-on-error components.tex > /dev/null
+	for p in 1 2; do pdftoppm -png -r 100 -f $$p -l $$p -singlefile docs/latex/components.pdf docs/latex/components-table-$$p; done
+	rm -f docs/latex/components.aux docs/latex/components.log
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

@@ -3,9 +3,11 @@
 Candidates (theory.md section 3): constant; linear in depth, y = c0 + c1 l (Pre-LN forward
 variance); harmonic, y = c0 + c1 H_l (LayerNorm Scaling); hyperbolic, y = 1/(c0 + c1 l)
 (Pre-LN gradient, counted from the input); exponential, log y = c0 + c1 l (Post-LN
-gradient).  Each law is a least-squares fit in the space where it is linear; the fits are
-then compared by R^2 of log y (one common space), ties going to the simpler law.  A series
-whose total change is below 10% is "constant".
+gradient).  Each law is a least-squares fit in the space where it is linear, weighted to
+relative residuals; the fits are then compared by R^2 of log y (one common space), ties
+going to the simpler law.  A series
+whose total change is below 10% is "constant"; one that no law fits with R^2 >= 0.95 is
+"mixed" (the best fit is named).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import numpy as np
 
 # order = preference on ties (simpler first)
 LAWS = ("constant", "linear", "harmonic", "hyperbolic", "exponential")
+#: below this R^2 (log space) no single law describes the series: it is reported as "mixed"
+#: (e.g. Mix-LN: constant through the Post-LN layers, then linear), naming the best fit
+MIN_R2 = 0.95
 
 
 @dataclass(frozen=True)
@@ -24,20 +29,30 @@ class Growth:
     r2: float
     slope: float          # per unit of the law's variable (per layer for linear/exponential)
     ratio: float          # last / first
+    best: str = ""        # for "mixed": the best-fitting single law
 
     def describe(self, what: str) -> str:
         if self.law == "constant":
             return f"{what} stays constant (x{self.ratio:.3g} overall)"
+        if self.law == "mixed":
+            return (f"{what} follows no single growth law (x{self.ratio:.3g} overall; best fit "
+                    f"{self.best}, R^2 {self.r2:.2f})")
         if self.law == "exponential":
             return f"{what} grows exponentially (x{np.exp(self.slope):.4g} per layer, x{self.ratio:.3g} overall)" \
                 if self.slope > 0 else f"{what} decays exponentially (x{np.exp(self.slope):.4g} per layer, x{self.ratio:.3g} overall)"
         return f"{what} is {self.law} in depth (x{self.ratio:.3g} overall)"
 
 
-def _fit(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least-squares line through (x, y): fitted values and slope."""
+def _fit(x: np.ndarray, y: np.ndarray, relative: bool = False) -> tuple[np.ndarray, float]:
+    """Least-squares line through (x, y): fitted values and slope.  ``relative``: minimise
+    relative residuals (y - fit)/y, the residuals that matter in the log-space comparison (an
+    ordinary fit of a series spanning decades misses its small values)."""
     A = np.vstack([np.ones_like(x), x]).T
-    coef, *_ = np.linalg.lstsq(A, y, rcond=None)
+    if relative:
+        w = 1.0 / np.abs(y)
+        coef, *_ = np.linalg.lstsq(A * w[:, None], y * w, rcond=None)
+    else:
+        coef, *_ = np.linalg.lstsq(A, y, rcond=None)
     return A @ coef, float(coef[1])
 
 
@@ -68,17 +83,19 @@ def classify(depth: np.ndarray, log_values: np.ndarray) -> Growth:
     harmonic = np.cumsum(1.0 / np.maximum(depth, 1.0))
     cands = {}
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        fy, slope = _fit(depth, y)
+        fy, slope = _fit(depth, y, relative=True)
         cands["linear"] = (_r2_log(lv, fy), slope)
-        fy, slope = _fit(harmonic, y)
+        fy, slope = _fit(harmonic, y, relative=True)
         cands["harmonic"] = (_r2_log(lv, fy), slope)
         inv = 1.0 / y
         if np.all(np.isfinite(inv)):
-            fi, slope = _fit(depth, inv)
+            fi, slope = _fit(depth, inv, relative=True)
             cands["hyperbolic"] = (_r2_log(lv, 1.0 / fi), slope)
         fl, slope = _fit(depth, lv)
         cands["exponential"] = (_r2_log(lv, np.exp(fl)), slope)
     # predictions are deterministic, so R^2 differences far below 1e-3 are meaningful
     best = max(cands, key=lambda k: (round(cands[k][0], 9), -LAWS.index(k)))
     r2, slope = cands[best]
+    if r2 < MIN_R2:
+        return Growth("mixed", float(r2), slope, ratio, best)
     return Growth(best, float(r2), slope, ratio)

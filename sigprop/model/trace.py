@@ -90,8 +90,13 @@ def _grad_words(g, s) -> str:
     rs = r if isinstance(r, str) else f"{r:.3g}"
     if g.law == "constant":
         return f"gradient variance conserved (input/output {rs})"
+    towards = "grows" if isinstance(r, float) and r > 1 or r == "inf" else "shrinks"
     if g.law == "exponential":
-        return f"gradient {'explodes' if g.slope < 0 else 'vanishes'} geometrically towards the input (input/output {rs})"
+        word = "explodes" if towards == "grows" else "vanishes"
+        return f"gradient {word} geometrically towards the input (input/output {rs})"
+    if g.law == "mixed":
+        return (f"gradient {towards} towards the input without a single growth law "
+                f"(input/output {rs}; best fit {g.best}, R^2 {g.r2:.2f})")
     return f"gradient {g.law} in depth (input/output {rs})"
 
 
