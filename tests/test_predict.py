@@ -156,3 +156,16 @@ def test_check_small_postln_gradient(arch):
     meas = np.array([p["backward"]["var"] for p in out["measured"]])
     se = np.array([p["se"]["backward"]["var"] for p in out["measured"]])
     assert np.all(np.abs(pred - meas) <= np.maximum(0.03 * meas, 4 * se)), (pred, meas, se)
+
+
+def test_growth_laws_linear_over_decades_and_mixed():
+    from sigprop.model.growth import classify
+
+    l = np.arange(1, 769, dtype=float)
+    assert classify(l, np.log(1 + 0.5 * l)).law == "linear"          # Pre-LN: spans 2.5 decades
+    assert classify(l, np.log(1 / (1 + 0.01 * l))).law == "hyperbolic"
+    assert classify(l, -0.02 * l).law == "exponential"
+    # constant for a quarter of the depth, then linear (Mix-LN): no single law
+    mixed = np.where(l < 192, 1.0, 1 + 0.5 * (l - 192))
+    g = classify(l, np.log(mixed))
+    assert g.law == "mixed" and g.best in ("linear", "exponential", "harmonic", "hyperbolic")
