@@ -169,3 +169,16 @@ def test_growth_laws_linear_over_decades_and_mixed():
     mixed = np.where(l < 192, 1.0, 1 + 0.5 * (l - 192))
     g = classify(l, np.log(mixed))
     assert g.law == "mixed" and g.best in ("linear", "exponential", "harmonic", "hyperbolic")
+
+
+def test_growth_law_of_a_series_spanning_more_than_a_double():
+    from sigprop.model.growth import classify
+
+    l = np.arange(1, 61, dtype=float)
+    g = classify(l, 27.6 * l)                      # x1e12 per layer, e^1656 overall
+    assert g.law == "exponential" and g.slope == pytest.approx(27.6)
+    r = subprocess.run([sys.executable, "-m", "sigprop", "predict", "--arch", "preln", "--skip-scale", "1e3",
+                        "--layers", "30", "--d-model", "32", "--heads", "2", "--d-ff", "64", "--seq-len", "8",
+                        "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["summary"]["forward_law"] == "exponential"

@@ -30,17 +30,32 @@ class Growth:
     slope: float          # per unit of the law's variable (per layer for linear/exponential)
     ratio: float          # last / first
     best: str = ""        # for "mixed": the best-fitting single law
+    log_ratio: float = 0.0  # natural log of last / first (exact where ratio overflows)
+
+    @property
+    def overall(self) -> str:
+        """last/first as text, also beyond the range of a double."""
+        return _times(self.log_ratio)
 
     def describe(self, what: str) -> str:
         if self.law == "constant":
-            return f"{what} stays constant (x{self.ratio:.3g} overall)"
+            return f"{what} stays constant ({self.overall} overall)"
         if self.law == "mixed":
-            return (f"{what} follows no single growth law (x{self.ratio:.3g} overall; best fit "
+            return (f"{what} follows no single growth law ({self.overall} overall; best fit "
                     f"{self.best}, R^2 {self.r2:.2f})")
         if self.law == "exponential":
-            return f"{what} grows exponentially (x{np.exp(self.slope):.4g} per layer, x{self.ratio:.3g} overall)" \
-                if self.slope > 0 else f"{what} decays exponentially (x{np.exp(self.slope):.4g} per layer, x{self.ratio:.3g} overall)"
-        return f"{what} is {self.law} in depth (x{self.ratio:.3g} overall)"
+            return f"{what} grows exponentially ({_times(self.slope, 4)} per layer, {self.overall} overall)" \
+                if self.slope > 0 else f"{what} decays exponentially ({_times(self.slope, 4)} per layer, {self.overall} overall)"
+        return f"{what} is {self.law} in depth ({self.overall} overall)"
+
+
+def _times(log_value: float, digits: int = 3) -> str:
+    """'x<value>' for exp(log_value), in scientific notation beyond a double's range."""
+    if abs(log_value) < 700:
+        return f"x{np.exp(log_value):.{digits}g}"
+    e10 = log_value / np.log(10.0)
+    k = np.floor(e10)
+    return f"x{10 ** (e10 - k):.{digits}g}e{int(k):+d}"
 
 
 def _fit(x: np.ndarray, y: np.ndarray, relative: bool = False) -> tuple[np.ndarray, float]:
@@ -56,11 +71,14 @@ def _fit(x: np.ndarray, y: np.ndarray, relative: bool = False) -> tuple[np.ndarr
     return A @ coef, float(coef[1])
 
 
-def _r2_log(lv: np.ndarray, fitted_y: np.ndarray) -> float:
-    """R^2 in log space of a fit given on the (max-normalised) linear scale."""
-    if np.any(~np.isfinite(fitted_y)) or np.any(fitted_y <= 0):
-        return -np.inf
-    resid = lv - np.log(fitted_y)
+def _r2_log(lv: np.ndarray, fitted_y: np.ndarray | None, fitted_log: np.ndarray | None = None) -> float:
+    """R^2 in log space of a fit given on the (max-normalised) linear scale, or directly as
+    fitted logarithms (``fitted_log``: no underflow for series spanning > 700 e-folds)."""
+    if fitted_log is None:
+        if np.any(~np.isfinite(fitted_y)) or np.any(fitted_y <= 0):
+            return -np.inf
+        fitted_log = np.log(fitted_y)
+    resid = lv - fitted_log
     ss = np.sum((lv - lv.mean()) ** 2)
     return 1.0 - np.sum(resid**2) / ss if ss > 0 else 1.0
 
@@ -74,12 +92,15 @@ def classify(depth: np.ndarray, log_values: np.ndarray) -> Growth:
     depth, lv = depth[ok], lv[ok]
     if len(lv) < 3:
         return Growth("constant", 1.0, 0.0, 1.0)
-    ratio = float(np.exp(np.clip(lv[-1] - lv[0], -700, 700)))
+    log_ratio = float(lv[-1] - lv[0])
+    ratio = float(np.exp(np.clip(log_ratio, -700, 700)))
     if np.max(lv) - np.min(lv) < np.log(1.1):
-        return Growth("constant", 1.0, 0.0, ratio)
+        return Growth("constant", 1.0, 0.0, ratio, log_ratio=log_ratio)
     # fits on values normalised by their maximum (safe for huge values)
     lv = lv - lv.max()
-    y = np.exp(lv)
+    # (values more than 600 e-folds below the maximum are floored for the fits on the linear
+    # scale, whose relative weights would overflow; such series are exponential anyway)
+    y = np.exp(np.maximum(lv, -600.0))
     harmonic = np.cumsum(1.0 / np.maximum(depth, 1.0))
     cands = {}
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -92,10 +113,10 @@ def classify(depth: np.ndarray, log_values: np.ndarray) -> Growth:
             fi, slope = _fit(depth, inv, relative=True)
             cands["hyperbolic"] = (_r2_log(lv, 1.0 / fi), slope)
         fl, slope = _fit(depth, lv)
-        cands["exponential"] = (_r2_log(lv, np.exp(fl)), slope)
+        cands["exponential"] = (_r2_log(lv, None, fl), slope)
     # predictions are deterministic, so R^2 differences far below 1e-3 are meaningful
     best = max(cands, key=lambda k: (round(cands[k][0], 9), -LAWS.index(k)))
     r2, slope = cands[best]
     if r2 < MIN_R2:
-        return Growth("mixed", float(r2), slope, ratio, best)
-    return Growth(best, float(r2), slope, ratio)
+        return Growth("mixed", float(r2), slope, ratio, best, log_ratio)
+    return Growth(best, float(r2), slope, ratio, log_ratio=log_ratio)

@@ -87,10 +87,16 @@ def verdict(fw, bw, s: dict) -> str:
 
 def _grad_words(g, s) -> str:
     r = s["grad_ratio_input_output"]
-    rs = r if isinstance(r, str) else f"{r:.3g}"
+    l10 = s.get("log10_grad_ratio_input_output")
+    if isinstance(r, float) and math.isfinite(r) and r > 0:
+        rs = f"{r:.3g}"
+    elif isinstance(l10, float) and math.isfinite(l10):
+        rs = f"{10 ** (l10 - math.floor(l10)):.3g}e{int(math.floor(l10)):+d}"
+    else:
+        rs = str(r)
     if g.law == "constant":
         return f"gradient variance conserved (input/output {rs})"
-    towards = "grows" if isinstance(r, float) and r > 1 or r == "inf" else "shrinks"
+    towards = "grows" if (isinstance(l10, float) and l10 > 0) else "shrinks"
     if g.law == "exponential":
         word = "explodes" if towards == "grows" else "vanishes"
         return f"gradient {word} geometrically towards the input (input/output {rs})"

@@ -121,8 +121,13 @@ class LayerNorm(Rule):
         "for a chi-square per-token variance (Gaussian input, c = 0, kappa = 1), first order in "
         "delta otherwise.  A Post-LN stream (LN output plus a small branch) has c near 1 and "
         "kappa near 0, and its gradient gain differs from the Gaussian one by about 1.5/d; "
-        "the correlation factors keep the Gaussian series (their norm-fluctuation terms are "
-        "O(1/d) in the correlation, below the checker's absolute tolerance).",
+        "Correlations with per-token statistics: the finite-d part of the forward factor "
+        "(from norms fluctuating with the shared component) is scaled by kappa; the "
+        "backward factor's leading -3q/(2n) splits into -q/n from the removed directions "
+        "(scaled by g_generic) and -q/(2n) from the norms (scaled by kappa), and the whole "
+        "finite-d part is scaled by (2 g_generic + kappa)/3.  Exact at leading order in 1/d for "
+        "(kappa, g_generic) = (1, 1) (Gaussian) and for kappa = 0 (fixed norms); interpolated "
+        "in between.",
         "Gradient variance factor (d - 2 g_generic)/d: the Jacobian removes the components along "
         "the all-ones vector and along the output, each 1/d of an isotropic gradient (g_generic "
         "1, exact for a gradient independent of the input); in a Post-LN stack the skip path "
@@ -150,13 +155,18 @@ class LayerNorm(Rule):
     def forward(self, m, x, p):
         s2e = _s2_eff(x, p)
         var = s2e / (s2e + p.eps)
-        corr = x.corr * corr_factor_forward(m, x.corr, _n(p))
+        # the finite-d terms come from the per-token norms fluctuating with the shared
+        # component: they scale with kappa (none for fixed norms)
+        corr = x.corr * (1 + p.kappa * (corr_factor_forward(m, x.corr, _n(p)) - 1))
         return Forward(0 * x.mean, var, corr)
 
     def backward(self, m, x, g, p):
         s2e = _s2_eff(x, p)
         var = g.var * (p.d - 2 * p.g_generic) / (p.d * (s2e + p.eps))
-        corr = g.corr * corr_factor_backward(m, x.corr, _n(p))
+        # leading term -3q/(2n): -q/n from the removed directions (scales with g_generic),
+        # -q/(2n) from the norm fluctuations (scales with kappa)
+        weight = (2 * p.g_generic + p.kappa) / 3
+        corr = g.corr * (1 + weight * (corr_factor_backward(m, x.corr, _n(p)) - 1))
         return Backward(var, corr)
 
 
