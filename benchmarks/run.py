@@ -5,6 +5,9 @@ measured in the same run; medians over repeats, because these machines are share
    never imported on the numeric path);
 2. Monte Carlo throughput: the linear component's simulation (forward + hand-written backward)
    vs a bare float32 matrix multiply of the same shapes (goal: close to 1x, i.e. BLAS-bound).
+
+The whole-model simulation of `sigprop check` has its own script, benchmarks/check_speed.py
+(also run by `make bench`; results in docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -255,8 +255,9 @@ def test_full_sweep_beats_published_p99():
 
     res = run_sweep(ln_mc.SWEEP, RULE, n=500, seed=0)
     for mom, pct in res.percentiles.items():
-        # the mean is exactly 0 (published "~0"): float32 rounding leaves ~1e-6 %
-        floor = 1e-4 if mom == "x_mean" else 0.0
+        # moments the rule gets exactly (mean 0, variance 1; published "0"/"~0"): float32
+        # rounding leaves ~1e-6 .. 1e-4 %
+        floor = 1e-3 if res.published[mom]["p99"] == 0 else 0.0
         assert pct["p99"] <= max(res.published[mom]["p99"], floor), (mom, pct)
 
 

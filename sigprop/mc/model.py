@@ -17,13 +17,15 @@ finite width, large: the SE says how much).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from sigprop.mc.components import get as component
-from sigprop.mc.sampling import correlated
+from sigprop.mc.sampling import correlated, keep_mask
 from sigprop.mc.stats import Moments, pool, raw_moments
 
 
@@ -77,6 +79,17 @@ def _logit_moments(component, cache) -> tuple[float, float]:
 
 
 class _Trial:
+    """One weight draw of the whole model: :meth:`sublayer` runs one sublayer of the residual
+    stream forward (drawing its weights and dropout masks) and returns its backward closure.
+
+    Constant factors are folded into the freshly drawn weights (exact: every one of them
+    multiplies a linear map): the norm scale n into the branch's first weight matrix (the one
+    that reads n LN(x); not its bias), and b / (1 - p_hidden) into the branch's output matrix
+    and bias, so the hidden dropout is a 0/1 mask applied in place.  With ReLU the FFN's
+    activation and inner dropout are one in-place step h = relu(u) * keep (its 1/(1 - p) is
+    folded into W_out too), whose derivative is the indicator h > 0 (h > 0 exactly where
+    u > 0 and the unit is kept), so no mask is stored."""
+
     def __init__(self, model, rng, dtype):
         self.m, self.rng, self.dtype = model, rng, dtype
         self.attn = component("attention")
@@ -84,38 +97,117 @@ class _Trial:
         self.lin = component("linear")
         self.act = component(model.activation)
         self.drop = component("dropout")
+        self.fused_relu = model.activation == "relu"
 
-    def _dropout(self, X, p):
-        return self.drop.forward(X, {}, {"p": p}, self.rng)
+    def _scale(self, arr, f):
+        if arr is not None and f != 1.0:
+            arr *= self.dtype(f)
 
-    def branch_forward(self, kind, l, X):
-        """F then hidden dropout; returns (Y, backward closure, logit moments)."""
+    def branch_forward(self, kind, l, X, n_in, c_out):
+        """c_out * F(n_in * X), weights drawn here; returns (Y, backward closure, logits)."""
         m, rng, dt = self.m, self.rng, self.dtype
-        logits = None
         if kind == "attention":
             prm = _attention_params(m, l)
             W = self.attn.sample_weights(rng, prm, dt)
+            self._scale(W["qkv"], n_in)
+            self._scale(W["o"], c_out)
+            self._scale(W["bo"], c_out)
             Y, c_attn = self.attn.forward(X, W, prm, rng)
-            logits = _logit_moments(self.attn, c_attn)
-            chain = [(self.attn, c_attn)]
-        else:
-            p_in, p_out = _ffn_params(m, l)
-            W1 = self.lin.sample_weights(rng, p_in, dt)
-            W2 = self.lin.sample_weights(rng, p_out, dt)
-            H, c1 = self.lin.forward(X, W1, p_in, rng)
-            H, c2 = self.act.forward(H, {}, {}, rng)
-            H, c3 = self._dropout(H, m.dropout.ffn_inner)
+            return Y, (lambda G: self.attn.backward(G, c_attn)), _logit_moments(self.attn, c_attn)
+        p_in, p_out = _ffn_params(m, l)
+        W1 = self.lin.sample_weights(rng, p_in, dt)
+        W2 = self.lin.sample_weights(rng, p_out, dt)
+        self._scale(W1["W"], n_in)
+        self._scale(W2["W"], c_out)
+        self._scale(W2["b"], c_out)
+        p = m.dropout.ffn_inner
+        H, c1 = self.lin.forward(X, W1, p_in, rng)
+        if self.fused_relu:
+            H *= H > 0                                   # relu in place
+            if p > 0:
+                H *= keep_mask(rng, H.shape, p)          # inner dropout; 1/(1 - p) goes into W_out
+                self._scale(W2["W"], 1.0 / (1.0 - p))
             Y, c4 = self.lin.forward(H, W2, p_out, rng)
-            chain = [(self.lin, c1), (self.act, c2), (self.drop, c3), (self.lin, c4)]
-        Y, c5 = self._dropout(Y, m.dropout.hidden)
-        chain.append((self.drop, c5))
+
+            def backward(G):
+                GH = self.lin.backward(G, c4)
+                GH *= H > 0
+                return self.lin.backward(GH, c1)
+            return Y, backward, None
+        H, c2 = self.act.forward(H, {}, {}, rng)
+        H, c3 = self.drop.forward(H, {}, {"p": p}, rng)
+        Y, c4 = self.lin.forward(H, W2, p_out, rng)
+        chain = [(self.lin, c1), (self.act, c2), (self.drop, c3), (self.lin, c4)]
 
         def backward(G):
             for comp, cache in reversed(chain):
                 G = comp.backward(G, cache)
             return G
+        return Y, backward, None
 
-        return Y, backward, logits
+    def sublayer(self, kind, l, X):
+        """One sublayer of the contract; returns (x', backward closure, logit moments)."""
+        m = self.m
+        cols = getattr(m, kind)
+        a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
+        p = m.dropout.hidden
+        c = b / (1.0 - p) if p > 0 else b
+        ln_p = _ln_params(m)
+        post = bool(cols.post[l])
+        if post:
+            Y, bwd, logits = self.branch_forward(kind, l, X, 1.0, c)
+        else:
+            Hn, c_ln = self.ln.forward(X, {}, ln_p, self.rng)
+            Y, bwd, logits = self.branch_forward(kind, l, Hn, n, c)
+        keep = keep_mask(self.rng, Y.shape, p) if p > 0 else None
+        if keep is not None:
+            Y *= keep
+        Y += X if a == 1.0 else self.dtype(a) * X      # a x + b Dropout(F(.)), in Y's buffer
+        if post:
+            Xn, c_ln = self.ln.forward(Y, {}, ln_p, self.rng)
+
+            def back(G):
+                Gz = self.ln.backward(G, c_ln)
+                Gx = bwd(Gz * keep if keep is not None else Gz)
+                Gx += Gz if a == 1.0 else self.dtype(a) * Gz
+                return Gx
+            return Xn, back, logits
+
+        def back(G):
+            Gx = self.ln.backward(bwd(G * keep if keep is not None else G), c_ln)
+            Gx += G if a == 1.0 else self.dtype(a) * G
+            return Gx
+        return Y, back, logits
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc mallopt parameters
+
+
+_malloc_tuned = False
+
+
+def _reuse_freed_memory() -> None:
+    """Keep freed heap memory in the process for reuse (glibc only; elsewhere a no-op).
+
+    A trial allocates ~100 MB of fresh arrays (the caches of the backward) and frees them at
+    its end; by default glibc hands that memory back to the kernel and the next trial
+    page-faults all of it in again: ~25k faults and ~20% of the CPU time of a reference trial.
+    A high trim threshold (with the mmap threshold fixed at glibc's own dynamic maximum,
+    32 MiB, so that arrays up to that size come from the heap) lets later trials reuse the
+    pages.  Process-wide and kept (like a caching allocator): the process holds at most its
+    peak heap, which it needed anyway."""
+    global _malloc_tuned
+    if _malloc_tuned:
+        return
+    _malloc_tuned = True
+    try:
+        name = ctypes.util.find_library("c")
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return
+    if libc is not None and hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
 
 
 def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.float32,
@@ -126,7 +218,7 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     fw = np.zeros((trials, n_points, 3))
     bw = np.zeros((trials, n_points, 3))
     lg = np.full((trials, n_points, 2), np.nan)
-    gflop = 0.0
+    _reuse_freed_memory()
     t0 = time.perf_counter()
     for t in range(trials):
         tr = _Trial(m, rng, dtype)
@@ -137,32 +229,17 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
         for l in range(m.n_layers):
             for kind in ("attention", "ffn"):
                 i += 1
-                cols = getattr(m, kind)
-                a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
-                ln_p = _ln_params(m)
-                if cols.post[l]:
-                    Y, bwd, logits = tr.branch_forward(kind, l, X)
-                    Z = a * X + b * Y
-                    X, c_ln = tr.ln.forward(Z, {}, ln_p, rng)
-
-                    def back(G, a=a, b=b, bwd=bwd, c_ln=c_ln):
-                        Gz = tr.ln.backward(G, c_ln)
-                        return a * Gz + bwd(b * Gz)
-                else:
-                    Hn, c_ln = tr.ln.forward(X, {}, ln_p, rng)
-                    Y, bwd, logits = tr.branch_forward(kind, l, n * Hn)
-                    X = a * X + b * Y
-
-                    def back(G, a=a, b=b, n=n, bwd=bwd, c_ln=c_ln):
-                        return a * G + tr.ln.backward(n * bwd(b * G), c_ln)
+                X, back, logits = tr.sublayer(kind, l, X)
                 fw[t, i] = raw_moments(X)
                 if logits is not None:
                     lg[t, i] = logits
                 backs.append(back)
         G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
+        X = None                                       # the caches hold what the backward needs
         bw[t, n_points - 1] = raw_moments(G)
         for j in range(len(backs) - 1, -1, -1):
             G = backs[j](G)
+            backs[j] = None                            # free that sublayer's cache
             bw[t, j] = raw_moments(G)
         if progress:
             progress(t + 1, trials)
@@ -175,15 +252,26 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
         if np.isnan(lg[0, k, 0]):
             logit.append(None)
             continue
-        v = lg[:, k, 1] - lg[:, k, 0] ** 2
+        # variance over all logits of all draws: the per-draw mean logit (the product of the
+        # token-shared parts of q and k, a different constant in every draw) is part of it, so
+        # only the grand mean (0 in expectation) is removed
+        v = lg[:, k, 1] - lg[:, k, 0].mean() ** 2
         logit.append((float(v.mean()), float(v.std(ddof=1) / np.sqrt(trials)) if trials > 1 else float("nan")))
     return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(dtype).name, sim_s, gflop)
 
 
 def _flops(m, batch: int) -> float:
-    """Matrix-multiply work of one forward + backward (input gradients only) of the model."""
-    B, L, d, hd, dff = batch, m.seq_len, m.d_model, m.n_heads * m.d_head, m.d_ff
-    attn = 2 * B * L * d * hd * 4 + 2 * B * m.n_heads * L * L * m.d_head * 2   # projections, QK^T, AV
-    attn_bwd = 2 * attn                                                       # roughly twice the forward
-    ffn = 2 * B * L * d * dff * 2
-    return m.n_layers * (attn + attn_bwd + 3 * ffn)
+    """Matrix-multiply work of one forward + backward (input gradients only) of the model, as
+    performed (a causal mask does not skip the masked half of the L x L products).
+
+    Attention, forward: the fused QKV projection (3 products d -> H dh), Q K^T and A V (H
+    heads, L x L x dh each), W_o; backward: G W_o^T, then A^T G_O, G_O V^T, dS K and dS^T Q
+    (four L x L x dh products per head), and [dQ dK dV] W_qkv^T.  FFN: two products each way
+    (no weight gradients)."""
+    B, L, d, H, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.d_head, m.d_ff
+    T, hd = B * L, H * dh
+    proj = 2.0 * T * d * hd                  # one d x (H dh) projection of every token
+    ll = 2.0 * B * H * L * L * dh            # one L x L x dh product of every head
+    attn = (4 * proj + 2 * ll) + (4 * proj + 4 * ll)
+    ffn = 2 * (2.0 * T * d * dff) * 2
+    return m.n_layers * (attn + ffn)

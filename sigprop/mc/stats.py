@@ -14,15 +14,35 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def raw_moments(x: np.ndarray) -> np.ndarray:
-    """[E x, E x^2, E x_i x_j (i != j)] of one array, accumulated in float64."""
+def _sums(x: np.ndarray):
+    """(B, d) token sums in float64 and the float64 total of the squares, from partial sums
+    in x's precision (per (sequence, feature) over L tokens, per token over d features)."""
     B, L, d = x.shape
-    # float64 accumulators without a float64 copy of x (numpy casts in buffered chunks)
-    m1 = np.sum(x, dtype=np.float64) / x.size
-    sq = np.sum(np.square(x), dtype=np.float64) / x.size
-    s = np.sum(x, axis=1, dtype=np.float64)
-    cross = (np.einsum("bd,bd->", s, s) / (B * d) - sq * L) / (L * (L - 1)) if L > 1 else np.nan
-    return np.array([m1, sq, cross])
+    rows = x.reshape(B * L, d)
+    return x.sum(axis=1).astype(np.float64), float(np.sum(np.einsum("ij,ij->i", rows, rows), dtype=np.float64))
+
+
+def raw_moments(x: np.ndarray) -> np.ndarray:
+    """[E x, E x^2, E x_i x_j (i != j)] of one array, accumulated in float64.
+
+    No float64 copy of x: partial sums in x's precision over L or d terms (relative error
+    ~1e-7 in float32), float64 over those.  Where the mean is not small against the root mean
+    square (mean^2 > 1e-3 E x^2), the variance and covariance would come out of a cancellation
+    that magnifies that error, so the sums are taken again about c = the mean:
+    E x^2 = E y^2 + 2 c E y + c^2 with y = x - c, and likewise for the cross-token moment."""
+    B, L, d = x.shape
+    n = x.size
+    s, ssq = _sums(x)
+    m1, sq = s.sum() / n, ssq / n
+    c = 0.0
+    if m1 * m1 > 1e-3 * sq:
+        c = x.dtype.type(m1)
+        s, ssq = _sums(x - c)
+        c = float(c)
+    my, sqy = s.sum() / n, ssq / n                          # moments of y = x - c
+    cross_y = (np.einsum("bd,bd->", s, s) / (B * d) - sqy * L) / (L * (L - 1)) if L > 1 else np.nan
+    shift = 2.0 * c * my + c * c
+    return np.array([c + my, sqy + shift, cross_y + shift])
 
 
 @dataclass(frozen=True)

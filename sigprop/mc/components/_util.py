@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from sigprop.mc.sampling import keep_mask
+
 
 def batch_for(n_shared: float, width: int, runs: int, lo: int = 1, hi: int = 4096) -> int:
     """Batch size such that runs * batch * width >= n_shared.
@@ -20,8 +22,7 @@ def dropout_mask(rng: np.random.Generator, shape, p: float, dtype) -> np.ndarray
     """Keep-mask already scaled by 1/(1-p); None when p == 0."""
     if p == 0:
         return None
-    keep = rng.random(shape, dtype=np.float32) >= p
-    return keep.astype(dtype) * dtype(1.0 / (1.0 - p))
+    return np.multiply(keep_mask(rng, shape, p), dtype(1.0 / (1.0 - p)), dtype=dtype)
 
 
 SQRT = {0.316: math.sqrt(0.1), 3.16: math.sqrt(10.0)}

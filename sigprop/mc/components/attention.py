@@ -28,10 +28,26 @@ import numpy as np
 
 from sigprop.mc.component import Component
 from sigprop.mc.components._util import grid_std
+from sigprop.mc.sampling import keep_mask, standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.state import Backward, Forward
 
 _NAMES = ("q", "k", "v")
+
+
+#: logits beyond this size (either sign) send the softmax through the max-subtracting path;
+#: within it exp(S) neither overflows nor underflows in float32 and the row sums are exact
+#: to rounding, so the shift (a row reduction and a pass) is skipped
+_EXP_SAFE = 60.0
+
+
+def _mean_and_square(S: np.ndarray) -> tuple[float, float]:
+    """Mean and mean square of all entries of S (B, H, L, L): float32 partial sums over each
+    head's L x L block (pairwise / multi-accumulator, relative error ~1e-6), float64 across."""
+    rows = S.reshape(S.shape[0] * S.shape[1], -1)
+    first = np.sum(rows.sum(axis=1), dtype=np.float64) / S.size
+    second = np.sum(np.einsum("ij,ij->i", rows, rows), dtype=np.float64) / S.size
+    return float(first), float(second)
 
 
 class AttentionMC(Component):
@@ -45,78 +61,104 @@ class AttentionMC(Component):
         """Wq, Wk, Wv side by side in one (d, 3 H dh) matrix (one GEMM each way)."""
         d, H, dh = params["d"], params.get("n_heads", 1), params["d_head"]
         hd = H * dh
-        qkv = np.empty((d, 3 * hd), dtype=dtype)
-        bias = np.zeros(3 * hd, dtype=dtype)
+        qkv = standard_normal(rng, (d, 3, hd), dtype)
+        qkv *= np.array([params[f"{nm}_std"] for nm in _NAMES], dtype=dtype)[:, None]
+        bias = np.zeros((3, hd), dtype=dtype)
         for i, nm in enumerate(_NAMES):
-            blk = rng.standard_normal((d, hd), dtype=dtype)
-            blk *= dtype(params[f"{nm}_std"])
-            qkv[:, i * hd:(i + 1) * hd] = blk
             bstd = params.get(f"{nm}_bias_std", 0.0)
             if bstd:
-                bias[i * hd:(i + 1) * hd] = rng.standard_normal(hd, dtype=dtype) * dtype(bstd)
-        wo = rng.standard_normal((hd, d), dtype=dtype)
+                bias[i] = standard_normal(rng, hd, dtype) * dtype(bstd)
+        wo = standard_normal(rng, (hd, d), dtype)
         wo *= dtype(params["o_std"])
         bo_std = params.get("o_bias_std", 0.0)
-        bo = rng.standard_normal(d, dtype=dtype) * dtype(bo_std) if bo_std else None
-        return {"qkv": qkv, "qkvT": np.ascontiguousarray(qkv.T), "bqkv": bias if bias.any() else None,
-                "o": wo, "oT": np.ascontiguousarray(wo.T), "bo": bo}
+        bo = standard_normal(rng, d, dtype) * dtype(bo_std) if bo_std else None
+        return {"qkv": qkv.reshape(d, 3 * hd), "bqkv": bias.reshape(-1) if bias.any() else None,
+                "o": wo, "bo": bo}
 
     def forward(self, X, W, params, rng):
+        """Returns Y and the cache (W_eff, Qs, K, V, P, keep, A, logit moments, O, H, dh).
+
+        Two exact rewrites keep passes over the L x L arrays out: 1/sqrt(dh) is folded into
+        the query weights (W_eff's Wq; Qs = X Wq / sqrt(dh) is what the softmax sees) and the
+        dropout rescale 1/(1-p) into W_o (A = P * keep without it, Y = (A V) W_o / (1-p)); the
+        backward differentiates exactly these effective maps."""
         dtype = X.dtype.type
         B, L, d = X.shape
         H, dh = params.get("n_heads", 1), params["d_head"]
+        hd = H * dh
         p = params.get("p", 0.0)
-        Z = X.reshape(B * L, d) @ W["qkv"]                       # (B L, 3 H dh)
+        causal = bool(params.get("causal", 0))
+        s = dtype(1.0 / np.sqrt(dh))
+        wqkv = W["qkv"].copy()
+        wqkv[:, :hd] *= s
+        Z = X.reshape(B * L, d) @ wqkv                           # (B L, 3 H dh)
         if W["bqkv"] is not None:
-            Z += W["bqkv"]
-        Z = Z.reshape(B, L, 3, H, dh).transpose(2, 0, 3, 1, 4)   # (3, B, H, L, dh)
-        Qs = Z[0] * dtype(1.0 / np.sqrt(dh))                     # scaled queries
-        K, V = Z[1], Z[2]
+            b = W["bqkv"].copy()
+            b[:hd] *= s
+            Z += b
+        Z = Z.reshape(B, L, 3, H, dh).transpose(2, 0, 3, 1, 4)   # (3, B, H, L, dh) views
+        Qs, K, V = Z[0], Z[1], Z[2]
         S = np.matmul(Qs, K.transpose(0, 1, 3, 2))              # (B, H, L, L)
-        if params.get("causal", 0):
-            S += np.triu(np.full((L, L), -np.inf, dtype=dtype), 1)
-        S -= S.max(axis=-1, keepdims=True)
-        P = np.exp(S, out=S)
-        P /= P.sum(axis=-1, keepdims=True)
-        if p > 0:
-            mask = (rng.random(P.shape, dtype=np.float32) >= p).astype(dtype)
-            mask *= dtype(1.0 / (1.0 - p))
-            A = P * mask
+        logits = _mean_and_square(S)                             # all L x L, mask aside
+        keep_causal = np.tri(L, dtype=bool) if causal else None
+        if -_EXP_SAFE <= S.min() and S.max() <= _EXP_SAFE:
+            P = np.exp(S, out=S)
+            if causal:
+                P *= keep_causal
         else:
-            mask, A = None, P
-        O = np.matmul(A, V)                                      # (B, H, L, dh)
-        Y = O.transpose(0, 2, 1, 3).reshape(B * L, H * dh) @ W["o"]
+            if causal:
+                S[..., ~keep_causal] = -np.inf
+            S -= S.max(axis=-1, keepdims=True)
+            P = np.exp(S, out=S)
+        rs = P.sum(axis=-1, keepdims=True)
+        np.reciprocal(rs, out=rs)
+        P *= rs
+        wo = W["o"]
+        if p > 0:
+            keep = keep_mask(rng, P.shape, p)
+            A = np.multiply(P, keep)
+            wo = wo * dtype(1.0 / (1.0 - p))
+        else:
+            keep, A = None, P
+        O = np.empty((B, L, H, dh), dtype=X.dtype)
+        np.matmul(A, V, out=O.transpose(0, 2, 1, 3))            # heads side by side
+        Y = O.reshape(B * L, hd) @ wo
         if W["bo"] is not None:
             Y += W["bo"]
-        return Y.reshape(B, L, d), (W, Qs, K, V, P, mask, A, H, dh)
+        return Y.reshape(B, L, d), ({"qkv": wqkv, "o": wo}, Qs, K, V, P, keep, A, logits, O, H, dh)
 
-    def _core_backward(self, GY, cache):
-        """Gradients with respect to Q, K and V, each (B, H, L, dh)."""
-        W, Qs, K, V, P, mask, A, H, dh = cache
-        dtype = GY.dtype.type
+    def logit_moments(self, cache) -> tuple[float, float]:
+        """Mean and second moment of all L x L pre-softmax logits (measured in the forward)."""
+        return cache[7]
+
+    def _core_backward(self, GY, cache, out=None):
+        """Gradients with respect to Qs (the scaled queries), K and V, each (B, H, L, dh);
+        written into ``out`` (B, L, 3, H, dh) when given."""
+        W, Qs, K, V, P, keep, A, _, O, H, dh = cache
         B, L, d = GY.shape
-        GO = (GY.reshape(B * L, d) @ W["oT"]).reshape(B, L, H, dh).transpose(0, 2, 1, 3)
-        dV = np.matmul(A.transpose(0, 1, 3, 2), GO)              # A^T G
+        if out is None:
+            out = np.empty((B, L, 3, H, dh), dtype=GY.dtype)
+        dQ, dK, dV = (out[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+        GO2 = GY.reshape(B * L, d) @ W["o"].T                    # (B L, H dh)
+        GO = GO2.reshape(B, L, H, dh).transpose(0, 2, 1, 3)
+        np.matmul(A.transpose(0, 1, 3, 2), GO, out=dV)           # A^T G
         dP = np.matmul(GO, V.transpose(0, 1, 3, 2))              # G V^T, then through dropout
-        if mask is not None:
-            dP *= mask
-        rowdot = np.einsum("bhij,bhij->bhi", P, dP)[..., None]    # sum_j P_ij dP_ij
-        dP -= rowdot
+        if keep is not None:
+            dP *= keep
+        # sum_j P_ij dP_ij = G_i . sum_j A_ij V_j = G_i . O_i (O = A V from the forward)
+        rowdot = np.einsum("blhe,blhe->bhl", GO2.reshape(B, L, H, dh), O)
+        dP -= rowdot[..., None]
         dP *= P                                                  # dS = P (dP - rowdot)
-        s = dtype(1.0 / np.sqrt(dh))
-        dQ = np.matmul(dP, K)
-        dQ *= s
-        dK = np.matmul(dP.transpose(0, 1, 3, 2), Qs)             # Qs carries the 1/sqrt(dh)
+        np.matmul(dP, K, out=dQ)                                 # dL/dQs (1/sqrt(dh) is in W_eff)
+        np.matmul(dP.transpose(0, 1, 3, 2), Qs, out=dK)
         return dQ, dK, dV
 
     def backward(self, GY, cache):
         B, L, d = GY.shape
         H, dh = cache[-2], cache[-1]
-        grads = self._core_backward(GY, cache)
         Z = np.empty((B, L, 3, H, dh), dtype=GY.dtype)
-        for i, g in enumerate(grads):
-            Z[:, :, i] = g.transpose(0, 2, 1, 3)
-        return (Z.reshape(B * L, 3 * H * dh) @ cache[0]["qkvT"]).reshape(B, L, d)
+        self._core_backward(GY, cache, out=Z)
+        return (Z.reshape(B * L, 3 * H * dh) @ cache[0]["qkv"].T).reshape(B, L, d)
 
     def backward_paths(self, GY, cache) -> dict:
         """dLoss/dX split into the query, key and value paths (for diagnostics and tests)."""
@@ -126,14 +168,15 @@ class AttentionMC(Component):
         out = {}
         for i, (nm, g) in enumerate(zip(_NAMES, self._core_backward(GY, cache))):
             Zc = g.transpose(0, 2, 1, 3).reshape(B * L, hd)
-            out[nm] = (Zc @ W["qkvT"][i * hd:(i + 1) * hd]).reshape(B, L, d)
+            out[nm] = (Zc @ W["qkv"][:, i * hd:(i + 1) * hd].T).reshape(B, L, d)
         return out
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)
         hd = params.get("n_heads", 1) * params["d_head"]
-        # projections (3 fwd + 1 out; backward twice that) and the four L x L products
-        return 2.0 * batch * (12 * L * d * hd + 6 * L * L * hd)
+        # projections: QKV and W_o forward, G W_o^T and [dQ dK dV] W_qkv^T backward (4 d x H dh
+        # products each way); L x L products: Q K^T, A V forward, four backward
+        return 2.0 * batch * (8 * L * d * hd + 6 * L * L * hd)
 
 
 COMPONENT = AttentionMC()

@@ -6,6 +6,7 @@ import numpy as np
 
 from sigprop.mc.component import Component
 from sigprop.mc.components._util import batch_for, grid_std
+from sigprop.mc.sampling import standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.state import Backward, Forward
 
@@ -18,15 +19,19 @@ class LinearMC(Component):
         return params.get("L", 16), params["d_in"], params["d_out"]
 
     def sample_weights(self, rng, params, dtype):
-        W = rng.standard_normal((params["d_in"], params["d_out"]), dtype=dtype)
+        W = standard_normal(rng, (params["d_in"], params["d_out"]), dtype)
         W *= dtype(params["w_std"])
-        b = rng.standard_normal(params["d_out"], dtype=dtype) * dtype(params.get("b_std", 0.0))
+        b_std = params.get("b_std", 0.0)
+        b = standard_normal(rng, params["d_out"], dtype) * dtype(b_std) if b_std else None
         return {"W": W, "b": b}
 
     def forward(self, X, W, params, rng):
         # 2-D products: NumPy's stacked (B, L, d) @ (d, e) is several times slower than BLAS
         B, L, d = X.shape
-        return (X.reshape(B * L, d) @ W["W"]).reshape(B, L, -1) + W["b"], W["W"]
+        Y = X.reshape(B * L, d) @ W["W"]
+        if W["b"] is not None:
+            Y += W["b"]
+        return Y.reshape(B, L, -1), W["W"]
 
     def backward(self, GY, W):
         B, L, e = GY.shape
