@@ -224,10 +224,13 @@ _SCALARS = (float, int, np.float64, np.float32, np.int64)
 
 def _corr_where_defined(corr, var):
     """A signal with zero variance (all-zero weights, a zero gradient) has no correlation;
-    sigprop reports 0 there rather than NaN."""
+    sigprop reports 0 there rather than NaN.  A correlation is clipped into [-1, 1] (rounding
+    in a rule evaluated at |r| -> 1 can leave it a few ulps outside)."""
     if type(var) in _SCALARS and type(corr) in _SCALARS:
-        return np.float64(0.0) if var == 0 else corr
-    corr = np.where(np.asarray(var) == 0, 0.0, corr)
+        if var == 0:
+            return np.float64(0.0)
+        return np.float64(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)   # NaN stays NaN
+    corr = np.where(np.asarray(var) == 0, 0.0, np.clip(corr, -1.0, 1.0))
     return corr if corr.ndim else corr[()]
 
 
