@@ -82,7 +82,10 @@ def verdict(fw, bw, s: dict) -> str:
     if s["max_logit_var"] not in (None,) and isinstance(s["max_logit_var"], float) and s["max_logit_var"] > 10:
         parts.append(f"attention logit variance up to {s['max_logit_var']:.3g} (softmax saturates)")
     stable = fw.law == "constant" and bw.law == "constant"
-    return ("stable: " if stable else "unstable: " if (fw.law == "exponential" or bw.law == "exponential") else "drifting: ") + "; ".join(parts)
+    # unstable: geometric growth or decay that has compounded beyond a factor of 10 (an
+    # exponential law with a rate ~ 1/N, as in DeepScaleLM's beta^2 = k/N, stays bounded)
+    unstable = any(g.law == "exponential" and abs(g.log_ratio) > math.log(10.0) for g in (fw, bw))
+    return ("stable: " if stable else "unstable: " if unstable else "drifting: ") + "; ".join(parts)
 
 
 def _grad_words(g, s) -> str:
