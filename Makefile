@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test validate bench figures clean docs-latex
+.PHONY: run test validate validate-models bench figures clean docs-latex
 
 $(BIN)/sigprop: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ test: $(VENV)/.test-deps
 # Full published-grid sweeps for every component; rewrites docs/validation.md.
 validate: $(VENV)/.test-deps
 	$(BIN)/python -m sigprop.mc.validate --out docs/validation.md
+
+# Whole-model accuracy floor (sigprop check over archs x inits x depths x dropout x causal);
+# results in docs/validation/floor/, table in docs/validation.md.  Hours on 2 cores.
+validate-models: $(VENV)/.test-deps
+	$(BIN)/python -m sigprop.mc.floor
+	$(BIN)/python -m sigprop.mc.validate --out docs/validation.md --assemble
 
 bench: $(BIN)/sigprop
 	$(BIN)/python benchmarks/run.py

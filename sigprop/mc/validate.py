@@ -60,9 +60,14 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--rescore", nargs=3, metavar=("ROWS.json", "COMPONENT", "GRID"), default=None,
                     help="score stored measurements (rows with 'point' and 'measured') with the current rules")
+    ap.add_argument("--assemble", action="store_true",
+                    help="only re-assemble the markdown from the stored results")
     args = ap.parse_args(argv)
     store = Path(args.out).with_suffix("")
     store.mkdir(parents=True, exist_ok=True)
+    if args.assemble:
+        write_markdown(args.out, store)
+        return 0
     if args.rescore:
         rescore(store, *args.rescore)
         write_markdown(args.out, store)
@@ -153,7 +158,33 @@ are scored on the very same samples in the last columns.
 |---|---|---|---|
 """ + "\n".join(f"| {a} | {b} | {c} | {d:.0f} |" for a, b, c, d in timing) + "\n\n## Results\n\n"
     with open(out, "w") as fh:
-        fh.write(header + "\n".join(parts))
+        fh.write(header + "\n".join(parts) + models_section())
+
+
+def models_section() -> str:
+    """The whole-model accuracy floor (`python -m sigprop.mc.floor`), from its stored results."""
+    from sigprop.mc import floor
+
+    table = floor.report()
+    if not table:
+        return ""
+    return """
+
+## Whole models: `sigprop check` (accuracy floor)
+
+`python -m sigprop.mc.floor` runs `sigprop check`'s comparison (same prediction, same Monte Carlo,
+same pass rule: every point within 5% relative for variances or 0.03 absolute for correlations,
+or within z = 4 standard errors over the weight draws) for every architecture with its default
+init and with `torch-default` and `normal`, at d_model 256, 4 heads of 64, d_ff 1024, 128 tokens,
+ReLU, dropout 0 and 0.1 (all three), bidirectional and causal; results are stored per
+configuration in `docs/validation/floor/` and this table is assembled from them. "err max":
+largest error over all points (relative for variances, absolute for correlations). R²: of log
+predicted vs log measured variance over all points, shown where the measured variance changes
+by more than 2x over depth (the change in brackets). "trials x batch": weight draws x sequences
+per draw; seed 0 throughout. Which configurations were run, and why some were not, is said
+below the table.
+
+""" + table + "\n"
 
 
 if __name__ == "__main__":

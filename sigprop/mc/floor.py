@@ -1,0 +1,134 @@
+"""Accuracy-floor matrix (issue: whole-model prediction, item 6): `sigprop check` semantics
+for every arch with its default init and with ``torch-default`` and ``normal``, at d_model 256,
+4 heads, d_ff 1024, seq 128, depths 12/48/96, dropout 0 and 0.1, bidirectional and causal.
+
+Each configuration's result is stored as JSON under docs/validation/floor/ (resumable: done
+configurations are skipped), and ``--report`` assembles the markdown table.
+
+    python -m sigprop.mc.floor [--depths 12,48,96] [--trials 8] [--batch 8] [--seed 0]
+    python -m sigprop.mc.floor --report      # the markdown section (docs/validation.md has it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from sigprop.mc.model import simulate
+from sigprop.model.checking import compare
+from sigprop.model.predict import predict
+from sigprop.model.presets import resolve
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "validation" / "floor"
+ARCHS = ["preln", "postln", "dslm", "dslm-post", "deepnorm", "lns", "mixln"]
+DEFAULT_INIT = {"preln": "normal", "postln": "normal", "dslm": "dslm", "dslm-post": "dslm",
+                "deepnorm": "deepnorm", "lns": "normal", "mixln": "normal"}
+DIMS = dict(d_model=256, n_heads=4, d_ff=1024, seq_len=128)
+
+
+def configs(depths, default_only=False, dropouts=(0.0, 0.1), causals=(False, True)):
+    for arch in ARCHS:
+        inits = []
+        for init in (DEFAULT_INIT[arch], "torch-default", "normal"):
+            if init not in inits:
+                inits.append(init)
+        if default_only:
+            inits = inits[:1]
+        for init in inits:
+            for n in depths:
+                for p in dropouts:
+                    for causal in causals:
+                        yield arch, init, n, p, causal
+
+
+def name(arch, init, n, p, causal):
+    return f"{arch}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
+
+
+def run_one(arch, init, n, p, causal, trials, batch, seed):
+    model = resolve(arch, init, n_layers=n, dropout=p, causal=causal, **DIMS)
+    pts = predict(model)
+    meas = simulate(model, batch=batch, trials=trials, seed=seed)
+    res = compare(pts, meas)
+    mv = np.array([f.var for f in meas.forward])
+    mg = np.array([b.var for b in meas.backward])
+    return {
+        "arch": arch, "init": init, "n_layers": n, "dropout": p, "causal": causal,
+        "trials": trials, "batch": batch, "seed": seed, "pass": res.passed,
+        "n_failures": len(res.failures), "failures": res.failures[:5],
+        "errors": res.errors, "r2": res.r2,
+        "fwd_change": float(mv.max() / mv.min()), "grad_change": float(mg.max() / mg.min()),
+        "simulate_s": meas.simulate_s, "gflop": meas.gflop,
+    }
+
+
+def report(store: Path = OUT) -> str:
+    rows = [json.loads(f.read_text()) for f in sorted(store.glob("*.json"))]
+    if not rows:
+        return ""
+    order = {a: i for i, a in enumerate(ARCHS)}
+    rows.sort(key=lambda r: (order[r["arch"]], r["init"], r["n_layers"], r["dropout"], r["causal"]))
+    out = ["| arch | init | N | p | causal | pass | fwd var err max | grad var err max | corr err max | "
+           "R² fwd (change) | R² grad (change) | trials x batch | seed |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def r2(v, change):
+        if change <= 2:
+            return f"n/a ({change:.2f}x)"
+        return f"{v:.4f} ({change:.3g}x)" if v is not None else "-"
+
+    for r in rows:
+        e = r["errors"]
+        corr = max(e["forward_corr_abserr"]["max"], e["grad_corr_abserr"]["max"])
+        out.append(
+            f"| {r['arch']} | {r['init']} | {r['n_layers']} | {r['dropout']:g} | {'yes' if r['causal'] else 'no'} | "
+            f"{'pass' if r['pass'] else 'FAIL (%d)' % r['n_failures']} | {e['forward_var_relerr']['max']:.3f} | "
+            f"{e['grad_var_relerr']['max']:.3f} | {corr:.3f} | {r2(r['r2']['forward_var'], r['fwd_change'])} | "
+            f"{r2(r['r2']['grad_var'], r['grad_change'])} | {r['trials']}x{r['batch']} | {r['seed']} |")
+    n_pass = sum(r["pass"] for r in rows)
+    out.append("")
+    out.append(f"{n_pass} of {len(rows)} configurations pass.")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--depths", default="12,48,96")
+    ap.add_argument("--trials", type=int, default=8)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only", default="", help="comma list of archs")
+    ap.add_argument("--default-init-only", action="store_true")
+    ap.add_argument("--dropouts", default="0,0.1")
+    ap.add_argument("--causal", default="0,1", help="comma list of 0/1")
+    ap.add_argument("--report", action="store_true")
+    a = ap.parse_args()
+    if a.report:
+        print(report())
+        return
+    OUT.mkdir(parents=True, exist_ok=True)
+    depths = [int(x) for x in a.depths.split(",")]
+    only = set(a.only.split(",")) if a.only else None
+    causals = tuple(bool(int(x)) for x in a.causal.split(","))
+    for cfg in configs(depths, a.default_init_only, tuple(float(x) for x in a.dropouts.split(",")), causals):
+        if only and cfg[0] not in only:
+            continue
+        f = OUT / (name(*cfg) + ".json")
+        if f.exists():
+            continue
+        t = time.perf_counter()
+        res = run_one(*cfg, a.trials, a.batch, a.seed)
+        f.write_text(json.dumps(res, indent=1))
+        print(f"{name(*cfg)}: {'pass' if res['pass'] else 'FAIL'} R2 {res['r2']} "
+              f"{time.perf_counter() - t:.0f}s", flush=True)
+        for x in res["failures"][:2]:
+            print("   ", x, flush=True)
+
+
+if __name__ == "__main__":
+    main()
