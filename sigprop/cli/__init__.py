@@ -23,6 +23,10 @@ from sigprop.cli import rules as _rules  # noqa: E402,F401  (registers commands)
 from sigprop.cli import check_component as _check_component  # noqa: E402,F401
 from sigprop.cli import predict as _predict  # noqa: E402,F401
 from sigprop.cli import check as _check  # noqa: E402,F401
+from sigprop.cli import compare as _compare  # noqa: E402,F401
+from sigprop.cli import plot as _plot  # noqa: E402,F401
+from sigprop.cli import export as _export  # noqa: E402,F401
+from sigprop.cli import solve_init as _solve_init  # noqa: E402,F401
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -1,9 +1,12 @@
-"""The model options shared by predict, check (and later solve-init, compare, plot).
+"""The model options shared by the whole-model commands (predict, check, compare, plot, ...).
 
 ``@model_options`` adds the options to a command's signature; the command receives one
 argument ``model_opts`` (only the options the user actually gave), and calls
 :func:`build_model` to resolve them: defaults < ``--config FILE.toml`` < flags, or a fully
 resolved ``--spec FILE`` (which excludes the shaping flags).
+
+``@model_options(multi_arch=True)`` (compare, plot): the same options, but ``--arch`` takes a
+comma-separated list; the command calls :func:`build_models` for one model per architecture.
 """
 
 from __future__ import annotations
@@ -44,12 +47,19 @@ OPTIONS: dict[str, tuple[type, str]] = {
 }
 _RENAME = {"layers": "n_layers", "heads": "n_heads", "ffn_dropout": "ffn_dropout"}
 
+_MULTI_ARCH_HELP = ("Comma-separated architecture presets, e.g. preln,postln,dslm (default: preln, postln, "
+                    "dslm, deepnorm, lns, mixln); each uses its own default init unless --init is given.")
 
-def model_options(fn):
+
+def model_options(fn=None, *, multi_arch: bool = False):
+    if fn is None:
+        return functools.partial(model_options, multi_arch=multi_arch)
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.name != "model_opts"]
     extra = []
     for name, (typ, help_) in OPTIONS.items():
+        if multi_arch and name == "arch":
+            help_ = _MULTI_ARCH_HELP
         flag = "--" + name.replace("_", "-")
         if typ is bool:
             opt = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_, rich_help_panel="Model")
@@ -94,3 +104,25 @@ def build_model(opts: dict, default_layers: int | None = None):
         merged["layers"] = default_layers
     kwargs = {_RENAME.get(k, k): v for k, v in merged.items()}
     return presets.resolve(**kwargs)
+
+
+def build_models(opts: dict, default_layers: int | None = None, default_archs=None) -> list:
+    """One resolved model per architecture of a comma-separated ``arch`` option (compare,
+    plot).  Without ``--arch``: the config file's ``arch`` if it names one, otherwise
+    ``default_archs`` (:data:`sigprop.compare.DEFAULT_ARCHS`).  Every name is checked before
+    any model is built.  ``--spec`` gives exactly one model."""
+    from sigprop.compare import DEFAULT_ARCHS, parse_archs
+
+    if opts.get("spec") is not None:
+        return [build_model(opts, default_layers)]
+    if "arch" in opts:
+        archs = parse_archs(opts["arch"])
+    else:
+        archs = tuple(default_archs or DEFAULT_ARCHS)
+        if opts.get("config") is not None:
+            from sigprop.model.config import load_config
+
+            named = load_config(opts["config"]).get("arch")
+            if named is not None:
+                archs = (named,)
+    return [build_model({**opts, "arch": a}, default_layers) for a in archs]

@@ -1,0 +1,63 @@
+"""Benchmark: `sigprop solve-init` for 1,000 layers against `sigprop predict` of the same
+(solved) model.  Goal (the issue): solving takes at most 3x as long as predicting.
+
+Each figure is the median wall time of fresh processes (start-up and imports included, as a
+user sees them), on the default DeepScaleLM figure model (d 1024, 16 heads, d_ff 4096,
+seq 256):
+
+* solve (library): ``sigprop.solve.solve("unit-forward", ..., verify=False)``: the solve alone;
+* solve-init --no-verify (CLI): the command without its prediction of the solved model;
+* solve-init (CLI): the command, which also predicts the solved model once for its verdict;
+* predict (CLI): ``sigprop predict --spec`` on the solved model.
+
+Run: ``.venv/bin/python benchmarks/solve_init.py [--layers 1000] [--repeats 1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _wall(cmd: list[str], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        times.append(time.perf_counter() - t0)
+        if r.returncode not in (0, 1):
+            raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=1)
+    a = ap.parse_args()
+    py = sys.executable
+    n = a.layers
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "solved.json"
+        lib = [py, "-c", "from sigprop.solve import solve; "
+               f"solve('unit-forward', arch='preln', n_layers={n}, verify=False)"]
+        cli = [py, "-m", "sigprop", "solve-init", "--target", "unit-forward", "--arch", "preln",
+               "--layers", str(n), "--json", "-o", str(spec)]
+        t_cli = _wall(cli, a.repeats)
+        t_nov = _wall(cli + ["--no-verify"], a.repeats)
+        t_lib = _wall(lib, a.repeats)
+        t_pred = _wall([py, "-m", "sigprop", "predict", "--spec", str(spec), "--json"], a.repeats)
+    print(f"solve-init benchmark, {n} layers, median of {a.repeats} fresh process(es):")
+    print(f"  predict --spec (solved model)       {t_pred:8.1f} s")
+    print(f"  solve (library, no verification)    {t_lib:8.1f} s   ratio {t_lib / t_pred:.3f}x")
+    print(f"  solve-init --no-verify (CLI)        {t_nov:8.1f} s   ratio {t_nov / t_pred:.3f}x   (goal <= 3x)")
+    print(f"  solve-init (CLI, with its predict)  {t_cli:8.1f} s   ratio {t_cli / t_pred:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

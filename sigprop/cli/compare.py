@@ -1,0 +1,56 @@
+"""`sigprop compare`: one row per architecture (final variance, gradient ratio, correlation,
+logit variance, growth laws, verdict)."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from sigprop.cli import app
+from sigprop.cli._model_options import build_models, model_options
+
+
+@app.command("compare")
+@model_options(multi_arch=True)
+def compare_cmd(
+    as_json: bool = typer.Option(False, "--json", help="Print the sigprop.compare/1 object."),
+    model_opts: dict = None,
+) -> None:
+    """Compare architectures side by side under the same model options (one prediction each)."""
+    from sigprop.compare import compare, to_json
+
+    rows = compare(build_models(model_opts, default_layers=24))
+    if as_json:
+        print(json.dumps(to_json(rows)))
+        return
+    _render(rows)
+
+
+def _f(v, fmt=".3g"):
+    if v is None:
+        return "-"
+    return v if isinstance(v, str) else format(v, fmt)
+
+
+def _render(rows) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    from sigprop.compare import model_title
+
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
+    for col in ("arch", "var out", "grad in/out", "corr top", "logit var max", "forward law", "grad law"):
+        left = col in ("arch", "forward law", "grad law")
+        t.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=None if left else 8)
+    for r in rows:
+        s = r.summary
+        t.add_row(r.arch, _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
+                  _f(s["max_logit_var"]), s["forward_law"], s["grad_law"])
+    c = Console()
+    c.print(model_title(rows[0].model, tex=False))
+    c.print(t)
+    c.print()
+    for r in rows:
+        c.print(f"[bold]{r.arch}[/] (init {r.init or 'from --spec'}): {r.summary['verdict']}")

@@ -1,0 +1,104 @@
+"""`sigprop solve-init`: derive the initialisation and residual scaling that conserve the
+moments (the library is sigprop.solve; rendering in sigprop.cli._render_solve)."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from sigprop.cli import app
+from sigprop.cli._model_options import model_options
+
+
+class Target(str, Enum):
+    unit_variance = "unit-variance"
+    unit_forward = "unit-forward"
+    logit_var = "logit-var"
+    max_depth = "max-depth"
+
+
+def _options(model_opts: dict) -> tuple[str | None, str | None, dict]:
+    """(arch, init, resolve() options) from the model flags and --config (flags win)."""
+    from sigprop.errors import DomainError
+    from sigprop.model.presets import canonical_name
+
+    opts = dict(model_opts)
+    if opts.pop("spec", None) is not None:
+        raise DomainError("solve-init builds the model itself: --spec does not apply (give the model options)")
+    merged = {}
+    config = opts.pop("config", None)
+    if config is not None:
+        from sigprop.model.config import load_config
+
+        merged.update(load_config(config))
+    for k, v in opts.items():
+        merged[canonical_name(k) or k] = v
+    return merged.pop("arch", None), merged.pop("init", None), merged
+
+
+@app.command("solve-init")
+@model_options
+def solve_init_cmd(
+    target: Target = typer.Option(Target.unit_variance, "--target",
+                                  help="unit-variance (forward and gradient variance 1 at every sublayer), "
+                                       "unit-forward (forward only), logit-var (Q/K for --value), "
+                                       "max-depth (largest N within --max-grad-ratio)."),
+    value: Optional[float] = typer.Option(None, "--value", help="logit-var: the attention logit variance V."),
+    logit_var: Optional[float] = typer.Option(None, "--logit-var",
+                                              help="unit targets: the logit variance that fixes sigma_q sigma_k "
+                                                   "(default 1, DeepScaleLM's)."),
+    max_grad_ratio: Optional[float] = typer.Option(None, "--max-grad-ratio",
+                                                   help="max-depth: allowed gradient ratio R between input and output."),
+    max_layers: Optional[int] = typer.Option(None, "--max-layers", min=1,
+                                             help="max-depth: search cap (default 4096)."),
+    tol: float = typer.Option(0.01, "--tol", help="Tolerance of the targets (relative; default 0.01)."),
+    verify: bool = typer.Option(True, "--verify/--no-verify",
+                                help="Predict the solved model (sigprop predict) and judge the target on it; "
+                                     "unit-forward and logit-var can skip it."),
+    explain: bool = typer.Option(False, "--explain", help="Print the equations and every solving step."),
+    latex: bool = typer.Option(False, "--latex", help="With --explain: LaTeX instead of text."),
+    as_json: bool = typer.Option(False, "--json", help="Print the solution object (with the contract model)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output",
+                                          help="Write the solution object (JSON, with key \"model\") to FILE; "
+                                               "`sigprop predict --spec FILE` reads it."),
+    model_opts: dict = None,
+) -> None:
+    """Derive the init and residual scaling that conserve the moments, from the rules (exit 1 if infeasible)."""
+    import sys
+
+    from sigprop.cli._render_solve import render, solution_json
+    from sigprop.errors import DomainError
+    from sigprop.solve import solve
+
+    arch, init, opts = _options(model_opts)
+    if latex and not explain:
+        raise DomainError("--latex goes with --explain")
+    t = target.value
+    if t in ("unit-variance", "unit-forward", "logit-var") and opts.get("n_layers") is None:
+        raise DomainError("--layers is required")
+    sol = solve(t, arch=arch or "preln", init=init, logit_var=logit_var, value=value, max_ratio=max_grad_ratio,
+                n_max=max_layers, tol=tol, verify=verify, **opts)
+    steps = None
+    if explain:
+        from sigprop.solve import steps as get_steps
+
+        steps = get_steps(sol)
+    obj = None
+    if as_json or output is not None:
+        obj = solution_json(sol, steps)
+    if output is not None:
+        try:
+            output.write_text(json.dumps(obj) + "\n", encoding="utf-8")
+        except OSError as e:
+            raise DomainError(f"cannot write {str(output)!r}: {e.strerror or e}") from None
+    if as_json:
+        print(json.dumps(obj))
+    else:
+        render(sol, steps, latex)
+    if not sol.feasible:
+        sys.stderr.write(f"sigprop: infeasible: {sol.reason}\n")
+        raise typer.Exit(1)

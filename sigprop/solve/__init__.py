@@ -1,0 +1,84 @@
+"""Solve for the initialisation and residual scaling that conserve the moments
+(``sigprop solve-init``; docs/solve-init.md).
+
+Library entry points:
+
+* :func:`solve` -- one call for every target: ``solve("unit-variance", arch="preln",
+  n_layers=192, beta_k=0.96)``, ``solve("unit-forward", ...)``, ``solve("logit-var",
+  value=1.0, arch=..., init=...)``, ``solve("max-depth", max_ratio=10.0, arch=..., init=...)``;
+  returns a :class:`~sigprop.solve.solver.Solution` (or a
+  :class:`~sigprop.solve.depth.DepthResult`) with ``.model`` (a
+  :class:`sigprop.model.spec.Model`, contract JSON via ``.model.to_json()``), ``.feasible``
+  and ``.reason``.
+* :func:`steps` -- the derivation as data: a list of :class:`~sigprop.solve.explain.Step`
+  (``.text``, ``.expr`` a sympy expression or equation or None; ``.as_tuple()``), for text or
+  LaTeX rendering (``sympy.latex(step.expr)``).
+
+The equations are sympy objects (:mod:`sigprop.solve.equations`), the branch gains come from
+the registered rules (:mod:`sigprop.solve.blocks`), the solve is in
+:mod:`sigprop.solve.solver`, the depth search in :mod:`sigprop.solve.depth`.
+"""
+
+from __future__ import annotations
+
+from sigprop.errors import DomainError
+
+TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
+
+
+def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | None = None,
+          logit_var: float | None = None, value: float | None = None, max_ratio: float | None = None,
+          n_max: int | None = None, tol: float | None = None, verify: bool = True, **options):
+    """Solve ``target`` for the model described by ``arch``, ``init`` and the options of
+    :func:`sigprop.model.presets.resolve` (n_layers, d_model, n_heads, ..., beta_k).
+
+    * unit-variance / unit-forward: arch "preln" or "postln"; ``logit_var`` (default 1) fixes
+      sigma_q sigma_k; beta^2 = beta_k / N.
+    * logit-var: ``value`` (the logit variance), any arch and init.
+    * max-depth: ``max_ratio`` R, any arch and init; ``n_max`` caps the search (default 4096).
+    """
+    from sigprop.solve import solver
+
+    tol = solver.DEFAULT_TOL if tol is None else tol
+    if not (tol > 0):
+        raise DomainError(f"tolerance must be > 0, got {tol!r}")
+    if target in ("unit-variance", "unit-forward"):
+        if init is not None:
+            raise DomainError("init does not apply to the unit targets: they solve every weight std")
+        if value is not None or max_ratio is not None:
+            raise DomainError(f"{target}: --value and --max-grad-ratio belong to the logit-var and max-depth targets")
+        if target == "unit-variance" and not verify:
+            raise DomainError("unit-variance decides feasibility from the prediction of the solved model: "
+                              "it cannot skip it (use unit-forward)")
+        return solver.solve_unit(arch, target, logit_var=solver.DEFAULT_LOGIT_VAR if logit_var is None else logit_var,
+                                 tol=tol, verify=verify, **options)
+    if target == "logit-var":
+        if value is None:
+            raise DomainError("target logit-var needs --value V (the attention logit variance)")
+        if logit_var is not None or max_ratio is not None:
+            raise DomainError("logit-var: give the variance with --value (not --logit-var); --max-grad-ratio "
+                              "belongs to max-depth")
+        return solver.solve_logit_var(value, arch, init, tol=tol, verify=verify, **options)
+    if target == "max-depth":
+        from sigprop.solve.depth import DEFAULT_N_MAX, max_depth
+
+        if max_ratio is None:
+            raise DomainError("target max-depth needs --max-grad-ratio R")
+        if value is not None or logit_var is not None:
+            raise DomainError("max-depth: --value and --logit-var do not apply")
+        if options.get("n_layers") is not None:
+            raise DomainError("max-depth searches the number of layers: drop --layers")
+        if not verify:
+            raise DomainError("max-depth is a search on the prediction: it cannot skip it")
+        return max_depth(max_ratio, arch, init, DEFAULT_N_MAX if n_max is None else n_max, **options)
+    raise DomainError(f"unknown target {target!r}; known: {', '.join(TARGETS)}")
+
+
+def steps(solution) -> list:
+    """The derivation of ``solution`` as a list of Step(text, expr)."""
+    from sigprop.solve.explain import steps as _steps
+
+    return _steps(solution)
+
+
+__all__ = ["TARGETS", "solve", "steps"]

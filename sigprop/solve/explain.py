@@ -1,0 +1,284 @@
+"""The derivation of a solution as data: a list of steps, each a sentence and (optionally) a
+sympy expression or equation, in the order a person would write them down.
+
+``steps(solution)`` is the public entry point (also used by LaTeX exporters); the CLI prints
+the text with sympy's string printer, or LaTeX with ``sympy.latex``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import sympy as sp
+
+from sigprop.solve import equations as E
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a derivation: ``text`` (a sentence) and ``expr`` (a sympy expression or
+    Eq, or None)."""
+
+    text: str
+    expr: object = None
+
+    def as_tuple(self) -> tuple:
+        return (self.text, self.expr)
+
+
+_GREEK = ("alpha", "beta", "gamma", "delta", "epsilon", "lambda", "mu", "rho", "sigma", "tau", "Gamma", "Lambda")
+
+
+def latex(expr) -> str:
+    """``sympy.latex`` with the derivation's brace-style symbol names (sigma_{s+1}^2,
+    r_{B,s}, sigma_v^{(3)}) typeset as written, Greek letters included."""
+    names = {}
+    for sym in getattr(expr, "free_symbols", ()):
+        name = getattr(sym, "name", "")
+        if "{" in name:
+            for g in _GREEK:
+                if name.startswith(g) and not name[len(g):len(g) + 1].isalpha():
+                    name = "\\" + name
+                    break
+            names[sym] = name
+    return sp.latex(expr, symbol_names=names)
+
+
+def _f(v: float, digits: int = 6):
+    return sp.Float(float(f"{float(v):.{digits}g}"))
+
+
+def steps(sol) -> list[Step]:
+    """The derivation of ``sol`` (a :class:`sigprop.solve.solver.Solution` or
+    :class:`sigprop.solve.depth.DepthResult`) as a list of :class:`Step`."""
+    if sol.target == "max-depth":
+        return _depth_steps(sol)
+    if sol.target == "logit-var":
+        return _logit_steps(sol)
+    return _unit_steps(sol)
+
+
+# ---------------------------------------------------------------------------------------
+
+def _logit_block(eqs, value, s2_first, s2_rest, g) -> list[Step]:
+    out = [
+        Step("q and k are linear projections of the attention input (mean 0 after LayerNorm, second moment "
+             "S_2); the linear rule gives their variances, and the logit q.k/sqrt(d_head) has variance "
+             "var(q) var(k):", sp.Eq(E.ell, eqs.logit_expr)),
+        Step("sympy.solve with sigma_q = sigma_k:", sp.Eq(E.sq, eqs.qk_solution)),
+    ]
+    nums = {E.ell: value, E.d: g.d}
+    out.append(Step(f"with ell = {value:g}, d = {g.d}, S_2 = {s2_rest:.8g}:",
+                    sp.Eq(E.sq, _f(eqs.qk_solution.subs({**nums, E.S2: s2_rest})))))
+    if abs(s2_first - s2_rest) > 1e-12:
+        out.append(Step(f"first layer (S_2 = {s2_first:.8g}):",
+                        sp.Eq(E.sq, _f(eqs.qk_solution.subs({**nums, E.S2: s2_first})))))
+    return out
+
+
+def _unit_steps(sol) -> list[Step]:
+    eqs = sol.equations
+    g = eqs.g
+    N = sol.n_layers
+    post = sol.arch == "postln"
+    out: list[Step] = []
+    sN = sp.Symbol("sigma_{s+1}^2", positive=True)
+    if post:
+        out.append(Step("Post-LN sublayer s (contract): x' = LN(lambda x + beta Dropout(F(x))); the LayerNorm's "
+                        "input has variance", sp.Eq(sp.Symbol("sigma_z^2"), E.lam**2 * E.sigma2 + E.beta**2 * E.V)))
+    else:
+        out.append(Step("Pre-LN sublayer s (contract): x' = lambda x + beta Dropout(F(n LN(x))); the branch is "
+                        "independent of the stream at initialisation, so the stream variance is", sp.Eq(
+                            sN, E.lam**2 * E.sigma2 + E.beta**2 * E.V)))
+    out.append(Step("forward target: that variance is 1 at every sublayer", eqs.forward))
+    out.append(Step("sympy.solve for the variance the branch must deliver:", sp.Eq(E.V, eqs.required)))
+    k_val = sol.beta_k if sol.beta_k is not None else 1.0
+    b2 = k_val / N
+    out.append(Step(f"residual scales: lambda^2 + beta^2 = 1 and beta^2 = k/N (k = {k_val:g}, N = {N})",
+                    sp.Eq(E.beta, sp.sqrt(E.k / E.N))))
+    out.append(Step("numbers:", sp.Eq(sp.Tuple(E.lam, E.beta), sp.Tuple(_f(math.sqrt(1 - b2), 8), _f(math.sqrt(b2), 8)))))
+    if sol.sublayers:
+        s0 = sol.sublayers[0]
+        out.append(Step(f"the input has sigma^2 = {s0.x.var:g}, so the first branch must deliver V = "
+                        f"{s0.required:.8g}; from then on sigma^2 = 1 and every branch must deliver V = 1"
+                        + (" (up to the LayerNorm's eps)" if post else ""),
+                        sp.Eq(E.V, _f(s0.required, 8))))
+    grad_target = sol.target == "unit-variance"
+    bw = eqs.backward_post if post else eqs.backward_pre
+    out.append(Step("gradient recursion (the branch path adds beta^2 Gamma_s; " +
+                    ("the LayerNorm divides both paths by the variance of its input" if post else
+                     "the branch's LayerNorm divides it by sigma_s^2") + "); "
+                    + ("target: g_s = g_{s+1} at every sublayer" if grad_target else
+                       "not a target of unit-forward, reported after the solve"), bw))
+    if grad_target and not post:
+        out.append(Step("sympy.solve for the backward gain the branch must have (1 when sigma_s^2 = 1 and "
+                        "lambda^2 + beta^2 = 1): every branch needs Gamma_s = V_s", sp.Eq(E.Gamma, eqs.required_gain)))
+
+    # logits
+    att_subs = [s for s in sol.sublayers if s.kind == "attention"]
+    if att_subs:
+        s2s = [s.branch_in.var + s.branch_in.mean ** 2 for s in att_subs]
+        out += _logit_block(eqs, sol.logit_var, s2s[0], s2s[-1], g)
+        out.append(Step(f"(the logit variance {sol.logit_var:g} is DeepScaleLM's convention for a LayerNorm'd "
+                        "input; --logit-var changes it: the forward equation alone does not fix sigma_q sigma_k)"))
+
+    # FFN
+    f = eqs.ffn()
+    out.append(Step(f"FFN branch composed from the rules (linear -> {g.activation} -> dropout p_f -> linear -> "
+                    "hidden dropout p_h), input variance v, token correlation r: forward variance",
+                    sp.Eq(sp.Symbol("V_F"), f["V"])))
+    out.append(Step("and backward gain per unit upstream gradient variance (at the branch input)",
+                    sp.Eq(sp.Symbol("Gamma_F"), f["Gamma"])))
+    eq, closed = eqs.ffn_solution()
+    ffn_subs = [s for s in sol.sublayers if s.kind == "ffn"]
+    if closed is not None:
+        out.append(Step("homogeneous of degree 4 in sigma_in = sigma_out = s; sympy.solve of V_F = V_req:",
+                        sp.Eq(E.s, closed)))
+    else:
+        out.append(Step("GeLU is not homogeneous: V_F(s) = V_req is solved by sympy.nsolve", eq))
+    if ffn_subs:
+        fs = ffn_subs[-1]
+        nums = dict(f["numbers"])
+        nums.update({E.v_in: fs.branch_in.var, E.R: fs.required})
+        out.append(Step(f"numbers (d = {g.d}, d_ff = {g.d_ff}, p_f = {g.p_ffn:g}, p_h = {g.p_hid:g}, "
+                        f"v = {fs.branch_in.var:.8g}, V_req = {fs.required:.8g}):",
+                        sp.Eq(E.s, _f(fs.stds["in"], 8))))
+        ratio = sp.simplify((f["Gamma"] / f["V"]).subs({E.s_in: E.s, E.s_out: E.s}))
+        rv = float(ratio.subs({**f["numbers"], E.v_in: fs.branch_in.var, E.s: fs.stds["in"]}))
+        if grad_target:
+            out.append(Step(f"FFN gradient equation: Gamma_F / V_F = {rv:.8g} at the solved std (times the "
+                            "LayerNorm's backward factor); the two equations "
+                            + ("coincide" if abs(rv * fs.branch_in.var - 1) < 1e-9 or abs(rv - 1) < 1e-9 else
+                               "differ: no common solution"), sp.Eq(sp.Symbol("Gamma_F") / sp.Symbol("V_F"), ratio)))
+
+    # attention
+    if att_subs:
+        a0 = att_subs[0]
+        probe = _homogeneity_probe(g, a0)
+        out.append(Step("attention branch (rule 'attention', then the hidden dropout): output variance and backward "
+                        "gain are homogeneous of degree 2 in sigma_v and in sigma_o (value and output projections "
+                        f"act after the softmax); checked on the rule at layer 1: doubling sigma_v = sigma_o "
+                        f"multiplies them by {probe[0]:.9g} and {probe[1]:.9g}; so V_A = s^4 V-hat_A(r)",
+                        sp.Eq(sp.Symbol("V_A"), E.s**4 * E.vhat)))
+        out.append(Step("sympy.solve of s^4 V-hat = V_req (s = sigma_v = sigma_o, the symmetric choice):",
+                        sp.Eq(E.s, eqs.scale_solution)))
+        rs, rF, rn = sp.Symbol("r_s"), sp.Symbol("r_{B,s}"), sp.Symbol("r_{s+1}")
+        out.append(Step("V-hat_A depends on the branch input's token correlation r, which follows the stream's "
+                        "recursion (residual rule" + (", then the LayerNorm's correlation factor" if post else "")
+                        + "), evaluated numerically with the solved stds:",
+                        sp.Eq(rn, (E.lam**2 * E.sigma2 * rs + E.beta**2 * E.V * rF) / (E.lam**2 * E.sigma2 + E.beta**2 * E.V))))
+        picks = sorted({0, len(att_subs) // 2, len(att_subs) - 1})
+        for i in picks:
+            a = att_subs[i]
+            out.append(Step(f"layer {a.layer}: branch input correlation r = {a.branch_in.corr:.6g} (stream "
+                            f"{a.x.corr:.6g}), V-hat_A = {a.vhat:.8g}, V_req = {a.required:.8g}",
+                            sp.Eq(sp.Symbol(f"sigma_v^{{({a.layer})}}"), _f(a.stds["v"], 8))))
+        # DeepScaleLM's simplification
+        r_sym = sp.Symbol("r_l", positive=True)
+        dslm = ((1 - E.p_h) / (r_sym * E.d * E.width)) ** sp.Rational(1, 4)
+        out.append(Step("DeepScaleLM keeps only the token-average part of the attention output (small logits, "
+                        "large L): V-hat_A = d w r/(1-p_h), i.e.", sp.Eq(E.s, dslm)))
+        for j, i in enumerate(picks):
+            a = att_subs[i]
+            dv = float(dslm.subs({E.p_h: g.p_hid, r_sym: a.x.corr, E.d: g.d, E.width: g.width}))
+            why = (": the solved V-hat adds the rule's 1/L terms (each token's own share of its attention average, "
+                   "amplified by the softmax's non-uniformity exp((1-r) ell) and by the attention dropout) and the "
+                   "LayerNorm's finite-d correlation factor, both of which the simplified form drops") if j == 0 else ""
+            out.append(Step(f"layer {a.layer} with the stream correlation r = {a.x.corr:.6g}: DeepScaleLM {dv:.6g}, "
+                            f"solved {a.stds['v']:.6g} ({100 * (a.stds['v'] / dv - 1):+.2f}%){why}"))
+        if grad_target and sol.points:
+            out += _attention_gradient_steps(sol, att_subs[0], eqs)
+    # verdict
+    dev = sol.deviations()
+    if dev:
+        out.append(Step(f"prediction of the solved model (sigprop.model.predict): max |forward var - 1| = "
+                        f"{dev['forward_var_max_dev']:.3g}, gradient input/output = {dev['grad_ratio_input_output']:.6g} "
+                        f"(max |g - 1| = {dev['grad_var_max_dev']:.3g})"))
+    out.append(Step(("feasible" if sol.feasible else "infeasible: " + (sol.reason or "")) ))
+    return out
+
+
+def _homogeneity_probe(g, a0) -> tuple[float, float]:
+    """(variance ratio, backward-gain ratio) of the attention branch at layer 1 when
+    sigma_v = sigma_o doubles: 16 for a branch homogeneous of degree 4 in s."""
+    from sigprop.solve.blocks import branch_rows
+
+    st1 = dict(a0.stds)
+    st2 = dict(st1, v=2 * st1["v"], o=2 * st1["o"])
+    x = a0.branch_in
+    r1 = branch_rows("attention", g, x, st1, backward=True)
+    r2 = branch_rows("attention", g, x, st2, backward=True)
+    return float(r2[0] / r1[0]), float(r2[2] / r1[2])
+
+
+def _attention_gradient_steps(sol, a0, eqs) -> list[Step]:
+    """Layer 1's attention gradient equation with the rule's backward gain at the gradient
+    correlation the prediction finds there."""
+    from sigprop.solve.blocks import branch_rows
+
+    g = eqs.g
+    i = 2 * (a0.layer - 1)
+    rg = sol.points[i + 1].gcorr            # gradient correlation arriving at the sublayer's output
+    unit = dict(a0.stds, v=1.0, o=1.0)
+    rows = branch_rows("attention", g, a0.branch_in, unit, backward=True)
+    vh = float(rows[0])
+    gh = float(rows[2] + rg * rows[3])
+    # the Pre-LN branch gradient also passes the LayerNorm (~1/sigma^2 (d-2)/(d-3))
+    from sigprop.rules import get
+    from sigprop.state import Backward
+
+    _, lnb = get("layernorm").evaluate(a0.x, Backward(1.0, 0.0), d=g.d)
+    gh *= float(lnb.var) if not a0.post else 1.0
+    # Pre-LN: a^2 + b^2 Gamma = 1 (Gamma with the LayerNorm's 1/sigma^2); Post-LN: a^2 + b^2 Gamma = 1
+    # as well (the LayerNorm's input has variance 1 by the forward equation)
+    gam_req = (1.0 - a0.a**2) / a0.b**2
+    system = [sp.Eq(E.s**4 * _f(vh, 8), _f(a0.required, 8)), sp.Eq(E.s**4 * _f(gh, 8), _f(gam_req, 8))]
+    sols = sp.solve(system, E.s)
+    sols = sols if isinstance(sols, list) else []
+    return [
+        Step(f"attention gradient equation at layer 1: the rule's backward gain per s^4 at the predicted gradient "
+             f"correlation r_g = {rg:.4g} (B0 + r_g B1, times the LayerNorm's factor) is Gamma-hat = {gh:.6g}, "
+             f"against V-hat = {vh:.6g} (ratio {gh / vh:.4g}); the value path carries ~(1/L + r_g), the forward "
+             "variance ~r"),
+        Step("the forward and the gradient equation of that branch, in s = sigma_v = sigma_o:", sp.Tuple(*system)),
+        Step("sympy.solve of the system for s gives the solution set", sp.FiniteSet(*sols) if sols else sp.S.EmptySet),
+        Step("no s satisfies both: with the logit variance fixed, sigma_v sigma_o is the attention's only unknown"
+             if not sols else "both equations hold"),
+    ]
+
+
+def _logit_steps(sol) -> list[Step]:
+    eqs = sol.equations
+    g = eqs.g
+    s2 = sol.extra["attention_input_s2"]
+    out = [Step(f"target: attention logit variance ell = {sol.logit_var:g} at every layer of the "
+                f"{sol.arch} model (other weights from the init '{sol.model.notes.get('init')}')")]
+    out += _logit_block(eqs, sol.logit_var, float(s2[0]), float(s2[-1]), g)
+    from sigprop.solve.formula import compress
+
+    fq = compress(sol.column("attention", "q"))
+    if fq.expr is not None and fq.law != "constant":
+        out.append(Step(f"per layer (S_2 varies with the norm scale): {fq.law} law in l", sp.Eq(E.sq, fq.expr)))
+    if "logit_var_max_dev" in sol.extra:
+        out.append(Step(f"prediction of the solved model: logit variance within {sol.extra['logit_var_max_dev']:.2g} "
+                        f"(relative) of {sol.logit_var:g} at every layer"))
+    return out
+
+
+def _depth_steps(res) -> list[Step]:
+    n_sym = sp.Symbol("N", positive=True, integer=True)
+    ratio = sp.Function("rho")(n_sym)
+    out = [Step(f"gradient ratio between the model's input and output, rho(N) = g_0 / g_N, predicted layer by layer "
+                f"for the {res.arch} model with init '{res.init}'; target |log rho(N)| <= log R, R = {res.max_ratio:g}",
+                sp.Le(sp.Abs(sp.log(ratio)), sp.log(_f(res.max_ratio))))]
+    out.append(Step("search: doubling N until the ratio leaves the band, then bisection (assumes the ratio is "
+                    "monotone in N; every evaluation is listed)"))
+    for n, rv in res.evaluations:
+        out.append(Step(f"N = {n}: rho = {rv:.6g}" + ("" if abs(math.log(rv)) <= math.log(res.max_ratio) else "  (outside)")))
+    if res.max_depth is None:
+        out.append(Step(f"no limit found up to N = {res.n_max}: growth law of the gradient there: {res.law}"))
+    else:
+        out.append(Step(f"largest N: {res.max_depth}; the limit comes from the gradient's {res.law} growth law "
+                        f"({res.law_detail})"))
+    return out
