@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sigprop.model.tables import _bary_weights, _cheb
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
@@ -117,17 +118,9 @@ def branch_rows(kind: str, g: Geometry, x: Forward, stds: dict, backward: bool =
 # Chebyshev tables in the token correlation
 # ---------------------------------------------------------------------------------------
 
-def _lobatto(n: int, lo: float, hi: float) -> np.ndarray:
-    k = np.arange(n)
-    return lo + (hi - lo) * (1 - np.cos(np.pi * k / (n - 1))) / 2
-
-
-def _weights(n: int) -> np.ndarray:
-    w = np.ones(n)
-    w[1::2] = -1
-    w[0] *= 0.5
-    w[-1] *= 0.5
-    return w
+# Chebyshev-Lobatto nodes and their barycentric weights: the predictor's (model/tables.py)
+_lobatto = _cheb
+_weights = _bary_weights
 
 
 def _interp(x, nodes, w, values):
