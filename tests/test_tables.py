@@ -68,3 +68,23 @@ def test_prediction_with_tables_equals_rule_by_rule(arch, monkeypatch):
         assert a.log_gvar == pytest.approx(b.log_gvar, abs=1e-4)
         assert a.corr == pytest.approx(b.corr, abs=1e-6)
         assert a.gcorr == pytest.approx(b.gcorr, abs=1e-6)
+
+
+def test_layer_dependent_value_weights_share_a_table(monkeypatch):
+    """DSLM scales W_v, W_o layer by layer: one table at reference stds serves every layer
+    (the attention rule is homogeneous in v_std o_std), equal to the rule-by-rule prediction."""
+    m = resolve("dslm", n_layers=12, d_model=256, n_heads=4, d_ff=1024, seq_len=64)
+    assert len(set(m.attention.std["v"])) > 1
+    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
+    with_tables = pred_mod.predict(m)
+    att_tables = [t for key, ts in pred_mod._TABLES.tables.items() for t in ts
+                  if any(name == "attention" for name, _ in key[0])]
+    assert len(att_tables) == 1 and att_tables[0].ok
+    monkeypatch.setattr(tables, "BUILD_AFTER", 10**9)
+    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
+    direct = pred_mod.predict(m)
+    for a, b in zip(with_tables, direct):
+        assert a.log_var == pytest.approx(b.log_var, abs=1e-5)
+        assert a.log_gvar == pytest.approx(b.log_gvar, abs=1e-4)
+        assert a.corr == pytest.approx(b.corr, abs=1e-6)
+        assert a.gcorr == pytest.approx(b.gcorr, abs=1e-6)

@@ -162,15 +162,78 @@ class Table:
         return Backward(float(var), float(cov / var) if var > 0 else 0.0)
 
 
+class _Scaled:
+    """A table of a chain whose attention value/output weights were normalised: its outputs
+    scale with s = (v_std o_std)^2 / reference (forward variance and covariance, every backward
+    coefficient); the mean (0 without value/output biases) with sqrt(s)."""
+
+    def __init__(self, table: Table, s: float):
+        self.table, self.s = table, s
+
+    def covers(self, x: Forward) -> bool:
+        return self.table.covers(x)
+
+    def forward(self, x: Forward) -> Forward:
+        y = self.table.forward(x)
+        return Forward(y.mean * math.sqrt(self.s), y.var * self.s, y.corr)
+
+    def backward(self, x: Forward, g: Backward) -> Backward:
+        gb = self.table.backward(x, g)
+        return Backward(gb.var * self.s, gb.corr)
+
+
+def _canonical(ops: list) -> tuple[list, float]:
+    """Chains with one attention op without value/output biases: the attention rule is
+    homogeneous of degree 2 in v_std o_std (forward variance, covariance and every backward
+    path carry sv2 so2), so such chains share one table at reference stds (verified when the
+    table is built).  Returns (ops to tabulate, scale)."""
+    idx = [i for i, (name, _) in enumerate(ops) if name == "attention"]
+    if len(idx) != 1:
+        return ops, 1.0
+    i = idx[0]
+    p = ops[i][1]
+    if p.get("v_bias_std", 0.0) != 0.0 or p.get("o_bias_std", 0.0) != 0.0 or not (p["v_std"] > 0 and p["o_std"] > 0):
+        return ops, 1.0
+    v_ref, o_ref = 1.0 / math.sqrt(p["d"]), 1.0 / math.sqrt(p["n_heads"] * p["d_head"])
+    scale = (p["v_std"] * p["o_std"] / (v_ref * o_ref)) ** 2
+    ops = list(ops)
+    ops[i] = ("attention", {**p, "v_std": v_ref, "o_std": o_ref})
+    return ops, scale
+
+
+def _homogeneous(t: Table, ops: list) -> bool:
+    """Check the degree-2 homogeneity the scaling relies on, at one node: doubling v_std must
+    multiply the forward variance and every backward coefficient by 4."""
+    i = next(k for k, (name, _) in enumerate(ops) if name == "attention")
+    doubled = list(ops)
+    doubled[i] = ("attention", {**ops[i][1], "v_std": 2 * ops[i][1]["v_std"]})
+    other = Table.__new__(Table)
+    other.rule, other.params, other.mean = Chain(doubled), {}, t.mean
+    th = float(t.nodes[len(t.nodes) // 2])
+    corr = np.array([math.cos(th)])
+    want = 4.0 * t._row(math.cos(th), t.var, th=th)
+    got = other._values(corr, t.var)[:, 0]
+    scale = np.maximum(np.abs(want), 1e-300)
+    return bool(np.all(np.abs(got - want) <= 1e-9 * scale + 1e-300))
+
+
 class TableCache:
     """Tables per (chain of ops, mean, variance window); a key's table is built at its
-    BUILD_AFTER-th request (returns None before that, and where verification failed)."""
+    BUILD_AFTER-th request (returns None before that, and where verification failed).
+    Attention chains that differ only in their value/output weight scale share a table."""
 
     def __init__(self):
         self.tables: dict = {}
         self.requests: dict = {}
 
-    def get(self, ops: list, x: Forward) -> Table | None:
+    def get(self, ops: list, x: Forward):
+        ops, scale = _canonical(ops)
+        t = self._get(ops, x, scale != 1.0)
+        if t is None or scale == 1.0:
+            return t
+        return _Scaled(t, scale)
+
+    def _get(self, ops: list, x: Forward, scaled: bool) -> Table | None:
         key = (tuple((name, tuple(sorted(params.items()))) for name, params in ops), float(x.mean))
         for t in self.tables.get(key, []):
             if t.covers(x):
@@ -181,5 +244,7 @@ class TableCache:
             return None
         lo = min(0.0, float(x.corr))
         t = Table(Chain(ops), {}, float(x.mean), float(x.var), lo)
+        if t.ok and any(name == "attention" for name, _ in ops) and not _homogeneous(t, ops):
+            t.ok = False
         self.tables.setdefault(key, []).append(t)
         return t if t.covers(x) else None
