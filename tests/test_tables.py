@@ -54,6 +54,14 @@ def test_chain_is_the_composition_of_its_rules():
     assert float(y.var) == float(h.var) and float(gb.var) == float(g.var) and float(gb.corr) == float(g.corr)
 
 
+def _assert_same_trace(with_tables, direct):
+    for a, b in zip(with_tables, direct):
+        assert a.log_var == pytest.approx(b.log_var, abs=1e-5)
+        assert a.log_gvar == pytest.approx(b.log_gvar, abs=1e-4)
+        assert a.corr == pytest.approx(b.corr, abs=1e-6)
+        assert a.gcorr == pytest.approx(b.gcorr, abs=1e-6)
+
+
 @pytest.mark.parametrize("arch", ["preln", "postln"])
 def test_prediction_with_tables_equals_rule_by_rule(arch, monkeypatch):
     m = resolve(arch, n_layers=16, d_model=256, n_heads=4, d_ff=1024, seq_len=64)
@@ -63,11 +71,7 @@ def test_prediction_with_tables_equals_rule_by_rule(arch, monkeypatch):
     monkeypatch.setattr(tables, "BUILD_AFTER", 10**9)
     monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     direct = pred_mod.predict(m)
-    for a, b in zip(with_tables, direct):
-        assert a.log_var == pytest.approx(b.log_var, abs=1e-5)
-        assert a.log_gvar == pytest.approx(b.log_gvar, abs=1e-4)
-        assert a.corr == pytest.approx(b.corr, abs=1e-6)
-        assert a.gcorr == pytest.approx(b.gcorr, abs=1e-6)
+    _assert_same_trace(with_tables, direct)
 
 
 def test_layer_dependent_value_weights_share_a_table(monkeypatch):
@@ -83,8 +87,4 @@ def test_layer_dependent_value_weights_share_a_table(monkeypatch):
     monkeypatch.setattr(tables, "BUILD_AFTER", 10**9)
     monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     direct = pred_mod.predict(m)
-    for a, b in zip(with_tables, direct):
-        assert a.log_var == pytest.approx(b.log_var, abs=1e-5)
-        assert a.log_gvar == pytest.approx(b.log_gvar, abs=1e-4)
-        assert a.corr == pytest.approx(b.corr, abs=1e-6)
-        assert a.gcorr == pytest.approx(b.gcorr, abs=1e-6)
+    _assert_same_trace(with_tables, direct)

@@ -21,13 +21,12 @@ value at N beside the layer-by-layer prediction, so the assumption's cost is vis
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
-from sigprop.rules import get
+from sigprop.rules import compose
 from sigprop.state import Backward, Forward
 
 
@@ -60,14 +59,7 @@ def ffn_block(model) -> tuple[dict, Derivation]:
     chain = [("linear", dict(d_in=d, d_out=dff, w_std=w1, b_std=0)), (model.activation, {}),
              ("dropout", dict(p=p_f)), ("linear", dict(d_in=dff, d_out=d, w_std=w2, b_std=0)),
              ("dropout", dict(p=p_h))]
-    x = Forward(0, n**2, r)
-    states = []
-    for name, prm in chain:
-        states.append(x)
-        x = get(name).forward(sm, x, SimpleNamespace(**prm))
-    gb = Backward(1, rg)
-    for (name, prm), xin in zip(reversed(chain), reversed(states)):
-        gb = get(name).backward(sm, xin, gb, SimpleNamespace(**prm))
+    x, gb = compose(chain, Forward(0, n**2, r), Backward(1, rg), sm)
     V = sp.simplify(x.var)
     der = Derivation("FFN block (derived from the rules: linear -> %s -> dropout -> linear -> dropout)" % model.activation)
     der.lines = [f"V_F(r) = {_pretty(V)}", f"r_F(r) = {_pretty(x.corr)}",

@@ -24,7 +24,7 @@ import sympy as sp
 
 import sigprop.backend.symbolic as sm
 from sigprop.errors import DomainError
-from sigprop.rules import get
+from sigprop.rules import compose, get
 from sigprop.state import Backward, Forward
 
 # symbols (LaTeX names through sympy's conventions)
@@ -112,14 +112,7 @@ class SublayerEquations:
             chain = [("linear", dict(d_in=d, d_out=dff, w_std=s_in, b_std=0)), (act, {}),
                      ("dropout", dict(p=p_f)), ("linear", dict(d_in=dff, d_out=d, w_std=s_out, b_std=0)),
                      ("dropout", dict(p=p_h))]
-            x = Forward(0, v_in, r)
-            states = []
-            for name, prm in chain:
-                states.append(x)
-                x = get(name).forward(sm, x, SimpleNamespace(**prm))
-            gb = Backward(1, rg)
-            for (name, prm), xin in zip(reversed(chain), reversed(states)):
-                gb = get(name).backward(sm, xin, gb, SimpleNamespace(**prm))
+            x, gb = compose(chain, Forward(0, v_in, r), Backward(1, rg), sm)
             # simplify the ReLU branch (fast, a monomial); the GeLU one stays as composed
             # (sympy's simplify takes seconds on it and gains little)
             tidy = sp.simplify if act == "relu" else (lambda e: e)
