@@ -15,21 +15,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-
-def wall(cmd: list[str], repeats: int) -> tuple[float, list[float]]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
-        if r.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-300:]}")
-    return statistics.median(times), times
+from _timing import median_wall
 
 
 def main() -> None:
@@ -40,12 +28,12 @@ def main() -> None:
     py = sys.executable
     sp = [py, "-m", "sigprop", "predict", "--arch", "preln", "--json"]
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2-core machine; medians of {a.repeats})")
-    base, _ = wall([py, "-c", "import numpy"], a.repeats)
-    t768, _ = wall(sp + ["--layers", "768"], a.repeats)
+    base = median_wall([py, "-c", "import numpy"], a.repeats)
+    t768 = median_wall(sp + ["--layers", "768"], a.repeats)
     print(f"python -c 'import numpy'          {base * 1000:8.0f} ms")
     print(f"predict --layers 768 --json        {t768 * 1000:8.0f} ms   ratio {t768 / base:.2f}x  (goal <= 2x)")
-    t10, _ = wall(sp + ["--layers", "10"], a.repeats)
-    tdeep, _ = wall(sp + ["--layers", str(a.deep), "--every", "1000"], a.repeats)
+    t10 = median_wall(sp + ["--layers", "10"], a.repeats)
+    tdeep = median_wall(sp + ["--layers", str(a.deep), "--every", "1000"], a.repeats)
     print(f"predict --layers 10 --json         {t10 * 1000:8.0f} ms")
     print(f"predict --layers {a.deep} --every 1000 {tdeep * 1000:8.0f} ms   ratio {tdeep / t10:.2f}x vs 10 layers  (goal <= 3x)")
     print(f"load average at end: {os.getloadavg()[0]:.2f}")

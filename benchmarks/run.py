@@ -13,25 +13,16 @@ The whole-model simulation of `sigprop check` has its own script, benchmarks/che
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
-
-
-def _median_wall(cmd: list[str], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        subprocess.run(cmd, check=False, capture_output=True)  # verdict irrelevant here
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+from _timing import median_wall
 
 
 def startup(repeats: int = 7) -> None:
     py = sys.executable
-    base = _median_wall([py, "-c", "import numpy"], repeats)
+    base = median_wall([py, "-c", "import numpy"], repeats, ok=None)
     rows = [
         ("numeric rule evaluation (library)", [py, "-c", "import sigprop.rules as R; from sigprop.state import Forward; "
                                                "R.get('linear').evaluate(Forward(0.,1.,0.), None, d_in=4, d_out=4, w_std=1.)"]),
@@ -40,7 +31,7 @@ def startup(repeats: int = 7) -> None:
     ]
     print(f"start-up, median of {repeats}: python -c 'import numpy' = {base * 1000:.0f} ms")
     for label, cmd in rows:
-        t = _median_wall(cmd, repeats)
+        t = median_wall(cmd, repeats, ok=None)   # verdict irrelevant here
         print(f"  {label:45s} {t * 1000:6.0f} ms   ratio {t / base:.2f}x")
 
 

@@ -10,35 +10,23 @@ seq 256):
 * solve-init (CLI): the command, which also predicts the solved model once for its verdict;
 * predict (CLI): ``sigprop predict --spec`` on the solved model.
 
-Run: ``.venv/bin/python benchmarks/solve_init.py [--layers 1000] [--repeats 1]``.
+Run: ``.venv/bin/python benchmarks/solve_init.py [--layers 1000] [--repeats 5]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-
-def _wall(cmd: list[str], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        times.append(time.perf_counter() - t0)
-        if r.returncode not in (0, 1):
-            raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()}")
-    return statistics.median(times)
+from _timing import median_wall
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=1000)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     py = sys.executable
     n = a.layers
@@ -48,10 +36,10 @@ def main() -> None:
                f"solve('unit-forward', arch='preln', n_layers={n}, verify=False)"]
         cli = [py, "-m", "sigprop", "solve-init", "--target", "unit-forward", "--arch", "preln",
                "--layers", str(n), "--json", "-o", str(spec)]
-        t_cli = _wall(cli, a.repeats)
-        t_nov = _wall(cli + ["--no-verify"], a.repeats)
-        t_lib = _wall(lib, a.repeats)
-        t_pred = _wall([py, "-m", "sigprop", "predict", "--spec", str(spec), "--json"], a.repeats)
+        t_cli = median_wall(cli, a.repeats, ok=(0, 1))
+        t_nov = median_wall(cli + ["--no-verify"], a.repeats, ok=(0, 1))
+        t_lib = median_wall(lib, a.repeats, ok=(0, 1))
+        t_pred = median_wall([py, "-m", "sigprop", "predict", "--spec", str(spec), "--json"], a.repeats, ok=(0, 1))
     print(f"solve-init benchmark, {n} layers, median of {a.repeats} fresh process(es):")
     print(f"  predict --spec (solved model)       {t_pred:8.1f} s")
     print(f"  solve (library, no verification)    {t_lib:8.1f} s   ratio {t_lib / t_pred:.3f}x")

@@ -126,3 +126,23 @@ def build_models(opts: dict, default_layers: int | None = None, default_archs=No
             if named is not None:
                 archs = (named,)
     return [build_model({**opts, "arch": a}, default_layers) for a in archs]
+
+
+def solve_options(model_opts: dict) -> tuple[str | None, str | None, dict]:
+    """(arch, init, resolve() options) from the model flags and --config (flags win): for
+    commands that build the model themselves (solve-init, export --what solve)."""
+    from sigprop.errors import DomainError
+    from sigprop.model.presets import canonical_name
+
+    opts = dict(model_opts)
+    if opts.pop("spec", None) is not None:
+        raise DomainError("solve-init builds the model itself: --spec does not apply (give the model options)")
+    merged = {}
+    config = opts.pop("config", None)
+    if config is not None:
+        from sigprop.model.config import load_config
+
+        merged.update(load_config(config))
+    for k, v in opts.items():
+        merged[canonical_name(k) or k] = v
+    return merged.pop("arch", None), merged.pop("init", None), merged

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from sigprop.cli import app
-from sigprop.cli._model_options import build_model, model_options
+from sigprop.cli._model_options import build_model, model_options, solve_options
 
 export_app = typer.Typer(name="export", help="Export formulas and derivations.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
@@ -59,10 +59,9 @@ def latex_cmd(
     else:
         if not export.solve_available():
             raise export.ExportUnavailable(export.SOLVE_UNAVAILABLE)
-        from sigprop.cli.solve_init import _options
         from sigprop.solve import solve
 
-        arch, init, opts = _options(model_opts)
+        arch, init, opts = solve_options(model_opts)
         if target != "max-depth" and opts.get("n_layers") is None:
             raise DomainError("--layers is required")
         sol = solve(target, arch=arch or "preln", init=init, logit_var=logit_var, value=value,

@@ -11,7 +11,7 @@ from typing import Optional
 import typer
 
 from sigprop.cli import app
-from sigprop.cli._model_options import model_options
+from sigprop.cli._model_options import model_options, solve_options
 
 
 class Target(str, Enum):
@@ -19,25 +19,6 @@ class Target(str, Enum):
     unit_forward = "unit-forward"
     logit_var = "logit-var"
     max_depth = "max-depth"
-
-
-def _options(model_opts: dict) -> tuple[str | None, str | None, dict]:
-    """(arch, init, resolve() options) from the model flags and --config (flags win)."""
-    from sigprop.errors import DomainError
-    from sigprop.model.presets import canonical_name
-
-    opts = dict(model_opts)
-    if opts.pop("spec", None) is not None:
-        raise DomainError("solve-init builds the model itself: --spec does not apply (give the model options)")
-    merged = {}
-    config = opts.pop("config", None)
-    if config is not None:
-        from sigprop.model.config import load_config
-
-        merged.update(load_config(config))
-    for k, v in opts.items():
-        merged[canonical_name(k) or k] = v
-    return merged.pop("arch", None), merged.pop("init", None), merged
 
 
 @app.command("solve-init")
@@ -74,7 +55,7 @@ def solve_init_cmd(
     from sigprop.errors import DomainError
     from sigprop.solve import solve
 
-    arch, init, opts = _options(model_opts)
+    arch, init, opts = solve_options(model_opts)
     if latex and not explain:
         raise DomainError("--latex goes with --explain")
     t = target.value
