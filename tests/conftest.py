@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 
 import numpy as np
+
+# the predictor's table store (sigprop.model.store): one fresh directory per test session,
+# never the user's cache (tests of the store itself set their own)
+os.environ["SIGPROP_CACHE_DIR"] = tempfile.mkdtemp(prefix="sigprop-test-cache-")
 
 
 def symbolic_value(rule, x, g, params: dict) -> dict:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import typer
 
 from sigprop.cli import app
@@ -26,12 +24,12 @@ def predict_cmd(
         render_symbolic(model)
         return
     from sigprop.model.predict import predict
-    from sigprop.model.trace import trace
+    from sigprop.model.trace import dumps, trace
 
     points = predict(model)
     tr = trace(model, points, every)
     if as_json:
-        print(json.dumps(tr))
+        print(dumps(tr))
         return
     from sigprop.cli._render_model import render_trace
 

@@ -24,7 +24,9 @@ import math
 from dataclasses import dataclass, field
 
 
-from sigprop.model.tables import TableCache
+import numpy as np
+
+from sigprop.model.tables import BUILD_AFTER, TableCache
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
@@ -66,7 +68,7 @@ class SublayerRecord:
     branch_gain: float | None = None
     z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
     chain_table: object = None    # interpolation table of the whole branch chain, if used
-    chain_x: Forward | None = None
+    chain_x: object = None        # ... and its row (every tabulated quantity) at the branch input
 
 
 @dataclass
@@ -109,16 +111,17 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 
 
 _TABLES = TableCache()
+_RESIDUAL = get("residual")
 
 
 def _fwd(op: Op, x: Forward) -> Forward:
     op.x = x
-    y, _ = get(op.rule).evaluate(x, None, **op.params)
+    y, _ = get(op.rule).fast(x, None, op.params)
     return Forward(float(y.mean), float(y.var), float(y.corr))
 
 
 def _bwd(op: Op, g: Backward) -> Backward:
-    _, gb = get(op.rule).evaluate(op.x, g, **op.params)
+    _, gb = get(op.rule).fast(op.x, g, op.params)
     return Backward(float(gb.var), float(gb.corr))
 
 
@@ -130,9 +133,9 @@ def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: fl
         return -math.inf, Forward(0.0, 1.0, 0.0)
     v1 = _exp_rel(lv1, ref)
     v2 = _exp_rel(lv2, ref)
-    y, _ = get("residual").evaluate(
+    y, _ = _RESIDUAL.fast(
         Forward(x1.mean * math.sqrt(v1), v1 if v1 > 0 else 1.0, x1.corr), None,
-        a=w1 if v1 > 0 else 0.0, b=w2, y_mean=x2.mean * math.sqrt(v2), y_var=v2, y_corr=x2.corr)
+        dict(a=w1 if v1 > 0 else 0.0, b=w2, y_mean=x2.mean * math.sqrt(v2), y_var=v2, y_corr=x2.corr))
     lv, xn = _normalise(Forward(float(y.mean), float(y.var), float(y.corr)))
     return ref + lv, xn
 
@@ -171,6 +174,17 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
     return (a2 * gen[0] / tot, a2 * gen[1] / tot)
 
 
+def _repeats(cols) -> tuple[list, list]:
+    """Per layer: the number of layers whose branch parameters (every column of ``cols``) equal
+    this layer's, and an id of that parameter set."""
+    arrays = [cols.post, cols.norm_scale]
+    arrays += [cols.std[w] for w in sorted(cols.std)] + [cols.bias_std[w] for w in sorted(cols.bias_std)]
+    sig = np.stack([np.asarray(a, dtype=float) for a in arrays], axis=1)
+    _, inverse, counts = np.unique(sig, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.ravel()
+    return counts[inverse].tolist(), inverse.tolist()
+
+
 def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
@@ -183,6 +197,13 @@ class Predictor:
         m = model
         self.d = m.d_model
         self.width = m.n_heads * m.d_head
+        # how many layers share each layer's branch parameters: a chain used by at least
+        # BUILD_AFTER layers gets its interpolation table at its first use (the same choice
+        # whether the table is built or loaded from the store, so results never depend on it)
+        self.repeats, self.groups = {}, {}
+        for kind in ("attention", "ffn"):
+            self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
+        self._chains: dict = {}
 
     # -- branch chains -------------------------------------------------------------------
     def _attention_ops(self, l: int) -> list[Op]:
@@ -222,19 +243,17 @@ class Predictor:
                 post = bool(cols.post[l])
                 a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
                 rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
-                ops = self._attention_ops(l) if kind == "attention" else self._ffn_ops(l)
-                ops.append(Op("dropout", dict(p=m.dropout.hidden)))
+                chain, chain_key = self._chain(kind, l, post, n)
                 h = _real(lv, x)
                 if not post:
                     ln = self._ln(tok)
                     rec.pre_ops = [ln]
                     h = _fwd(ln, h)
-                    ops.insert(0, Op("residual", dict(a=n, b=0.0)))     # norm scale n
                 if kind == "attention":
-                    rec.logit_var = self._logit_var(ops[-2].params,
+                    rec.logit_var = self._logit_var(chain[-2][1],
                                                     h if post else Forward(h.mean * n, h.var * n * n, h.corr))
-                h = self._branch_forward(rec, ops, h)
-                rec.branch_ops, rec.branch_out = ops, h
+                h = self._branch_forward(rec, chain, chain_key, h)
+                rec.branch_out = h
                 blv, bx = _normalise(h)
                 zlv, z = _combine(lv, x, a, blv, bx, b)
                 tok = _mix_tokens(lv, a, tok, blv, b)
@@ -255,18 +274,35 @@ class Predictor:
         and k are independent zero-mean linear projections of it, so the variance is
         var(q) var(k) (the d_head terms of the dot product and the 1/sqrt(d_head) cancel)."""
         width = p["n_heads"] * p["d_head"]
-        vq, _ = get("linear").evaluate(x, None, d_in=p["d"], d_out=width, w_std=p["q_std"], b_std=p["q_bias_std"])
-        vk, _ = get("linear").evaluate(x, None, d_in=p["d"], d_out=width, w_std=p["k_std"], b_std=p["k_bias_std"])
+        lin = get("linear")
+        vq, _ = lin.fast(x, None, dict(d_in=p["d"], d_out=width, w_std=p["q_std"], b_std=p["q_bias_std"]))
+        vk, _ = lin.fast(x, None, dict(d_in=p["d"], d_out=width, w_std=p["k_std"], b_std=p["k_bias_std"]))
         return float(vq.var * vk.var)
 
-    @staticmethod
-    def _branch_forward(rec: SublayerRecord, ops: list[Op], h: Forward) -> Forward:
+    def _chain(self, kind: str, l: int, post: bool, n: float):
+        """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (pre:
+        the norm scale n first; then the branch; then the hidden dropout), shared by the
+        layers with the same parameters, with its key for the table cache."""
+        gid = (kind, self.groups[kind][l])
+        hit = self._chains.get(gid)
+        if hit is None:
+            ops = self._attention_ops(l) if kind == "attention" else self._ffn_ops(l)
+            ops.append(Op("dropout", dict(p=self.model.dropout.hidden)))
+            if not post:
+                ops.insert(0, Op("residual", dict(a=n, b=0.0)))     # norm scale n
+            chain = tuple((op.rule, op.params) for op in ops)
+            hit = self._chains[gid] = (chain, _TABLES.fast_key(chain))
+        return hit
+
+    def _branch_forward(self, rec: SublayerRecord, chain: tuple, chain_key: tuple, h: Forward) -> Forward:
         """The branch chain: through an interpolation table of the whole chain where one is
         available (see sigprop.model.tables), else rule by rule."""
-        table = _TABLES.get([(op.rule, op.params) for op in ops], h)
+        eager = self.repeats[rec.kind][rec.layer - 1] >= BUILD_AFTER
+        table = _TABLES.get(chain, h, eager=eager, fast_key=chain_key)
         if table is not None:
-            rec.chain_table, rec.chain_x = table, h
-            return table.forward(h)
+            rec.chain_table, rec.chain_x = table, table.row(h)
+            return table.forward_of(rec.chain_x)
+        ops = rec.branch_ops = [Op(rule, params) for rule, params in chain]
         for op in ops:
             h = _fwd(op, h)
         return h
@@ -295,7 +331,7 @@ class Predictor:
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
             g = Backward(rec.b**2, gc)
             if rec.chain_table is not None:
-                g = rec.chain_table.backward(rec.chain_x, g)
+                g = rec.chain_table.backward_of(rec.chain_x, g)
             else:
                 for op in reversed(rec.branch_ops):
                     g = _bwd(op, g)

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from sigprop.model import store
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
@@ -56,6 +57,13 @@ def _bary_weights(n: int) -> np.ndarray:
     return w
 
 
+def _END_HALF(n: int) -> np.ndarray:
+    """Halved first and last Chebyshev coefficients (Lobatto interpolation)."""
+    f = np.ones(n)
+    f[0] = f[-1] = 0.5
+    return f
+
+
 def _interp(x: float, nodes: np.ndarray, w: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Barycentric interpolation of each row of ``values`` (shape (k, n)) at x."""
     diff = x - nodes
@@ -86,10 +94,51 @@ class Chain:
 
 
 class Table:
-    def __init__(self, rule, params: dict, mean: float, var: float, lo: float = 0.0):
+    def __init__(self, rule, params: dict, mean: float, var: float, lo: float = 0.0,
+                 store_key: str | None = None):
         self.rule = get(rule) if isinstance(rule, str) else rule
         self.params, self.mean, self.var, self.lo = params, mean, var, lo
         self.ok = False
+        self.store_key = store_key
+        self.loaded = store_key is not None and self._load(store_key)
+        if self.loaded:
+            return
+        self._build(lo, var)
+        if store_key is not None:
+            self.save()
+
+    # -- the on-disk store (sigprop.model.store) ------------------------------------------
+    def _load(self, key: str) -> bool:
+        arr = store.load(key)
+        if arr is None:
+            return False
+        try:
+            n, ok, has_d = int(arr[0]), bool(arr[1]), bool(arr[2])
+            k = (arr.size - 3) // (n * (2 if has_d else 1))
+            vals = arr[3:3 + k * n].reshape(k, n)
+            dvals = arr[3 + k * n:].reshape(k, n) if has_d else None
+        except (ValueError, IndexError):
+            return False
+        self.ok = ok
+        if n > 0:
+            self.nodes = _cheb(n, TH_MIN, math.acos(self.lo))
+            self.w, self.vals, self.nodes_n = _bary_weights(n), vals, n
+            self.dvals = None
+            self._set_coefficients()
+            if dvals is not None:
+                self.dvals, self.dcoef = dvals, self._coef_of(dvals)
+        return True
+
+    def save(self) -> None:
+        n = getattr(self, "nodes_n", 0)
+        parts = [np.array([n, float(self.ok), float(getattr(self, "dvals", None) is not None)])]
+        if n:
+            parts.append(self.vals.ravel())
+            if self.dvals is not None:
+                parts.append(self.dvals.ravel())
+        store.save(self.store_key, np.concatenate(parts))
+
+    def _build(self, lo: float, var: float) -> None:
         # interpolation variable theta = arccos(corr): the arc-cosine kernels (ReLU, GeLU near
         # r = 1) have a square-root singularity at r = 1 in r but are analytic in theta
         th_hi = math.acos(lo)
@@ -108,6 +157,7 @@ class Table:
                 self.nodes, self.w, self.vals = th, w, vals
                 self.dvals = None
                 self.nodes_n = n
+                self._set_coefficients()
                 # linearity in the gradient, checked at a node (exact table values there)
                 self.ok = self._linear_in_gradient(float(np.cos(th[n // 2])))
                 break
@@ -121,6 +171,9 @@ class Table:
         """d(row)/d(var) at the nodes (one-sided difference; built on first use)."""
         h = 1e-4
         self.dvals = (self._values(np.cos(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var)
+        self.dcoef = self._coef_of(self.dvals)
+        if self.store_key is not None:
+            self.save()
 
     def _values(self, corr: np.ndarray, var: float) -> np.ndarray:
         """Rows: mean, var, cov | A, B, C, D of the backward linear map."""
@@ -141,25 +194,61 @@ class Table:
         return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= VAR_WINDOW
                 and self.lo <= x.corr <= R_MAX)
 
+    def _set_coefficients(self):
+        """Chebyshev coefficients of the interpolant (the same polynomial as the barycentric
+        form through the Lobatto nodes, evaluated as C @ cos(j phi): two NumPy calls instead
+        of five).  Checked against the barycentric form at the verification points."""
+        n = self.nodes_n
+        k = np.arange(n)
+        phi = np.pi * (n - 1 - k) / (n - 1)                  # node k <-> s = cos(phi_k)
+        basis = np.cos(np.outer(k, phi))                     # T_j(s_k), rows j
+        basis[:, 0] *= 0.5
+        basis[:, -1] *= 0.5
+        self._coef_of = lambda vals: (2.0 / (n - 1)) * (vals @ basis.T) * _END_HALF(n)
+        self.coef = self._coef_of(self.vals)
+        self.dcoef = None
+        self._j = k.astype(float)
+        self._th0, self._th_span = float(self.nodes[0]), float(self.nodes[-1] - self.nodes[0])
+        th_mid = (self.nodes[1:] + self.nodes[:-1]) / 2
+        bary = np.stack([_interp(t, self.nodes, self.w, self.vals) for t in th_mid], axis=1)
+        cheb = np.stack([self.coef @ self._basis(t) for t in th_mid], axis=1)
+        if not np.allclose(cheb, bary, rtol=1e-11, atol=1e-13 * np.max(np.abs(self.vals))):
+            raise AssertionError("Chebyshev coefficients disagree with the barycentric form")
+
+    def _basis(self, th: float) -> np.ndarray:
+        s = 2.0 * (th - self._th0) / self._th_span - 1.0
+        return np.cos(self._j * math.acos(1.0 if s > 1.0 else -1.0 if s < -1.0 else s))
+
     def _row(self, corr: float, var: float, th: float | None = None) -> np.ndarray:
         if th is None:
             th = math.acos(min(1.0, max(-1.0, corr)))
-        row = _interp(th, self.nodes, self.w, self.vals)
+        basis = self._basis(th)
+        row = self.coef @ basis
         if var != self.var:
             if self.dvals is None:
                 self._derivative()
-            row = row + (var - self.var) * _interp(th, self.nodes, self.w, self.dvals)
+            row = row + (var - self.var) * (self.dcoef @ basis)
         return row
 
-    def forward(self, x: Forward) -> Forward:
-        r = self._row(float(x.corr), float(x.var))
+    def row(self, x: Forward) -> np.ndarray:
+        """Every tabulated quantity at input ``x``: mean, var, cov | A, B, C, D."""
+        return self._row(float(x.corr), float(x.var))
+
+    @staticmethod
+    def forward_of(r) -> Forward:
         return Forward(float(r[0]), float(r[1]), float(r[2] / r[1]) if r[1] > 0 else 0.0)
 
-    def backward(self, x: Forward, g: Backward) -> Backward:
-        r = self._row(float(x.corr), float(x.var))
+    @staticmethod
+    def backward_of(r, g: Backward) -> Backward:
         var = g.var * (r[3] + r[4] * g.corr)
         cov = g.var * (r[5] + r[6] * g.corr)
         return Backward(float(var), float(cov / var) if var > 0 else 0.0)
+
+    def forward(self, x: Forward) -> Forward:
+        return self.forward_of(self.row(x))
+
+    def backward(self, x: Forward, g: Backward) -> Backward:
+        return self.backward_of(self.row(x), g)
 
 
 class _Scaled:
@@ -173,13 +262,19 @@ class _Scaled:
     def covers(self, x: Forward) -> bool:
         return self.table.covers(x)
 
+    def row(self, x: Forward) -> np.ndarray:
+        r = self.table.row(x) * self.s
+        r[0] = r[0] / math.sqrt(self.s)          # the mean scales with sqrt(s)
+        return r
+
+    forward_of = staticmethod(Table.forward_of)
+    backward_of = staticmethod(Table.backward_of)
+
     def forward(self, x: Forward) -> Forward:
-        y = self.table.forward(x)
-        return Forward(y.mean * math.sqrt(self.s), y.var * self.s, y.corr)
+        return self.forward_of(self.row(x))
 
     def backward(self, x: Forward, g: Backward) -> Backward:
-        gb = self.table.backward(x, g)
-        return Backward(gb.var * self.s, gb.corr)
+        return self.backward_of(self.row(x), g)
 
 
 def _canonical(ops: list) -> tuple[list, float]:
@@ -225,26 +320,47 @@ class TableCache:
     def __init__(self):
         self.tables: dict = {}
         self.requests: dict = {}
+        self._canon: dict = {}
 
-    def get(self, ops: list, x: Forward):
-        ops, scale = _canonical(ops)
-        t = self._get(ops, x, scale != 1.0)
+    @staticmethod
+    def fast_key(ops) -> tuple:
+        """A key of chain ``ops`` as given (parameter order included), for :meth:`get`."""
+        return tuple((name, tuple(params.items())) for name, params in ops)
+
+    def get(self, ops: list, x: Forward, eager: bool = False, fast_key: tuple | None = None):
+        """The table for chain ``ops`` at input ``x`` (None: evaluate directly).  ``eager``:
+        build it at the first request rather than the BUILD_AFTER-th."""
+        # the canonical chain and its key, memoised on the parameter values as given (the
+        # predictor builds the same parameter dicts, in the same order, for every layer)
+        if fast_key is None:
+            fast_key = self.fast_key(ops)
+        hit = self._canon.get(fast_key)
+        if hit is None:
+            canon, scale = _canonical(ops)
+            key = tuple((name, tuple(sorted(params.items()))) for name, params in canon)
+            if len(self._canon) > 4096:
+                self._canon.clear()
+            hit = self._canon[fast_key] = (canon, scale, key)
+        canon, scale, key = hit
+        t = self._get(canon, key, x, eager)
         if t is None or scale == 1.0:
             return t
         return _Scaled(t, scale)
 
-    def _get(self, ops: list, x: Forward, scaled: bool) -> Table | None:
-        key = (tuple((name, tuple(sorted(params.items()))) for name, params in ops), float(x.mean))
+    def _get(self, ops: list, chain_key: tuple, x: Forward, eager: bool) -> Table | None:
+        key = (chain_key, float(x.mean))
         for t in self.tables.get(key, []):
             if t.covers(x):
                 return t
         n = self.requests.get(key, 0) + 1
         self.requests[key] = n
-        if n < BUILD_AFTER or len(self.tables.get(key, [])) >= 4:
+        if (n < BUILD_AFTER and not eager) or len(self.tables.get(key, [])) >= 4:
             return None
         lo = min(0.0, float(x.corr))
-        t = Table(Chain(ops), {}, float(x.mean), float(x.var), lo)
-        if t.ok and any(name == "attention" for name, _ in ops) and not _homogeneous(t, ops):
+        skey = store.key("table", chain_key, float(x.mean), float(x.var), lo, TOL, TH_MIN)
+        t = Table(Chain(ops), {}, float(x.mean), float(x.var), lo, store_key=skey)
+        if t.ok and not t.loaded and any(name == "attention" for name, _ in ops) and not _homogeneous(t, ops):
             t.ok = False
+            t.save()
         self.tables.setdefault(key, []).append(t)
         return t if t.covers(x) else None
