@@ -229,3 +229,25 @@ def test_keep_mask_frequency(p):
     k = keep_mask(np.random.default_rng(2), (n // 8, 8), p)
     assert k.shape == (n // 8, 8) and k.dtype == bool
     assert abs(k.mean() - (1 - p)) <= 5 * np.sqrt(p * (1 - p) / n)
+
+
+def test_logit_se_pools_the_relative_spread_over_layers():
+    from sigprop.mc.model import logit_stats
+
+    rng = np.random.default_rng(3)
+    trials, points = 8, 7
+    lg = np.full((trials, points, 2), np.nan)
+    # attention at points 1, 3, 5: per-draw second moments with 20% relative spread, zero means
+    for k in (1, 3, 5):
+        lg[:, k, 0] = 0.0
+        lg[:, k, 1] = 2.0 * (1 + 0.2 * rng.standard_normal(trials))
+    lg[:, 3, 1] = 2.0                       # one layer whose draws happen to agree exactly
+    out = logit_stats(lg)
+    assert [o is None for o in out] == [True, False, True, False, True, False, True]
+    mean3, se3 = out[3]
+    assert mean3 == 2.0
+    # its own sample SD is 0; the pooled relative spread (~0.2 * sqrt(2/3) here) still applies
+    assert 0.05 * 2.0 / np.sqrt(trials) < se3 < 0.4 * 2.0 / np.sqrt(trials)
+    for k in (1, 5):
+        own = lg[:, k, 1].std(ddof=1) / np.sqrt(trials)
+        assert out[k][1] >= own

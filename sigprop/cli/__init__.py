@@ -2,42 +2,53 @@
 render.  No maths here.
 
 Exit codes (contract.md): 0 success, 1 negative verdict, 2 bad input, 3 numerical failure.
+
+Start-up: ``main()`` imports only the module of the command being run (``sigprop predict``
+does not import the Monte Carlo, plotting or LaTeX commands, and typer builds one command
+instead of eight); anything else (``sigprop --help``, an unknown name) loads every command.
+``sigprop.cli.app`` is the full application.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 
-import typer
+from sigprop.cli._app import fail  # noqa: F401  (re-exported)
 
-app = typer.Typer(
-    name="sigprop",
-    help="Analytic signal propagation for deep transformers: moment rules, predictions and their "
-    "Monte Carlo proof.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-from sigprop.cli import rules as _rules  # noqa: E402,F401  (registers commands)
-from sigprop.cli import check_component as _check_component  # noqa: E402,F401
-from sigprop.cli import predict as _predict  # noqa: E402,F401
-from sigprop.cli import check as _check  # noqa: E402,F401
-from sigprop.cli import compare as _compare  # noqa: E402,F401
-from sigprop.cli import plot as _plot  # noqa: E402,F401
-from sigprop.cli import export as _export  # noqa: E402,F401
-from sigprop.cli import solve_init as _solve_init  # noqa: E402,F401
+#: command name -> module (sigprop.cli.<module>) that registers it
+COMMANDS = {
+    "rules": "rules",
+    "check-component": "check_component",
+    "predict": "predict",
+    "check": "check",
+    "compare": "compare",
+    "plot": "plot",
+    "export": "export",
+    "solve-init": "solve_init",
+}
 
 
-def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr, nothing on stdout, then exit."""
-    sys.stderr.write(f"sigprop: error: {message}\n")
-    raise SystemExit(code)
+def load(names=None):
+    """Register the commands ``names`` (default: all) and return the typer app."""
+    from sigprop.cli._app import app
+
+    for name in COMMANDS if names is None else names:
+        importlib.import_module(f"sigprop.cli.{COMMANDS[name]}")
+    return app
+
+
+def __getattr__(name: str):
+    if name == "app":
+        return load()
+    raise AttributeError(f"module 'sigprop.cli' has no attribute {name!r}")
 
 
 def main() -> None:
     from sigprop.errors import SigpropError
 
+    first = sys.argv[1] if len(sys.argv) > 1 else None
+    app = load([first] if first in COMMANDS else None)
     try:
         app()
     except SigpropError as e:

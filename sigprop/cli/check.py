@@ -7,7 +7,7 @@ from enum import Enum
 
 import typer
 
-from sigprop.cli import app
+from sigprop.cli._app import app
 from sigprop.cli._model_options import build_model, model_options
 
 

@@ -7,7 +7,7 @@ import json
 
 import typer
 
-from sigprop.cli import app
+from sigprop.cli._app import app
 from sigprop.cli._model_options import build_models, model_options
 
 

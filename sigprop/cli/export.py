@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from sigprop.cli import app
+from sigprop.cli._app import app
 from sigprop.cli._model_options import build_model, model_options, solve_options
 
 export_app = typer.Typer(name="export", help="Export formulas and derivations.", no_args_is_help=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from sigprop.cli import app
+from sigprop.cli._app import app
 from sigprop.cli._model_options import build_models, model_options
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from sigprop.cli import app
+from sigprop.cli._app import app
 from sigprop.cli._model_options import build_model, model_options
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from sigprop.cli import app
+from sigprop.cli._app import app
 from sigprop.cli._model_options import model_options, solve_options
 
 

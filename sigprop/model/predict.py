@@ -46,7 +46,7 @@ class Op:
     x: Forward | None = None      # input state, recorded by the forward pass
 
 
-@dataclass
+@dataclass(slots=True)
 class SublayerRecord:
     layer: int
     kind: str                     # "attention" | "ffn"
@@ -55,8 +55,8 @@ class SublayerRecord:
     b: float
     x_log_var: float              # stream entering the sublayer
     x: Forward                    # normalised (var 1) stream entering the sublayer
-    pre_ops: list = field(default_factory=list)   # LN and norm scale (pre) ...
-    branch_ops: list = field(default_factory=list)
+    pre_ops: list | None = None   # the LayerNorm (pre: before the branch; post: after the sum)
+    branch_ops: list | None = None  # the branch chain's ops, when evaluated rule by rule
     branch_out: Forward | None = None
     z_log_var: float = 0.0        # post: the pre-LN sum
     z: Forward | None = None
@@ -111,6 +111,7 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 
 
 _TABLES = TableCache()
+_LN_EPS = next(q.default for q in get("layernorm").params if q.name == "eps")
 _RESIDUAL = get("residual")
 
 
@@ -121,7 +122,7 @@ def _fwd(op: Op, x: Forward) -> Forward:
 
 
 def _bwd(op: Op, g: Backward) -> Backward:
-    _, gb = get(op.rule).fast(op.x, g, op.params)
+    _, gb = get(op.rule).fast(op.x, g, op.params, need_forward=False)
     return Backward(float(gb.var), float(gb.corr))
 
 
@@ -226,7 +227,7 @@ class Predictor:
 
     def _ln(self, tok: tuple[float, float]) -> Op:
         """LayerNorm op for a stream with per-token statistics ``tok`` = (centred, kappa)."""
-        return Op("layernorm", dict(d=self.d, centred=tok[0], kappa=tok[1]))
+        return Op("layernorm", dict(d=self.d, eps=_LN_EPS, centred=tok[0], kappa=tok[1], g_generic=1.0))
 
     # -- passes --------------------------------------------------------------------------
     def forward(self) -> list[SublayerRecord]:

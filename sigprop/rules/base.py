@@ -199,24 +199,29 @@ class Rule:
             gb = Backward(gb.var, _corr_where_defined(gb.corr, gb.var))
         return y, gb
 
-    def fast(self, x: Forward, g: Backward | None, params: dict):
+    def fast(self, x: Forward, g: Backward | None, params: dict, need_forward: bool = True):
         """:meth:`evaluate` without the domain checks, on plain Python floats: for an internal
         caller (the whole-model predictor) whose states come out of rules and whose
         parameters were validated with the model.  Same formulas (``forward``/``backward``
         with the numeric namespace); where float arithmetic raises (a division by zero, an
-        overflow) it defers to :meth:`evaluate`, whose NumPy scalars give inf/0 instead."""
+        overflow) it defers to :meth:`evaluate`, whose NumPy scalars give inf/0 instead.
+        ``need_forward=False`` (with ``g``) skips the forward output (returned as None)."""
         defaults = self.__dict__.get("_defaults")
         if defaults is None:
             defaults = self._defaults = {q.name: q.default for q in self.params}
-        p = SimpleNamespace(**defaults)
-        p.__dict__.update(params)
+        if len(params) == len(defaults):        # every parameter given (the predictor's calls)
+            p = SimpleNamespace(**params)
+        else:
+            p = SimpleNamespace(**defaults)
+            p.__dict__.update(params)
         try:
-            y = self.forward(numeric, x, p)
+            y = self.forward(numeric, x, p) if need_forward or g is None else None
             gb = None if g is None else self.backward(numeric, x, g, p)
         except (ZeroDivisionError, OverflowError, ValueError):
             return self.evaluate(x, g, **params)
-        var, corr = y.var, y.corr
-        y = Forward(y.mean, var, 0.0 if var == 0 else (1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
+        if y is not None:
+            var, corr = y.var, y.corr
+            y = Forward(y.mean, var, 0.0 if var == 0 else (1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
         if gb is not None:
             var, corr = gb.var, gb.corr
             gb = Backward(var, 0.0 if var == 0 else (1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
