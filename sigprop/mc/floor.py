@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import time
 from pathlib import Path
 
@@ -50,10 +51,26 @@ def name(arch, init, n, p, causal):
     return f"{arch}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
 
 
-def run_one(arch, init, n, p, causal, trials, batch, seed):
+def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = None, simulate_only=False):
+    """Judge one configuration.  ``raw``: a directory of stored measurements (pickles of
+    :class:`sigprop.mc.model.ModelMeasurement`, keyed by configuration, trials, batch and
+    seed): a stored one is reused instead of simulating again, a new one is stored, so a
+    change of the rules can be re-judged against the same samples."""
     model = resolve(arch, init, n_layers=n, dropout=p, causal=causal, **DIMS)
+    meas = None
+    if raw is not None:
+        f = raw / f"{name(arch, init, n, p, causal)}_t{trials}_b{batch}_s{seed}.pkl"
+        if f.exists():
+            meas = pickle.loads(f.read_bytes())
+        else:
+            meas = simulate(model, batch=batch, trials=trials, seed=seed)
+            raw.mkdir(parents=True, exist_ok=True)
+            f.write_bytes(pickle.dumps(meas))
+        if simulate_only:
+            return None
+    if meas is None:
+        meas = simulate(model, batch=batch, trials=trials, seed=seed)
     pts = predict(model)
-    meas = simulate(model, batch=batch, trials=trials, seed=seed)
     res = compare(pts, meas)
     mv = np.array([f.var for f in meas.forward])
     mg = np.array([b.var for b in meas.backward])
@@ -141,6 +158,9 @@ def main():
     ap.add_argument("--dropouts", default="0,0.1")
     ap.add_argument("--causal", default="0,1", help="comma list of 0/1")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--raw", default=None, help="directory of stored measurements (reused; new ones stored)")
+    ap.add_argument("--simulate-only", action="store_true", help="with --raw: only store measurements")
+    ap.add_argument("--redo", action="store_true", help="judge configurations that already have a result")
     a = ap.parse_args()
     if a.report:
         print(report())
@@ -153,10 +173,13 @@ def main():
         if only and cfg[0] not in only:
             continue
         f = OUT / (name(*cfg) + ".json")
-        if f.exists():
+        if f.exists() and not (a.redo or a.simulate_only):
             continue
         t = time.perf_counter()
-        res = run_one(*cfg, a.trials, a.batch, a.seed)
+        res = run_one(*cfg, a.trials, a.batch, a.seed, Path(a.raw) if a.raw else None, a.simulate_only)
+        if res is None:
+            print(f"{name(*cfg)}: stored {time.perf_counter() - t:.0f}s", flush=True)
+            continue
         f.write_text(json.dumps(res, indent=1))
         print(f"{name(*cfg)}: {'pass' if res['pass'] else 'FAIL'} R2 {res['r2']} "
               f"{time.perf_counter() - t:.0f}s", flush=True)
