@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -56,6 +57,9 @@ def summary(points: list) -> dict:
     logits = [p.logit_var for p in points if p.logit_var is not None]
     log_ratio_fw = last.log_var - first.log_var
     log_ratio_bw = first.log_gvar - last.log_gvar
+    # the law is fitted from layer 1 on; the verdict's "overall" factor is the summary's (input
+    # to top), as is the gradient's
+    fw = dataclasses.replace(fw, log_ratio=log_ratio_fw)
     out = {
         "forward_var_final": num(last.var),
         "forward_var_growth": num(_exp(log_ratio_fw)),
