@@ -23,7 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 
+from sigprop.model import profile
 from sigprop.model.tables import TableCache
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
@@ -67,6 +69,11 @@ class SublayerRecord:
     z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
     chain_table: object = None    # interpolation table of the whole branch chain, if used
     chain_x: Forward | None = None
+    # causal models only (sigprop.model.profile): variance profiles over positions of the
+    # stream entering the sublayer and (post) of the pre-LN sum
+    x_prof: object = None
+    z_prof: object = None
+    g_prof: object = None         # (backward) of the gradient w.r.t. the stream entering it
 
 
 @dataclass
@@ -171,6 +178,12 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
     return (a2 * gen[0] / tot, a2 * gen[1] / tot)
 
 
+def _gains(bwd) -> tuple[float, float]:
+    """(variance gain, covariance gain) of a backward map linear in the gradient's moments."""
+    g0, g1 = bwd(Backward(1.0, 0.0)), bwd(Backward(1.0, 1.0))
+    return float(g0.var), float(g1.var * g1.corr - g0.var * g0.corr)
+
+
 def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
@@ -215,6 +228,7 @@ class Predictor:
         # Gaussian input has (0, 1); a LayerNorm output (1, 0); branch outputs are taken as
         # Gaussian; sums mix them (layernorm.combine_token_stats)
         tok = (0.0, 1.0)
+        prof = profile.flat(m.seq_len) if m.causal else None
         records = []
         for l in range(m.n_layers):
             for kind in ("attention", "ffn"):
@@ -233,10 +247,17 @@ class Predictor:
                 if kind == "attention":
                     rec.logit_var = self._logit_var(ops[-2].params,
                                                     h if post else Forward(h.mean * n, h.var * n * n, h.corr))
-                h = self._branch_forward(rec, ops, h)
+                h = self._branch_forward(rec, ops, h, prof is not None and kind == "attention")
                 rec.branch_ops, rec.branch_out = ops, h
                 blv, bx = _normalise(h)
                 zlv, z = _combine(lv, x, a, blv, bx, b)
+                if prof is not None:
+                    rec.x_prof = prof
+                    bprof = (profile.attention_forward(next(o for o in ops if o.rule == "attention"))
+                             if kind == "attention" else profile.flat(m.seq_len))
+                    prof = profile.mix(_exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv), prof,
+                                       _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv), bprof)
+                    rec.z_prof = prof
                 tok = _mix_tokens(lv, a, tok, blv, b)
                 if post:
                     rec.z_log_var, rec.z = zlv, z
@@ -244,6 +265,7 @@ class Predictor:
                     rec.pre_ops = [ln]
                     lv, x = _normalise(_fwd(ln, _real(zlv, z)))
                     tok = (1.0, 0.0)
+                    prof = None if prof is None else profile.flat(m.seq_len)
                 else:
                     lv, x = zlv, z
                 rec.out_log_var, rec.out = lv, x
@@ -260,10 +282,10 @@ class Predictor:
         return float(vq.var * vk.var)
 
     @staticmethod
-    def _branch_forward(rec: SublayerRecord, ops: list[Op], h: Forward) -> Forward:
+    def _branch_forward(rec: SublayerRecord, ops: list[Op], h: Forward, direct: bool = False) -> Forward:
         """The branch chain: through an interpolation table of the whole chain where one is
-        available (see sigprop.model.tables), else rule by rule."""
-        table = _TABLES.get([(op.rule, op.params) for op in ops], h)
+        available (see sigprop.model.tables), else (or ``direct``) rule by rule."""
+        table = None if direct else _TABLES.get([(op.rule, op.params) for op in ops], h)
         if table is not None:
             rec.chain_table, rec.chain_x = table, h
             return table.forward(h)
@@ -281,6 +303,8 @@ class Predictor:
         # Jacobian removes exactly these, and its skip path hands down a gradient that is
         # already nearly free of them (see _generic_below)
         gen = (1.0, 1.0)
+        # causal: the gradient's covariance over positions, mean diagonal 1 (see profile)
+        w = np.eye(m.seq_len) * (1 - gc) + gc if m.causal else None
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
             rec = records[i]
@@ -289,22 +313,42 @@ class Predictor:
                 ln = rec.pre_ops[0]
                 ln.params["g_generic"] = 0.5 * (gen[0] + gen[1])
                 gb = _bwd(ln, Backward(1.0, gc))
-                rec.z_gain = gb.var * math.exp(self._ln_log_adjust(rec.z_log_var))
-                lg = lg + math.log(gb.var) + self._ln_log_adjust(rec.z_log_var)
+                kw = 1.0
+                if w is not None:
+                    kw, w = profile.layernorm_backward(w, rec.z_prof, *_gains(lambda q: _bwd(ln, q)))
+                rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
+                lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
                 gc = gb.corr
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
             g = Backward(rec.b**2, gc)
+            u, ku = w, 1.0
             if rec.chain_table is not None:
+                if w is not None:
+                    u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward(rec.chain_x, q)))
                 g = rec.chain_table.backward(rec.chain_x, g)
             else:
                 for op in reversed(rec.branch_ops):
+                    if w is not None:
+                        if op.rule == "attention":
+                            k, u = profile.attention_backward(op, g, u)
+                            ku *= k
+                        else:
+                            u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
                     g = _bwd(op, g)
             lg_branch_extra = 0.0
             if not rec.post:
                 for op in reversed(rec.pre_ops):
+                    if w is not None:
+                        kl, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)))
+                        ku *= kl
                     g = _bwd(op, g)
                 lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
+            if ku != 1.0:
+                g = Backward(g.var * ku, g.corr)
             rec.branch_gain = g.var * math.exp(lg_branch_extra)
+            if w is not None:
+                w = profile.mix_cov(rec.a**2, w, rec.branch_gain, u)
+                rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
             lsum, gsum = _combine(0.0, Forward(0.0, 1.0, gc), rec.a,
