@@ -315,13 +315,14 @@ class Predictor:
                 gb = _bwd(ln, Backward(1.0, gc))
                 kw = 1.0
                 if w is not None:
-                    kw, w = profile.layernorm_backward(w, rec.z_prof, *_gains(lambda q: _bwd(ln, q)))
+                    kw, kc, w = profile.layernorm_backward(w, rec.z_prof, *_gains(lambda q: _bwd(ln, q)))
+                    gb = Backward(gb.var, gb.corr * kc / kw)
                 rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
                 gc = gb.corr
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
             g = Backward(rec.b**2, gc)
-            u, ku = w, 1.0
+            u, ku, kc = w, 1.0, 1.0
             if rec.chain_table is not None:
                 if w is not None:
                     u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward(rec.chain_x, q)))
@@ -330,8 +331,8 @@ class Predictor:
                 for op in reversed(rec.branch_ops):
                     if w is not None:
                         if op.rule == "attention":
-                            k, u = profile.attention_backward(op, g, u)
-                            ku *= k
+                            k, k2, u = profile.attention_backward(op, g, u)
+                            ku, kc = ku * k, kc * k2
                         else:
                             u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
                     g = _bwd(op, g)
@@ -339,12 +340,12 @@ class Predictor:
             if not rec.post:
                 for op in reversed(rec.pre_ops):
                     if w is not None:
-                        kl, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)))
-                        ku *= kl
+                        k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)))
+                        ku, kc = ku * k, kc * k2
                     g = _bwd(op, g)
                 lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
-            if ku != 1.0:
-                g = Backward(g.var * ku, g.corr)
+            if w is not None:
+                g = Backward(g.var * ku, g.corr * kc / ku)
             rec.branch_gain = g.var * math.exp(lg_branch_extra)
             if w is not None:
                 w = profile.mix_cov(rec.a**2, w, rec.branch_gain, u)

@@ -30,7 +30,8 @@ them over positions:
   (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
   ``qry_c`` C'_jj'.  Each kernel is normalised so that the flat covariance (diagonal 1,
   off-diagonal rg) gives back the rule's value; the branch's gradient variance is the rule's
-  (flat) value times mean diag(out(C)) / mean diag(out(flat));
+  (flat) value times mean diag(out(C)) / mean diag(out(flat)), its covariance the rule's
+  times the same ratio of the off-diagonal means;
 * a LayerNorm's backward divides the gradient at position i by that position's standard
   deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input);
 * position-wise maps (FFN, dropout, scales, LayerNorm) scale the diagonal by their
@@ -102,9 +103,18 @@ def _attention_cov(r: dict, C: np.ndarray, U: np.ndarray) -> np.ndarray:
     return out + np.diag(diag + kd * np.diag(K))
 
 
-def attention_backward(op, g: Backward, C: np.ndarray) -> tuple[float, np.ndarray]:
-    """(gain factor over the flat-profile rule value, normalised covariance at the attention
-    input) for an upstream gradient covariance over positions C (mean diagonal 1; g: the
+def _mean_off(C: np.ndarray) -> float:
+    L = len(C)
+    return float((C.sum() - np.trace(C)) / (L * (L - 1)))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b != 0 and np.isfinite(a / b) else 1.0
+
+
+def attention_backward(op, g: Backward, C: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(variance and covariance factors over the flat-profile rule values, normalised
+    covariance at the attention input) for an upstream gradient covariance over positions C (mean diagonal 1; g: the
     gradient state reaching the attention op, whose correlation defines the flat reference)."""
     r = _rows(op, g)
     L = len(C)
@@ -114,8 +124,8 @@ def attention_backward(op, g: Backward, C: np.ndarray) -> tuple[float, np.ndarra
     o, o1 = _attention_cov(r, C, U), _attention_cov(r, flat_c, U)
     t, t1 = np.trace(o) / L, np.trace(o1) / L
     if not (t > 0 and t1 > 0):
-        return 1.0, C
-    return float(t / t1), o / t
+        return 1.0, 1.0, C
+    return float(t / t1), _ratio(_mean_off(o), _mean_off(o1)), o / t
 
 
 def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
@@ -127,13 +137,14 @@ def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
 
 
 def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
-                       cov_gain: float = 1.0) -> tuple[float, np.ndarray]:
-    """(gain factor, normalised covariance) of the gradient through a LayerNorm whose input
+                       cov_gain: float = 1.0) -> tuple[float, float, np.ndarray]:
+    """(variance and covariance factors over a flat profile, normalised covariance) of the gradient through a LayerNorm whose input
     has variance profile f: position i is divided by its standard deviation."""
     s = 1 / np.sqrt(f)
+    ref = positionwise(C, var_gain, cov_gain)
     u = positionwise(C * s[:, None] * s[None, :], var_gain, cov_gain)
     k = float(np.trace(u) / len(u))
-    return k, u / k
+    return k, _ratio(_mean_off(u), _mean_off(ref)), u / k
 
 
 def mix_cov(v1: float, C1: np.ndarray, v2: float, C2: np.ndarray) -> np.ndarray:
