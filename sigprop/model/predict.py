@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-
 import numpy as np
 
+from sigprop.model import profile
 from sigprop.model.spec import _no_gc
 from sigprop.model.tables import BUILD_AFTER, TableCache
 from sigprop.rules import get
@@ -45,6 +45,8 @@ class Op:
     rule: str
     params: dict
     x: Forward | None = None      # input state, recorded by the forward pass
+    table: object = None          # an interpolation table of this op alone, if used ...
+    row: object = None            # ... and its row at x
 
 
 @dataclass(slots=True)
@@ -70,6 +72,11 @@ class SublayerRecord:
     z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
     chain_table: object = None    # interpolation table of the whole branch chain, if used
     chain_x: object = None        # ... and its row (every tabulated quantity) at the branch input
+    # causal models only (sigprop.model.profile): variance profiles over positions of the
+    # stream entering the sublayer and (post) of the pre-LN sum
+    x_prof: object = None
+    z_prof: object = None
+    g_prof: object = None         # (backward) of the gradient w.r.t. the stream entering it
 
 
 @dataclass
@@ -123,6 +130,8 @@ def _fwd(op: Op, x: Forward) -> Forward:
 
 
 def _bwd(op: Op, g: Backward) -> Backward:
+    if op.table is not None:
+        return op.table.backward_of(op.row, g)
     _, gb = get(op.rule).fast(op.x, g, op.params, need_forward=False)
     return Backward(float(gb.var), float(gb.corr))
 
@@ -187,6 +196,12 @@ def _repeats(cols) -> tuple[list, list]:
     return counts[inverse].tolist(), inverse.tolist()
 
 
+def _gains(bwd) -> tuple[float, float]:
+    """(variance gain, covariance gain) of a backward map linear in the gradient's moments."""
+    g0, g1 = bwd(Backward(1.0, 0.0)), bwd(Backward(1.0, 1.0))
+    return float(g0.var), float(g1.var * g1.corr - g0.var * g0.corr)
+
+
 def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
@@ -238,6 +253,7 @@ class Predictor:
         # Gaussian input has (0, 1); a LayerNorm output (1, 0); branch outputs are taken as
         # Gaussian; sums mix them (layernorm.combine_token_stats)
         tok = (0.0, 1.0)
+        prof = profile.flat(m.seq_len) if m.causal else None
         records = []
         for l in range(m.n_layers):
             for kind in ("attention", "ffn"):
@@ -254,10 +270,17 @@ class Predictor:
                 if kind == "attention":
                     rec.logit_var = self._logit_var(chain[-2][1],
                                                     h if post else Forward(h.mean * n, h.var * n * n, h.corr))
-                h = self._branch_forward(rec, chain, chain_key, h)
+                h = self._branch_forward(rec, chain, chain_key, h, prof is not None and kind == "attention")
                 rec.branch_out = h
                 blv, bx = _normalise(h)
                 zlv, z = _combine(lv, x, a, blv, bx, b)
+                if prof is not None:
+                    rec.x_prof = prof
+                    att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
+                    bprof = profile.attention_forward(att.params, att.x) if att else profile.flat(m.seq_len)
+                    prof = profile.mix(_exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv), prof,
+                                       _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv), bprof)
+                    rec.z_prof = prof
                 tok = _mix_tokens(lv, a, tok, blv, b)
                 if post:
                     rec.z_log_var, rec.z = zlv, z
@@ -265,6 +288,7 @@ class Predictor:
                     rec.pre_ops = [ln]
                     lv, x = _normalise(_fwd(ln, _real(zlv, z)))
                     tok = (1.0, 0.0)
+                    prof = None if prof is None else profile.flat(m.seq_len)
                 else:
                     lv, x = zlv, z
                 rec.out_log_var, rec.out = lv, x
@@ -296,16 +320,25 @@ class Predictor:
             hit = self._chains[gid] = (chain, _TABLES.fast_key(chain))
         return hit
 
-    def _branch_forward(self, rec: SublayerRecord, chain: tuple, chain_key: tuple, h: Forward) -> Forward:
+    def _branch_forward(self, rec: SublayerRecord, chain: tuple, chain_key: tuple, h: Forward,
+                        split: bool = False) -> Forward:
         """The branch chain: through an interpolation table of the whole chain where one is
-        available (see sigprop.model.tables), else rule by rule."""
+        available (see sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal
+        model's position profile needs the attention op's own input and gradient), the
+        attention op through a table of its own where one is available."""
         eager = self.repeats[rec.kind][rec.layer - 1] >= BUILD_AFTER
-        table = _TABLES.get(chain, h, eager=eager, fast_key=chain_key)
+        table = None if split else _TABLES.get(chain, h, eager=eager, fast_key=chain_key)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
             return table.forward_of(rec.chain_x)
         ops = rec.branch_ops = [Op(rule, params) for rule, params in chain]
         for op in ops:
+            if split and op.rule == "attention":
+                t = _TABLES.get(((op.rule, op.params),), h, eager=eager)
+                if t is not None:
+                    op.x, op.table, op.row = h, t, t.row(h)
+                    h = t.forward_of(op.row)
+                    continue
             h = _fwd(op, h)
         return h
 
@@ -319,6 +352,8 @@ class Predictor:
         # Jacobian removes exactly these, and its skip path hands down a gradient that is
         # already nearly free of them (see _generic_below)
         gen = (1.0, 1.0)
+        # causal: the gradient's covariance over positions, mean diagonal 1 (see profile)
+        w = np.eye(m.seq_len) * (1 - gc) + gc if m.causal else None
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
             rec = records[i]
@@ -327,22 +362,43 @@ class Predictor:
                 ln = rec.pre_ops[0]
                 ln.params["g_generic"] = 0.5 * (gen[0] + gen[1])
                 gb = _bwd(ln, Backward(1.0, gc))
-                rec.z_gain = gb.var * math.exp(self._ln_log_adjust(rec.z_log_var))
-                lg = lg + math.log(gb.var) + self._ln_log_adjust(rec.z_log_var)
+                kw = 1.0
+                if w is not None:
+                    kw, kc, w = profile.layernorm_backward(w, rec.z_prof, *_gains(lambda q: _bwd(ln, q)))
+                    gb = Backward(gb.var, gb.corr * kc / kw)
+                rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
+                lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
                 gc = gb.corr
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
             g = Backward(rec.b**2, gc)
+            u, ku, kc = w, 1.0, 1.0
             if rec.chain_table is not None:
+                if w is not None:
+                    u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward_of(rec.chain_x, q)))
                 g = rec.chain_table.backward_of(rec.chain_x, g)
             else:
                 for op in reversed(rec.branch_ops):
+                    if w is not None:
+                        if op.rule == "attention":
+                            k, k2, u = profile.attention_backward(op.params, op.x, g, u)
+                            ku, kc = ku * k, kc * k2
+                        else:
+                            u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
                     g = _bwd(op, g)
             lg_branch_extra = 0.0
             if not rec.post:
                 for op in reversed(rec.pre_ops):
+                    if w is not None:
+                        k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)))
+                        ku, kc = ku * k, kc * k2
                     g = _bwd(op, g)
                 lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
+            if w is not None:
+                g = Backward(g.var * ku, g.corr * kc / ku)
             rec.branch_gain = g.var * math.exp(lg_branch_extra)
+            if w is not None:
+                w = profile.mix_cov(rec.a**2, w, rec.branch_gain, u)
+                rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
             lsum, gsum = _combine(0.0, Forward(0.0, 1.0, gc), rec.a,

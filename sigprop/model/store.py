@@ -32,7 +32,7 @@ except ImportError:
         from hashlib import sha256 as _sha256
 
 _OFF = {"", "0", "off", "none", "false", "no"}
-_SOURCES = ("rules", "backend", "model/tables.py", "model/store.py", "state.py")
+_SOURCES = ("rules", "backend", "model/tables.py", "model/profile.py", "model/store.py", "state.py")
 _digest: str | None = None
 
 

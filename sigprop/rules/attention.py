@@ -315,54 +315,121 @@ class Attention(Rule):
     # ------------------------------------------------------------------------------------
     def forward(self, m, x, p):
         c = _Ctx(m, x, p)
-        q = p.p / (1 - p.p)
-        A2 = c.row(lambda v, n: _row_value(m, "A2", v, n))
-        Bz = c.row(lambda v, n: _row_value(m, "Bz", v, n))
-        Cz = c.row(lambda v, n: _row_value(m, "Cz", v, n))
-        m1sq = c.row(lambda v, n: _row_value(m, "m1", v, n) ** 2 / _floor(m, v))
-        C2 = c.pair("C2")
-        sv2, sbv2 = p.v_std**2, p.v_bias_std**2
-        EO2 = sv2 * (p.d * c.c2 * (1 + q * A2) + c.tau * (p.d - 1) * A2 / (1 - p.p)
-                     + c.tau * (Bz + q * Cz)) + sbv2 * (1 + q * A2)
-        EOO = sv2 * (p.d * c.c2 + c.tau * (p.d - 2) * C2 + c.tau * (c.ra * m1sq + 2 * C2)) + sbv2
-        gain = p.n_heads * p.d_head * p.o_std**2
-        var = gain * EO2 + p.o_bias_std**2
-        cov = gain * EOO + p.o_bias_std**2
+        st = dict(A2=c.row(lambda v, n: _row_value(m, "A2", v, n)),
+                  Bz=c.row(lambda v, n: _row_value(m, "Bz", v, n)),
+                  Cz=c.row(lambda v, n: _row_value(m, "Cz", v, n)),
+                  m1sq=c.row(lambda v, n: _row_value(m, "m1", v, n) ** 2 / _floor(m, v)),
+                  C2=c.pair("C2"))
+        var, cov = _forward_moments(m, c, p, st)
         return Forward(0 * x.mean, var, cov / var)
 
     def backward(self, m, x, g, p):
         c = _Ctx(m, x, p)
-        L, rg, pp = p.L, g.corr, p.p
-        q = pp / (1 - pp)
-        sq2, sk2, sv2 = p.q_std**2, p.k_std**2, p.v_std**2
-        A2 = c.row(lambda v, n: _row_value(m, "A2", v, n))
-        T2 = c.row(lambda v, n: _row_value(m, "T2", v, n))
-        trA2 = 1 + c.row(lambda v, n: _row_value(m, "trA2m1", v, n))
-        Ajj2 = c.row(lambda v, n: _row_value(m, "Ajj2", v, n))
-        Ra = c.row(lambda v, n: _row_value(m, "Ra", v, n))
-        vT2 = c.row(lambda v, n: v * _row_value(m, "T2", v, n))
-        C2 = c.pair("C2")
-        T2x = c.pair("T2x")
-        rvT2x = c.pair("T2x", weight=lambda v, rho: rho * v)
-        PP = m.choose(p.causal, lambda: c.pair("PP"), lambda: A2**2)
-        # gradient reaching one head's value/logit products
-        K0 = sv2 * p.d_head * p.d * p.o_std**2 * g.var
-        kr = (sv2 * p.d * c.c2 + p.v_bias_std**2) / _floor(m, p.d * sv2 * c.tau)
-        gt = (1 + pp * kr) / (1 - pp)
-        tr = p.d**2 * sq2 * sk2
-        lb = tr / p.d
-        la = tr * (1 / p.d_head + (1 + c.fx) / p.d)
-        perp = _num(m, lambda t: m.maximum(t, 0), tr - la - lb)
-        val = A2 / (1 - pp) + rg * (L - 1) * C2
-        qry = c.tau**2 * (perp * gt * T2 + la * gt * Ra
-                          + lb * (trA2 + (2 - pp) / (1 - pp) * T2 + 2 * q * Ajj2 + q * kr * T2))
-        key = gt * vT2 + rg * (L - 1) * rvT2x
-        val_c = (1 - A2) / (L - 1) + rg * (1 - C2)
-        qry_c = c.tau**2 * rg * (tr * T2x + lb * (1 - 2 * A2 + PP))
-        key_c = -key / (L - 1)
-        var = p.n_heads * K0 * (val + qry + key)
-        cov = p.n_heads * K0 * (val_c + qry_c + key_c)
+        t = _backward_terms(m, c, p, g, _backward_stats(m, c, p))
+        var = t["val"] + t["val_x"] + t["qry"] + t["key"] + t["key_x"]
+        cov = t["val_c"] + t["qry_c"] + t["key_c"]
         return Backward(var, cov / var)
+
+    # -- causal: per row length -------------------------------------------------------------
+    def rows(self, m, x, g, p, n):
+        """Causal mask, the row of length n (= query position + 1; ``n`` an array of
+        lengths): what the forward and backward average over the rows, before averaging.
+        The same statistics and the same combinations as :meth:`forward`/:meth:`backward`,
+        evaluated at one row length instead of the row average (the pair statistics, which
+        need two lengths, stay averaged over the pairs of rows).  Returns a dict:
+
+        * ``var``: E Y_i^2 of the output row (Y's variance at that position);
+        * ``spread``: the gradient a unit upstream gradient at that row sends through its
+          attention weights, value and key paths (shared evenly by its n keys: keys are
+          exchangeable within a row);
+        * ``local``: the query path's part (lands on the row's own position);
+        * ``same_c``: the off-diagonal gradient covariance a row with unit gradient produces
+          among its own keys, summed over its n (n - 1) ordered key pairs (value and key paths);
+        * per unit gradient correlation rg (scalars: row-pair averages, the rule's own terms):
+          ``cross``: the pair-of-rows parts of the value and key paths' variance; ``cross_c``:
+          their covariance; ``qry_c``: the query path's covariance."""
+        c = _Ctx(m, x, p)
+
+        def at_n(fn):
+            return m.expect_gamma(lambda v: fn(v, n), c.s_mean + 0 * n, c.relvar + 0 * n, n=_NS)
+
+        st = dict(A2=at_n(lambda v, k: _row_value(m, "A2", v, k)),
+                  Bz=at_n(lambda v, k: _row_value(m, "Bz", v, k)),
+                  Cz=at_n(lambda v, k: _row_value(m, "Cz", v, k)),
+                  m1sq=0 * n, C2=0 * n)
+        var, _ = _forward_moments(m, c, p, st)
+        g0, g1 = Backward(g.var, 0 * g.corr), Backward(g.var, 1 + 0 * g.corr)
+        bst = _backward_row_stats(m, c, at_n)
+        bst.update(C2=0 * n, T2x=0 * n, PP=0 * n, rvT2x=0 * n)
+        t = _backward_terms(m, c, p, g0, bst)           # rg = 0: the one-row terms
+        avg = _backward_stats(m, c, p)
+        t0, t1 = _backward_terms(m, c, p, g0, avg), _backward_terms(m, c, p, g1, avg)
+        return {"var": var, "spread": t["val"] + t["key"], "local": t["qry"],
+                "same_c": (p.L - 1) * (t["val_c"] + t["key_c"]),
+                "cross": t1["val_x"] + t1["key_x"],
+                "cross_c": t1["val_c"] + t1["key_c"] - t0["val_c"] - t0["key_c"],
+                "qry_c": t1["qry_c"]}
+
+
+def _forward_moments(m, c, p, st):
+    """Output variance and covariance from the (row- and pair-averaged, or per-row) statistics."""
+    q = p.p / (1 - p.p)
+    A2, Bz, Cz, m1sq, C2 = st["A2"], st["Bz"], st["Cz"], st["m1sq"], st["C2"]
+    sv2, sbv2 = p.v_std**2, p.v_bias_std**2
+    EO2 = sv2 * (p.d * c.c2 * (1 + q * A2) + c.tau * (p.d - 1) * A2 / (1 - p.p)
+                 + c.tau * (Bz + q * Cz)) + sbv2 * (1 + q * A2)
+    EOO = sv2 * (p.d * c.c2 + c.tau * (p.d - 2) * C2 + c.tau * (c.ra * m1sq + 2 * C2)) + sbv2
+    gain = p.n_heads * p.d_head * p.o_std**2
+    return gain * EO2 + p.o_bias_std**2, gain * EOO + p.o_bias_std**2
+
+
+def _backward_stats(m, c, p):
+    """Row- and pair-averaged statistics of the backward."""
+    st = _backward_row_stats(m, c, c.row)
+    st.update(C2=c.pair("C2"), T2x=c.pair("T2x"),
+              rvT2x=c.pair("T2x", weight=lambda v, rho: rho * v))
+    st["PP"] = m.choose(p.causal, lambda: c.pair("PP"), lambda: st["A2"] ** 2)
+    return st
+
+
+def _backward_row_stats(m, c, avg):
+    """The one-row statistics of the backward, each averaged by ``avg`` (row average or per length)."""
+    return dict(A2=avg(lambda v, n: _row_value(m, "A2", v, n)),
+                T2=avg(lambda v, n: _row_value(m, "T2", v, n)),
+                trA2=1 + avg(lambda v, n: _row_value(m, "trA2m1", v, n)),
+                Ajj2=avg(lambda v, n: _row_value(m, "Ajj2", v, n)),
+                Ra=avg(lambda v, n: _row_value(m, "Ra", v, n)),
+                vT2=avg(lambda v, n: v * _row_value(m, "T2", v, n)))
+
+
+def _backward_terms(m, c, p, g, st):
+    """The gradient variance by path (value, query, key; ``_x``: the pair-of-rows parts that
+    carry the gradient correlation) and covariance by path, all heads, from the statistics."""
+    L, rg, pp = p.L, g.corr, p.p
+    q = pp / (1 - pp)
+    sq2, sk2, sv2 = p.q_std**2, p.k_std**2, p.v_std**2
+    A2, T2, trA2, Ajj2, Ra, vT2 = st["A2"], st["T2"], st["trA2"], st["Ajj2"], st["Ra"], st["vT2"]
+    C2, T2x, rvT2x, PP = st["C2"], st["T2x"], st["rvT2x"], st["PP"]
+    # gradient reaching one head's value/logit products
+    K0 = sv2 * p.d_head * p.d * p.o_std**2 * g.var
+    kr = (sv2 * p.d * c.c2 + p.v_bias_std**2) / _floor(m, p.d * sv2 * c.tau)
+    gt = (1 + pp * kr) / (1 - pp)
+    tr = p.d**2 * sq2 * sk2
+    lb = tr / p.d
+    la = tr * (1 / p.d_head + (1 + c.fx) / p.d)
+    perp = _num(m, lambda t: m.maximum(t, 0), tr - la - lb)
+    val = A2 / (1 - pp)
+    val_x = rg * (L - 1) * C2
+    qry = c.tau**2 * (perp * gt * T2 + la * gt * Ra
+                      + lb * (trA2 + (2 - pp) / (1 - pp) * T2 + 2 * q * Ajj2 + q * kr * T2))
+    key = gt * vT2
+    key_x = rg * (L - 1) * rvT2x
+    val_c = (1 - A2) / (L - 1) + rg * (1 - C2)
+    qry_c = c.tau**2 * rg * (tr * T2x + lb * (1 - 2 * A2 + PP))
+    key_c = -(key + key_x) / (L - 1)
+    hk = p.n_heads * K0
+    return {"val": hk * val, "val_x": hk * val_x, "qry": hk * qry, "key": hk * key,
+            "key_x": hk * key_x, "val_c": hk * val_c, "qry_c": hk * qry_c, "key_c": hk * key_c}
 
 
 register(Attention())

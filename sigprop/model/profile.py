@@ -1,0 +1,330 @@
+"""Position profiles of a causal model (used by the predictor only when the mask is causal).
+
+With a causal mask the query at position i sees keys 0..i, so the statistics of a stream are
+position-dependent: the attention output of row i has the variance of a row of n = i + 1
+keys (row 0 copies its own value), and, backward, key j collects the gradient of the rows
+i >= j, each sharing its attention gradient among its n_i = i + 1 keys, so the first
+positions collect by far the most.  The mean-field state (one variance for all positions)
+misses the correlation between the two: the rows that carry the most gradient (the first
+ones) are the ones with the largest attention weights ~ 1/n.  So beside every mean the
+predictor carries a *profile*: the variance at each position over the mean over positions
+(an array of length L, mean 1), forward for the stream and backward for the gradient.
+
+The per-row quantities come from the attention rule (``Attention.rows``: the same statistics
+and combinations as its forward/backward, at one row length); this module only distributes
+them over positions:
+
+* forward: the attention branch output has profile var(n_i) / mean; a sum a x + b y mixes
+  the profiles with the variance weights; a LayerNorm output is flat (every token has unit
+  variance);
+* backward, the gradient is carried as a covariance matrix over positions C (L x L, mean
+  diagonal 1): the gradients of the first positions are strongly correlated with each other
+  (measured: ~0.27 among positions 0..7 where the average correlation is 0.02), because
+  every later row attends to all of them, and at the next attention layer down those
+  correlations add up in the rows' value-path sums.  Through attention (U the uniform causal
+  attention matrix, U_ij = 1/n_i for j <= i; per-length terms from the rule):
+  key j's variance ``sum_{i >= j} C_ii spread(n_i) / n_i`` (value and key paths, one row's
+  keys exchangeable) + ``C_jj local(n_j)`` (query path) + the pair-of-rows part, the rule's
+  ``cross`` per unit correlation distributed as diag(U^T C' U) (C' = C off the diagonal);
+  covariance of keys j != j': ``sum_{i >= max(j, j')} C_ii same_c(n_i) / (n_i (n_i - 1))``
+  (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
+  ``qry_c`` C'_jj'.  Each kernel is normalised so that the flat covariance (diagonal 1,
+  off-diagonal rg) gives back the rule's value; the branch's gradient variance is the rule's
+  (flat) value times mean diag(out(C)) / mean diag(out(flat)), its covariance the rule's
+  times the same ratio of the off-diagonal means;
+* a LayerNorm's backward divides the gradient at position i by that position's standard
+  deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input);
+* position-wise maps (FFN, dropout, scales, LayerNorm) scale the diagonal by their
+  variance gain and the off-diagonal by their covariance gain (the rules' own gains).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sigprop.backend import numeric
+from sigprop.model import store, tables
+from sigprop.rules import get
+from sigprop.state import Backward, Forward
+
+
+def flat(L: int) -> np.ndarray:
+    return np.ones(int(L))
+
+
+_KEYS = ("var", "spread", "local", "same_c")          # per row length (arrays of L)
+_SCALARS = ("cross", "cross_c", "qry_c")               # row-pair averages
+
+
+def _rows_direct(params: dict, x: Forward) -> dict:
+    """``Attention.rows`` at input ``x`` for every row length n = 1..L, unit gradient variance
+    (the per-row terms are linear in it, and independent of the gradient correlation)."""
+    rule = get("attention")
+    p = rule.param_values(params)
+    n = np.arange(1.0, int(params["L"]) + 1)
+    x = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
+    g = Backward(np.float64(1.0), np.float64(0.0))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        r = rule.rows(numeric, x, g, p, n)
+    return {k: np.broadcast_to(np.asarray(r[k], dtype=float), n.shape).copy() if k in _KEYS
+            else float(r[k]) for k in _KEYS + _SCALARS}
+
+
+def _canonical(params: dict) -> dict:
+    """Every per-row term is homogeneous of degree 2 in v_std o_std (without value/output
+    biases) and only ratios and shapes of them are used here, so layers that differ only in
+    those scales (DeepScaleLM) share one table at reference scales."""
+    if params.get("v_bias_std", 0.0) or params.get("o_bias_std", 0.0):
+        return params
+    return {**params, "v_std": 1.0 / np.sqrt(params["d"]),
+            "o_std": 1.0 / np.sqrt(params["n_heads"] * params["d_head"])}
+
+
+class RowsTable:
+    """``Attention.rows`` as a function of the input correlation, interpolated in
+    theta = arccos(r) on Chebyshev-Lobatto nodes, for one attention parameter set and one
+    input mean and variance (the branch input of a Pre-LN layer, or a Post-LN stream, is the
+    same at every layer but for its correlation).  One ``rows`` evaluation costs ~0.25 s at
+    L 256 (every row length, every quadrature), so a causal model evaluated layer by layer
+    paid it twice per attention layer.  Built on 9 nodes (17 if that fails), verified at the
+    midpoints nearest both ends to ROWS_TOL of each quantity's largest value (the profile
+    enters the prediction as a ratio correction of a few per cent, so 1e-4 of it is far below
+    the Monte Carlo's resolution), kept in the on-disk store."""
+
+    ROWS_TOL = 1e-4
+
+    def __init__(self, params: dict, mean: float, var: float, lo: float):
+        self.params, self.mean, self.var, self.lo = params, mean, var, lo
+        self.L = int(params["L"])
+        self.ok = False
+        key = store.key("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
+        arr = store.load(key)
+        if arr is not None and self._unpack(arr):
+            return
+        th_hi = float(np.arccos(lo))
+        for n in (9, 17):
+            th = tables._cheb(n, tables.TH_MIN, th_hi)
+            vals = np.stack([self._flat(th_k) for th_k in th], axis=1)
+            w = tables._bary_weights(n)
+            checks = [(th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2]
+            # error relative to each quantity's largest value over the nodes (entries such as
+            # the query path of a one-key row, or near r = 1, are zero up to rounding)
+            size = np.concatenate([np.full(self.L, np.max(np.abs(vals[i * self.L:(i + 1) * self.L])))
+                                   for i in range(len(_KEYS))] + [np.max(np.abs(vals[-3:]), axis=1)])
+            err = 0.0
+            for t in checks:
+                direct, approx = self._flat(t), tables._interp(t, th, w, vals)
+                scale = np.maximum(np.abs(direct), size + 1e-300)
+                err = max(err, float(np.max(np.abs(approx - direct) / scale)))
+            if np.all(np.isfinite(vals)) and err < self.ROWS_TOL:
+                self.nodes, self.w, self.vals, self.ok = th, w, vals, True
+                break
+        store.save(key, self._pack())
+
+    def _flat(self, th: float) -> np.ndarray:
+        r = _rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))))
+        return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
+
+    def _pack(self) -> np.ndarray:
+        if not self.ok:
+            return np.array([0.0, 0.0, 0.0])
+        return np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel()])
+
+    def _unpack(self, arr: np.ndarray) -> bool:
+        n = int(arr[0])
+        if n == 0:
+            return True                      # a stored failure: evaluate directly
+        try:
+            self.vals = arr[3:].reshape(-1, n)
+        except ValueError:
+            return False
+        if self.vals.shape[0] != 4 * self.L + 3:
+            return False
+        self.nodes = tables._cheb(n, tables.TH_MIN, float(np.arccos(self.lo)))
+        self.w, self.ok = tables._bary_weights(n), True
+        return True
+
+    def covers(self, x: Forward) -> bool:
+        return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= tables.VAR_WINDOW
+                and self.lo <= x.corr <= tables.R_MAX)
+
+    def at(self, corr: float) -> dict:
+        v = tables._interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
+        L = self.L
+        out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
+        out.update({k: float(v[4 * L + i]) for i, k in enumerate(_SCALARS)})
+        return out
+
+
+_ROWS: dict = {}
+
+
+def rows(params: dict, x: Forward) -> dict:
+    """The per-row-length terms at attention input ``x`` (through a :class:`RowsTable` where
+    one covers it)."""
+    canon = _canonical(params)
+    key = (tuple(sorted(canon.items())), float(x.mean))
+    tabs = _ROWS.setdefault(key, [])
+    for t in tabs:
+        if t.covers(x):
+            return t.at(float(x.corr))
+    if len(tabs) < 4:
+        t = RowsTable(canon, float(x.mean), float(x.var), min(0.0, float(x.corr)))
+        tabs.append(t)
+        if t.covers(x):
+            return t.at(float(x.corr))
+    return _rows_direct(canon, x)
+
+
+def attention_forward(params: dict, x: Forward) -> np.ndarray:
+    """Profile of the attention output (attention parameters, attention input state)."""
+    v = rows(params, x)["var"]
+    return v / v.mean()
+
+
+def mix(v1: float, f1: np.ndarray, v2: float, f2: np.ndarray) -> np.ndarray:
+    """Profile of the sum of two independent signals of variances v1, v2 (profiles f1, f2)."""
+    tot = v1 + v2
+    if not tot > 0:
+        return f1
+    return (v1 * f1 + v2 * f2) / tot
+
+
+def _offdiag(C: np.ndarray) -> np.ndarray:
+    out = C.copy()
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+def _suffix(A: np.ndarray, axis: int) -> np.ndarray:
+    """Reversed cumulative sum along ``axis`` (sum over the entries from here to the end),
+    as total - prefix + entry: contiguous passes instead of reversed views."""
+    c = np.cumsum(A, axis=axis)
+    return np.take(c, [-1], axis=axis) - c + A
+
+
+def _UtXU(X: np.ndarray) -> np.ndarray:
+    """U^T X U for the uniform causal attention matrix U (U_ij = 1/n_i, j <= i), in O(L^2):
+    (X U)_ik = sum_{j >= k} X_ij / n_j and (U^T Y)_kl = sum_{i >= k} Y_il / n_i are reversed
+    cumulative sums (the dense products cost O(L^3), ~10 ms per attention layer at L 256)."""
+    n = np.arange(1.0, len(X) + 1)
+    return _suffix(_suffix(X / n[None, :], 1) / n[:, None], 0)
+
+
+_MAXIDX: dict = {}
+
+
+def _UtDU(a: np.ndarray) -> np.ndarray:
+    """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
+    L = len(a)
+    n = np.arange(1.0, L + 1)
+    s = _suffix(a / n**2, 0)
+    idx = _MAXIDX.get(L)
+    if idx is None:
+        i = np.arange(L)
+        idx = _MAXIDX[L] = np.maximum.outer(i, i)
+    return s[idx]
+
+
+def _UtDU_offmean(a: np.ndarray) -> float:
+    """Off-diagonal mean of U^T diag(a) U without building it: the pairs k != l with
+    max(k, l) = m (0-based) number 2m."""
+    L = len(a)
+    n = np.arange(1.0, L + 1)
+    s = _suffix(a / n**2, 0)
+    return float(np.sum(2.0 * np.arange(L) * s) / (L * (L - 1)))
+
+
+_KF: dict = {}
+
+
+def _flat_kernel_means(L: int) -> tuple[float, float]:
+    """Diagonal and off-diagonal means of U^T (1 1^T - I) U (memoised per L)."""
+    if L not in _KF:
+        Kf = _UtXU(_offdiag(np.ones((L, L))))
+        _KF[L] = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / (L * (L - 1))))
+    return _KF[L]
+
+
+def _terms(r: dict, d: np.ndarray):
+    n = np.arange(1.0, len(d) + 1)
+    spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
+    diag = _suffix(d * spread / n, 0) + d * local
+    a = np.where(n > 1, d * same_c * n / np.maximum(n - 1, 1), 0.0)
+    return diag, a
+
+
+def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
+    """The gradient covariance over positions at the attention input for covariance C at
+    its output (see the module docstring)."""
+    L = len(C)
+    diag, a = _terms(r, np.diag(C).copy())
+    Co = _offdiag(C)
+    K = _UtXU(Co)
+    kf_diag, kf_off = _flat_kernel_means(L)
+    kd = float(r["cross"]) / kf_diag
+    ko = float(r["cross_c"]) / kf_off
+    out = _UtDU(a) + ko * K + float(r["qry_c"]) * Co
+    np.fill_diagonal(out, diag + kd * np.diag(K))
+    return out
+
+
+def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
+    """(diagonal mean, off-diagonal mean) of :func:`_attention_cov` for the flat covariance
+    (diagonal 1, off-diagonal rg), in O(L): the kernels of a flat covariance are the memoised
+    flat ones times rg."""
+    diag, a = _terms(r, np.ones(L))
+    return (float(np.mean(diag)) + rg * float(r["cross"]),
+            _UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
+
+
+def _mean_off(C: np.ndarray) -> float:
+    L = len(C)
+    return float((C.sum() - np.trace(C)) / (L * (L - 1)))
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b != 0 and np.isfinite(a / b) else 1.0
+
+
+def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray) -> tuple[float, float, np.ndarray]:
+    """(variance and covariance factors over the flat-profile rule values, normalised
+    covariance at the attention input) for an upstream gradient covariance over positions C
+    (mean diagonal 1; attention parameters and input state; g: the gradient state reaching
+    the attention op, whose correlation defines the flat reference)."""
+    r = rows(params, x)
+    L = len(C)
+    o = _attention_cov(r, C)
+    t, t1 = np.trace(o) / L, None
+    t1, off1 = _flat_stats(r, L, float(g.corr))
+    if not (t > 0 and t1 > 0):
+        return 1.0, 1.0, C
+    return float(t / t1), _ratio(_mean_off(o), off1), o / t
+
+
+def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
+    """A position-wise map (same weights at every position): the diagonal scales by the
+    variance gain, the off-diagonal by the covariance gain (returned relative to the former)."""
+    if not var_gain > 0:
+        return C
+    out = C * (cov_gain / var_gain)
+    np.fill_diagonal(out, np.diag(C))
+    return out
+
+
+def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
+                       cov_gain: float = 1.0) -> tuple[float, float, np.ndarray]:
+    """(variance and covariance factors over a flat profile, normalised covariance) of the gradient through a LayerNorm whose input
+    has variance profile f: position i is divided by its standard deviation."""
+    s = 1 / np.sqrt(f)
+    ref_off = (cov_gain / var_gain if var_gain > 0 else 1.0) * _mean_off(C)
+    u = positionwise(C * s[:, None] * s[None, :], var_gain, cov_gain)
+    k = float(np.trace(u) / len(u))
+    return k, _ratio(_mean_off(u), ref_off), u / k
+
+
+def mix_cov(v1: float, C1: np.ndarray, v2: float, C2: np.ndarray) -> np.ndarray:
+    tot = v1 + v2
+    if not tot > 0:
+        return C1
+    return (v1 * C1 + v2 * C2) / tot
