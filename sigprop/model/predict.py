@@ -47,6 +47,7 @@ class Op:
     x: Forward | None = None      # input state, recorded by the forward pass
     table: object = None          # an interpolation table of this op alone, if used ...
     row: object = None            # ... and its row at x
+    repeated: bool = False        # its parameters are shared by at least BUILD_AFTER layers
 
 
 @dataclass(slots=True)
@@ -277,7 +278,8 @@ class Predictor:
                 if prof is not None:
                     rec.x_prof = prof
                     att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
-                    bprof = profile.attention_forward(att.params, att.x) if att else profile.flat(m.seq_len)
+                    bprof = (profile.attention_forward(att.params, att.x, att.repeated) if att
+                             else profile.flat(m.seq_len))
                     prof = profile.mix(_exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv), prof,
                                        _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv), bprof)
                     rec.z_prof = prof
@@ -333,6 +335,7 @@ class Predictor:
             return table.forward_of(rec.chain_x)
         ops = rec.branch_ops = [Op(rule, params) for rule, params in chain]
         for op in ops:
+            op.repeated = eager
             if split and op.rule == "attention":
                 t = _TABLES.get(((op.rule, op.params),), h, eager=eager)
                 if t is not None:
@@ -380,7 +383,7 @@ class Predictor:
                 for op in reversed(rec.branch_ops):
                     if w is not None:
                         if op.rule == "attention":
-                            k, k2, u = profile.attention_backward(op.params, op.x, g, u)
+                            k, k2, u = profile.attention_backward(op.params, op.x, g, u, op.repeated)
                             ku, kc = ku * k, kc * k2
                         else:
                             u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))

@@ -157,28 +157,39 @@ class RowsTable:
 
 
 _ROWS: dict = {}
+_DIRECT: dict = {}
 
 
-def rows(params: dict, x: Forward) -> dict:
-    """The per-row-length terms at attention input ``x`` (through a :class:`RowsTable` where
-    one covers it)."""
+def rows(params: dict, x: Forward, table: bool = True) -> dict:
+    """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` where
+    ``table`` (the predictor passes True when at least three layers share these parameters,
+    as for its branch tables, so a table is never built for one use and the choice does not
+    depend on the store), else evaluated directly (memoised, so a layer's forward and backward
+    share one evaluation)."""
     canon = _canonical(params)
     key = (tuple(sorted(canon.items())), float(x.mean))
-    tabs = _ROWS.setdefault(key, [])
-    for t in tabs:
-        if t.covers(x):
-            return t.at(float(x.corr))
-    if len(tabs) < 4:
-        t = RowsTable(canon, float(x.mean), float(x.var), min(0.0, float(x.corr)))
-        tabs.append(t)
-        if t.covers(x):
-            return t.at(float(x.corr))
-    return _rows_direct(canon, x)
+    if table:
+        tabs = _ROWS.setdefault(key, [])
+        for t in tabs:
+            if t.covers(x):
+                return t.at(float(x.corr))
+        if len(tabs) < 4:
+            t = RowsTable(canon, float(x.mean), float(x.var), min(0.0, float(x.corr)))
+            tabs.append(t)
+            if t.covers(x):
+                return t.at(float(x.corr))
+    dkey = (key, float(x.var), float(x.corr))
+    hit = _DIRECT.get(dkey)
+    if hit is None:
+        if len(_DIRECT) > 64:
+            _DIRECT.clear()
+        hit = _DIRECT[dkey] = _rows_direct(canon, x)
+    return hit
 
 
-def attention_forward(params: dict, x: Forward) -> np.ndarray:
+def attention_forward(params: dict, x: Forward, table: bool = True) -> np.ndarray:
     """Profile of the attention output (attention parameters, attention input state)."""
-    v = rows(params, x)["var"]
+    v = rows(params, x, table)["var"]
     return v / v.mean()
 
 
@@ -287,12 +298,13 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b != 0 and np.isfinite(a / b) else 1.0
 
 
-def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray) -> tuple[float, float, np.ndarray]:
+def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
+                       table: bool = True) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over the flat-profile rule values, normalised
     covariance at the attention input) for an upstream gradient covariance over positions C
     (mean diagonal 1; attention parameters and input state; g: the gradient state reaching
     the attention op, whose correlation defines the flat reference)."""
-    r = rows(params, x)
+    r = rows(params, x, table)
     L = len(C)
     o = _attention_cov(r, C)
     t, t1 = np.trace(o) / L, None
