@@ -251,3 +251,31 @@ def test_logit_se_pools_the_relative_spread_over_layers():
     for k in (1, 5):
         own = lg[:, k, 1].std(ddof=1) / np.sqrt(trials)
         assert out[k][1] >= own
+
+
+def test_logit_variance_keeps_the_draw_means():
+    """The per-draw mean logit is part of the variance (its expectation is 0): the estimate is
+    the mean second moment, not reduced by the square of the grand mean of a few draws."""
+    from sigprop.mc.model import logit_stats
+
+    lg = np.zeros((4, 2, 2))
+    lg[:, 0] = np.nan
+    lg[:, 1, 0] = [0.5, -0.5, 0.5, 0.5]             # draw means (grand mean 0.25)
+    lg[:, 1, 1] = [1.0, 1.0, 1.0, 1.0]              # second moments
+    mean, _ = logit_stats(lg)[1]
+    assert mean == 1.0                               # the old estimator gave 1 - 0.25^2
+
+
+def test_logit_se_pools_over_neighbouring_layers_only():
+    from sigprop.mc.model import LOGIT_POOL_HALF_WIDTH, logit_stats
+
+    rng = np.random.default_rng(5)
+    trials, n = 8, 40
+    lg = np.zeros((trials, n, 2))
+    spread = np.where(np.arange(n) < n // 2, 0.02, 0.4)   # quiet early layers, noisy late ones
+    lg[:, :, 1] = 1.0 + spread * rng.standard_normal((trials, n))
+    lg[:, -1, 1] = 1.0                                     # a deep layer whose draws agree
+    se_last = logit_stats(lg)[-1][1]
+    # pooled only over the last LOGIT_POOL_HALF_WIDTH + 1 points: the noisy regime's spread
+    assert LOGIT_POOL_HALF_WIDTH < n // 2
+    assert 0.2 / np.sqrt(trials) < se_last < 0.6 / np.sqrt(trials)
