@@ -279,3 +279,19 @@ def test_logit_se_pools_over_neighbouring_layers_only():
     # pooled only over the last LOGIT_POOL_HALF_WIDTH + 1 points: the noisy regime's spread
     assert LOGIT_POOL_HALF_WIDTH < n // 2
     assert 0.2 / np.sqrt(trials) < se_last < 0.6 / np.sqrt(trials)
+
+
+def test_logit_se_scales_with_the_neighbourhood_level():
+    """Draws that all happen to fall low do not shrink their own SE: the pooled relative spread
+    is scaled by the neighbourhood's mean level."""
+    from sigprop.mc.model import logit_stats
+
+    rng = np.random.default_rng(7)
+    trials, n = 8, 13
+    lg = np.zeros((trials, n, 2))
+    lg[:, :, 1] = 1.0 + 0.3 * rng.standard_normal((trials, n))
+    lg[:, 6, 1] = 0.6                                      # the middle point: all draws low
+    mean, se = logit_stats(lg)[6]
+    assert mean == pytest.approx(0.6)
+    # pooled relative SD ~0.29: x level ~0.97 gives ~0.10; x the point's own 0.6 gave ~0.06
+    assert se > 0.08

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sigprop.mc.model import simulate
+from sigprop.mc.model import logit_stats, simulate
 from sigprop.model.checking import compare
 from sigprop.model.predict import predict
 from sigprop.model.presets import resolve
@@ -70,6 +70,8 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
             return None
     if meas is None:
         meas = simulate(model, batch=batch, trials=trials, seed=seed)
+    if getattr(meas, "logit_draws", None) is not None:
+        meas.logit_var = logit_stats(meas.logit_draws)     # the current estimator
     pts = predict(model)
     res = compare(pts, meas)
     mv = np.array([f.var for f in meas.forward])

@@ -280,8 +280,8 @@ def logit_stats(lg: np.ndarray) -> list:
     correlation, i.e. with depth (Mix-LN `torch-default`, 96 layers: median relative SD 0.10 in
     layers 1-12, 0.31-0.35 beyond layer 25; Post-LN 0.05 and 0.27-0.34).  The SE is therefore the
     larger of the point's own and a pooled one: the relative per-draw spread pooled over the
-    neighbouring attention points (LOGIT_POOL_HALF_WIDTH on each side), times the point's mean,
-    over sqrt(trials)."""
+    neighbouring attention points (LOGIT_POOL_HALF_WIDTH on each side), times the mean level of
+    the same neighbourhood, over sqrt(trials)."""
     trials = lg.shape[0]
     keep = [k for k in range(lg.shape[1]) if not np.isnan(lg[0, k, 0])]
     out: list = [None] * lg.shape[1]
@@ -302,7 +302,12 @@ def logit_stats(lg: np.ndarray) -> list:
     idx = np.arange(len(keep))
     lo, hi = np.maximum(idx - w, 0), np.minimum(idx + w + 1, len(keep))
     pooled_var = (csum[hi] - csum[lo]) / ((hi - lo) * (trials - 1))
-    se = np.maximum(own, np.sqrt(pooled_var) * mean / np.sqrt(trials))
+    # the spread is relative to the expected level, estimated by the same neighbourhood's mean:
+    # scaled by the point's own mean, a draw set that happens to fall low (the likely way for
+    # a right-skewed quantity) would also get a small SE
+    msum = np.concatenate([[0.0], np.cumsum(mean)])
+    level = (msum[hi] - msum[lo]) / (hi - lo)
+    se = np.maximum(own, np.sqrt(pooled_var) * level / np.sqrt(trials))
     for j, k in enumerate(keep):
         out[k] = (float(mean[j]), float(se[j]))
     return out
