@@ -25,33 +25,13 @@ from __future__ import annotations
 import argparse
 import compileall
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
+from _timing import interleaved, wall
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _wall(cmd: list[str], env: dict) -> float:
-    t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-300:]}")
-    return dt
-
-
-def interleaved(cmds: list[tuple[list[str], dict]], repeats: int) -> list[float]:
-    """Median wall seconds of each (command, environment), the commands run in turn
-    ``repeats`` times."""
-    times = [[] for _ in cmds]
-    for _ in range(repeats):
-        for i, (c, env) in enumerate(cmds):
-            times[i].append(_wall(c, env))
-    return [statistics.median(t) for t in times]
 
 
 def main() -> None:
@@ -65,7 +45,7 @@ def main() -> None:
     sp = [py, "-m", "sigprop", "predict", "--arch", "preln", "--json"]
     warm = dict(os.environ, SIGPROP_CACHE_DIR=tempfile.mkdtemp(prefix="sigprop-bench-"))
     cold = dict(os.environ, SIGPROP_CACHE_DIR="off")
-    _wall(sp + ["--layers", "10"], warm)                      # a user's first run fills the store
+    wall(sp + ["--layers", "10"], env=warm)                      # a user's first run fills the store
     print(f"load average at start: {os.getloadavg()[0]:.2f} (2-core machine; medians of {a.repeats}, "
           f"interleaved)")
     base, t768, t768c = interleaved([([py, "-c", "import numpy"], warm), (sp + ["--layers", "768"], warm),

@@ -15,7 +15,8 @@ from typing import Any, NamedTuple
 
 class Forward(NamedTuple):
     """(Immutable; a named tuple rather than a frozen dataclass because the whole-model
-    predictor creates millions of them and a tuple is three times cheaper to make.)"""
+    predictor creates millions of them and a tuple is about half as costly to make: 0.22 us
+against 0.45 us measured.)"""
 
     mean: Any
     var: Any

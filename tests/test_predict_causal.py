@@ -81,7 +81,6 @@ def test_rows_table_matches_direct_evaluation():
     from sigprop.model import profile
     from sigprop.state import Forward
 
-    m = _model(True)
     params = dict(d=64, n_heads=2, d_head=32, L=32, p=0.0, causal=1, q_std=0.05, k_std=0.05,
                   v_std=0.2, o_std=0.1, q_bias_std=0.0, k_bias_std=0.0, v_bias_std=0.0, o_bias_std=0.0)
     t = profile.RowsTable(profile._canonical(params), 0.0, 1.0, 0.0)
@@ -95,4 +94,3 @@ def test_rows_table_matches_direct_evaluation():
             assert np.allclose(got[k], want[k], rtol=3e-4, atol=3e-4 * np.abs(want[k]).max()), k
         for k in ("cross", "cross_c", "qry_c"):
             assert got[k] == pytest.approx(want[k], rel=3e-4, abs=1e-9)
-    assert m.causal

@@ -21,7 +21,7 @@ units of the larger of its two inputs).  Nothing overflows, nothing becomes NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -422,7 +422,7 @@ class Predictor:
 def run(model) -> tuple[list[SublayerRecord], list]:
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
-    the pass over 100,000 layers re-scanned the growing heap again and again (about 2x)."""
+    the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
     with _no_gc():
         pr = Predictor(model)
         records = pr.forward()

@@ -307,7 +307,7 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     r = rows(params, x, table)
     L = len(C)
     o = _attention_cov(r, C)
-    t, t1 = np.trace(o) / L, None
+    t = np.trace(o) / L
     t1, off1 = _flat_stats(r, L, float(g.corr))
     if not (t > 0 and t1 > 0):
         return 1.0, 1.0, C
