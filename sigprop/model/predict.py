@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
+from sigprop.backend import numeric
 from sigprop.model import profile
 from sigprop.model.spec import _no_gc
 from sigprop.model.tables import BUILD_AFTER, TableCache
@@ -122,6 +124,7 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 _TABLES = TableCache()
 _LN_EPS = next(q.default for q in get("layernorm").params if q.name == "eps")
 _RESIDUAL = get("residual")
+_LINEAR = get("linear")
 
 
 def _fwd(op: Op, x: Forward) -> Forward:
@@ -137,19 +140,38 @@ def _bwd(op: Op, g: Backward) -> Backward:
     return Backward(float(gb.var), float(gb.corr))
 
 
+class _ResidualParams(NamedTuple):
+    a: float
+    b: float
+    y_mean: float
+    y_var: float
+    y_corr: float
+
+
 def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: float):
     """w1 * s1 + w2 * s2 for independent signals given as (log var, normalised state), via the
     residual rule evaluated in units of the larger input; returns (log var, normalised)."""
-    ref = max(lv1 + 2 * math.log(abs(w1)) if w1 else -math.inf, lv2 + 2 * math.log(abs(w2)) if w2 else -math.inf)
+    l1 = lv1 + 2 * math.log(abs(w1)) if w1 else -math.inf
+    l2 = lv2 + 2 * math.log(abs(w2)) if w2 else -math.inf
+    ref = l1 if l1 > l2 else l2
     if ref == -math.inf:
         return -math.inf, Forward(0.0, 1.0, 0.0)
-    v1 = _exp_rel(lv1, ref)
-    v2 = _exp_rel(lv2, ref)
-    y, _ = _RESIDUAL.fast(
-        Forward(x1.mean * math.sqrt(v1), v1 if v1 > 0 else 1.0, x1.corr), None,
-        dict(a=w1 if v1 > 0 else 0.0, b=w2, y_mean=x2.mean * math.sqrt(v2), y_var=v2, y_corr=x2.corr))
-    lv, xn = _normalise(Forward(float(y.mean), float(y.var), float(y.corr)))
-    return ref + lv, xn
+    v1 = 0.0 if lv1 == -math.inf else math.exp(lv1 - ref)
+    v2 = 0.0 if lv2 == -math.inf else math.exp(lv2 - ref)
+    x = Forward(x1.mean * math.sqrt(v1), v1 if v1 > 0 else 1.0, x1.corr)
+    p = _ResidualParams(w1 if v1 > 0 else 0.0, w2, x2.mean * math.sqrt(v2), v2, x2.corr)
+    try:
+        # the rule's own formulas on plain floats (one of the two terms is 1 in these units,
+        # so the variance is positive); Rule.fast's generic path where arithmetic fails
+        y = _RESIDUAL.forward(numeric, x, p)
+    except (ZeroDivisionError, OverflowError, ValueError):
+        y, _ = _RESIDUAL.fast(x, None, p._asdict())
+    var = float(y.var)
+    if var <= 0:
+        return -math.inf, Forward(0.0, 1.0, float(y.corr))
+    corr = float(y.corr)
+    return ref + math.log(var), Forward(float(y.mean) / math.sqrt(var), 1.0,
+                                       1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)
 
 
 def _mix_tokens(lv: float, a: float, tok: tuple[float, float], blv: float, b: float):
@@ -222,6 +244,7 @@ class Predictor:
         for kind in ("attention", "ffn"):
             self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
         self._chains: dict = {}
+        self._qk: dict = {}           # per attention parameter dict: the q and k projections
 
     # -- branch chains -------------------------------------------------------------------
     def _attention_ops(self, l: int) -> list[Op]:
@@ -256,11 +279,16 @@ class Predictor:
         tok = (0.0, 1.0)
         prof = profile.flat(m.seq_len) if m.causal else None
         records = []
+        # per-layer columns as plain Python values (indexing NumPy arrays per layer is slow)
+        cols = {kind: (np.asarray(getattr(m, kind).post, dtype=bool).tolist(),
+                       np.asarray(getattr(m, kind).skip_scale, dtype=float).tolist(),
+                       np.asarray(getattr(m, kind).branch_scale, dtype=float).tolist(),
+                       np.asarray(getattr(m, kind).norm_scale, dtype=float).tolist())
+                for kind in ("attention", "ffn")}
         for l in range(m.n_layers):
             for kind in ("attention", "ffn"):
-                cols = getattr(m, kind)
-                post = bool(cols.post[l])
-                a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
+                c_post, c_a, c_b, c_n = cols[kind]
+                post, a, b, n = c_post[l], c_a[l], c_b[l], c_n[l]
                 rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
                 chain, chain_key = self._chain(kind, l, post, n)
                 h = _real(lv, x)
@@ -301,10 +329,15 @@ class Predictor:
         """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``: q
         and k are independent zero-mean linear projections of it, so the variance is
         var(q) var(k) (the d_head terms of the dot product and the 1/sqrt(d_head) cancel)."""
-        width = p["n_heads"] * p["d_head"]
-        lin = get("linear")
-        vq, _ = lin.fast(x, None, dict(d_in=p["d"], d_out=width, w_std=p["q_std"], b_std=p["q_bias_std"]))
-        vk, _ = lin.fast(x, None, dict(d_in=p["d"], d_out=width, w_std=p["k_std"], b_std=p["k_bias_std"]))
+        hit = self._qk.get(id(p))
+        if hit is None or hit[0] is not p:
+            width = p["n_heads"] * p["d_head"]
+            hit = self._qk[id(p)] = (p, *(dict(d_in=p["d"], d_out=width, w_std=p[f"{w}_std"], b_std=p[f"{w}_bias_std"])
+                                          for w in ("q", "k")))
+        vq, _ = _LINEAR.fast(x, None, hit[1])
+        if hit[2] == hit[1]:                  # same q and k initialisation: var(k) = var(q)
+            return float(vq.var * vq.var)
+        vk, _ = _LINEAR.fast(x, None, hit[2])
         return float(vq.var * vk.var)
 
     def _chain(self, kind: str, l: int, post: bool, n: float):
@@ -363,7 +396,7 @@ class Predictor:
             if rec.post:
                 # through the final LayerNorm of the sublayer, then split into skip and branch
                 ln = rec.pre_ops[0]
-                ln.params["g_generic"] = 0.5 * (gen[0] + gen[1])
+                ln.params = {**ln.params, "g_generic": 0.5 * (gen[0] + gen[1])}   # a new dict (Rule.fast)
                 gb = _bwd(ln, Backward(1.0, gc))
                 kw = 1.0
                 if w is not None:

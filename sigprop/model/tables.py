@@ -127,6 +127,7 @@ class Table:
             self._set_coefficients()
             if dvals is not None:
                 self.dvals, self.dcoef = dvals, self._coef_of(dvals)
+                self._stacked = np.vstack([self.coef, self.dcoef])
         return True
 
     def save(self) -> None:
@@ -172,6 +173,7 @@ class Table:
         h = 1e-4
         self.dvals = (self._values(np.cos(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var)
         self.dcoef = self._coef_of(self.dvals)
+        self._stacked = np.vstack([self.coef, self.dcoef])
         if self.store_key is not None:
             self.save()
 
@@ -230,9 +232,20 @@ class Table:
             row = row + (var - self.var) * (self.dcoef @ basis)
         return row
 
-    def row(self, x: Forward) -> np.ndarray:
-        """Every tabulated quantity at input ``x``: mean, var, cov | A, B, C, D."""
-        return self._row(float(x.corr), float(x.var))
+    def row(self, x: Forward) -> list:
+        """Every tabulated quantity at input ``x`` as a list of floats: mean, var, cov | A, B,
+        C, D (the predictor's per-sublayer path: one matrix product for the value and its
+        variance derivative together, the combination in plain floats)."""
+        corr, var = float(x.corr), float(x.var)
+        basis = self._basis(math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
+        if var == self.var:
+            return (self.coef @ basis).tolist()
+        if self.dvals is None:
+            self._derivative()
+        r = (self._stacked @ basis).tolist()
+        dv = var - self.var
+        return [r[0] + dv * r[7], r[1] + dv * r[8], r[2] + dv * r[9], r[3] + dv * r[10],
+                r[4] + dv * r[11], r[5] + dv * r[12], r[6] + dv * r[13]]
 
     @staticmethod
     def forward_of(r) -> Forward:
@@ -262,9 +275,10 @@ class _Scaled:
     def covers(self, x: Forward) -> bool:
         return self.table.covers(x)
 
-    def row(self, x: Forward) -> np.ndarray:
-        r = self.table.row(x) * self.s
-        r[0] = r[0] / math.sqrt(self.s)          # the mean scales with sqrt(s)
+    def row(self, x: Forward) -> list:
+        s = self.s
+        r = [v * s for v in self.table.row(x)]
+        r[0] = r[0] / math.sqrt(s)               # the mean scales with sqrt(s)
         return r
 
     forward_of = staticmethod(Table.forward_of)

@@ -1,6 +1,7 @@
 """Component moment rules.  Importing this package registers every rule in
 :data:`REGISTRY` (name -> Rule); it never imports sympy."""
 
+from sigprop.errors import DomainError
 from sigprop.rules.base import REGISTRY, Rule  # noqa: F401
 import importlib
 
@@ -11,8 +12,6 @@ for _mod in _MODULES:
 
 
 def get(name: str) -> Rule:
-    from sigprop.errors import DomainError
-
     try:
         return REGISTRY[name]
     except KeyError:

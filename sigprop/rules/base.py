@@ -205,15 +205,22 @@ class Rule:
         parameters were validated with the model.  Same formulas (``forward``/``backward``
         with the numeric namespace); where float arithmetic raises (a division by zero, an
         overflow) it defers to :meth:`evaluate`, whose NumPy scalars give inf/0 instead.
-        ``need_forward=False`` (with ``g``) skips the forward output (returned as None)."""
-        defaults = self.__dict__.get("_defaults")
-        if defaults is None:
-            defaults = self._defaults = {q.name: q.default for q in self.params}
-        if len(params) == len(defaults):        # every parameter given (the predictor's calls)
-            p = SimpleNamespace(**params)
+        ``need_forward=False`` (with ``g``) skips the forward output (returned as None).
+
+        The parameter namespace is memoised on the identity of ``params``: a caller must not
+        change a dict after passing it here (the predictor makes a new dict instead)."""
+        memo = self.__dict__.get("_fast_memo")
+        if memo is None:
+            memo = self._fast_memo = {}
+        hit = memo.get(id(params))
+        if hit is not None and hit[0] is params:
+            p = hit[1]
         else:
-            p = SimpleNamespace(**defaults)
+            p = SimpleNamespace(**{q.name: q.default for q in self.params})
             p.__dict__.update(params)
+            if len(memo) > 4096:
+                memo.clear()
+            memo[id(params)] = (params, p)      # keeps params alive: its id stays unique
         try:
             y = self.forward(numeric, x, p) if need_forward or g is None else None
             gb = None if g is None else self.backward(numeric, x, g, p)
