@@ -182,3 +182,24 @@ def test_growth_law_of_a_series_spanning_more_than_a_double():
                         "--json"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["summary"]["forward_law"] == "exponential"
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_trace_text_equals_json_dumps_of_trace(every):
+    """`predict --json` writes the trace text directly (trace_text); it must be exactly
+    json.dumps of the trace dict: uniform stacks, per-layer parameters (DeepScaleLM's
+    per-layer scales, LayerNorm Scaling's norm scales), overflowing values ("inf" strings
+    and log10 fields), None logit variances."""
+    from sigprop.model.trace import trace_text
+
+    models = [
+        resolve("preln", n_layers=7, **SMALL),
+        resolve("dslm", n_layers=5, **SMALL),
+        resolve("lns", n_layers=5, **SMALL),
+        resolve("mixln", n_layers=8, **SMALL),
+        resolve("preln", n_layers=6, skip_scale=3.0, input_var=1e300, grad_var=1e300,
+                d_model=64, n_heads=2, seq_len=8),
+    ]
+    for m in models:
+        pts = predict(m)
+        assert trace_text(m, pts, every) == json.dumps(trace(m, pts, every))

@@ -24,13 +24,13 @@ def predict_cmd(
         render_symbolic(model)
         return
     from sigprop.model.predict import predict
-    from sigprop.model.trace import dumps, trace
+    from sigprop.model.trace import trace, trace_text
 
     points = predict(model)
-    tr = trace(model, points, every)
     if as_json:
-        print(dumps(tr))
+        print(trace_text(model, points, every))
         return
+    tr = trace(model, points, every)
     from sigprop.cli._render_model import render_trace
 
     render_trace(model, tr)

@@ -213,10 +213,13 @@ def _repeats(cols) -> tuple[list, list]:
     this layer's, and an id of that parameter set."""
     arrays = [cols.post, cols.norm_scale]
     arrays += [cols.std[w] for w in sorted(cols.std)] + [cols.bias_std[w] for w in sorted(cols.bias_std)]
-    sig = np.stack([np.asarray(a, dtype=float) for a in arrays], axis=1)
-    _, inverse, counts = np.unique(sig, axis=0, return_inverse=True, return_counts=True)
-    inverse = inverse.ravel()
-    return counts[inverse].tolist(), inverse.tolist()
+    rows = list(zip(*(np.asarray(a, dtype=float).tolist() for a in arrays)))
+    ids: dict = {}
+    group = [ids.setdefault(r, len(ids)) for r in rows]
+    counts = [0] * len(ids)
+    for g in group:
+        counts[g] += 1
+    return [counts[g] for g in group], group
 
 
 def _gains(bwd) -> tuple[float, float]:

@@ -114,9 +114,14 @@ def _grad_words(g, s) -> str:
     return f"gradient {g.law} in depth (input/output {rs})"
 
 
+def _with_log(points: list) -> bool:
+    """Whether the trace carries log10 variances (some variance under- or overflows)."""
+    return any(not (math.isfinite(p.var) and math.isfinite(p.gvar) and p.var > 0 and p.gvar > 0) for p in points)
+
+
 def trace(model, points: list, every: int = 1) -> dict:
     kept = thin(points, every)
-    with_log = any(not (math.isfinite(p.var) and math.isfinite(p.gvar) and p.var > 0 and p.gvar > 0) for p in points)
+    with_log = _with_log(points)
     return {
         "schema": "sigprop.trace/1",
         "version": __version__,
@@ -126,20 +131,74 @@ def trace(model, points: list, every: int = 1) -> dict:
     }
 
 
+def trace_text(model, points: list, every: int = 1) -> str:
+    """``json.dumps(trace(model, points, every))``, the same text, built faster (`sigprop
+    predict --json`): the points are written straight to text (:func:`point_text`) instead
+    of through dicts, and the model's layers are serialised once per distinct layer
+    (:func:`dumps`)."""
+    kept = thin(points, every)
+    with_log = _with_log(points)
+    head = {"schema": "sigprop.trace/1", "version": __version__, "model": model.to_json(),
+            "points": _POINTS, "summary": summary(points)}
+    body = "[" + ", ".join([point_text(p, with_log) for p in kept]) + "]"
+    return dumps(head, _layer_keys(model)).replace(json.dumps(_POINTS), body, 1)
+
+
+def _layer_keys(model) -> list:
+    """Per layer, a tuple of every column value its JSON object is made of (equal tuples,
+    equal objects)."""
+    cols = []
+    for sub in (model.attention, model.ffn):
+        cols += [np.asarray(c).tolist() for c in (sub.post, sub.skip_scale, sub.branch_scale, sub.norm_scale)]
+        cols += [np.asarray(sub.std[w]).tolist() for w in sub.names]
+        cols += [np.asarray(sub.bias_std[w]).tolist() for w in sub.names]
+    return list(zip(*cols))
+
+
+def _num_text(v) -> str:
+    """:func:`num` as JSON text (floats as json.dumps writes them: ``float.__repr__``)."""
+    v = float(v)
+    if v - v == 0.0:                  # finite
+        return float.__repr__(v)
+    return json.dumps(num(v))         # "inf" / "-inf"; NaN raises
+
+
+_FLOAT_REPR = float.__repr__
+
+
+def point_text(p, with_log: bool) -> str:
+    """``json.dumps(point_json(p, with_log))`` (tested equal), without the dicts."""
+    mean, var, corr, gvar, gcorr = float(p.mean), p.var, float(p.corr), p.gvar, float(p.gcorr)
+    if (mean - mean) + (var - var) + (corr - corr) + (gvar - gvar) + (gcorr - gcorr) == 0.0:   # all finite
+        f = f'{{"mean": {_FLOAT_REPR(mean)}, "var": {_FLOAT_REPR(var)}, "corr": {_FLOAT_REPR(corr)}'
+        b = f'{{"var": {_FLOAT_REPR(gvar)}, "corr": {_FLOAT_REPR(gcorr)}'
+    else:
+        f = f'{{"mean": {_num_text(mean)}, "var": {_num_text(var)}, "corr": {_num_text(corr)}'
+        b = f'{{"var": {_num_text(gvar)}, "corr": {_num_text(gcorr)}'
+    if with_log:
+        f += f', "log10_var": {_num_text(p.log_var * LOG10E)}'
+        b += f', "log10_var": {_num_text(p.log_gvar * LOG10E)}'
+    lv = "null" if p.logit_var is None else _num_text(p.logit_var)
+    return (f'{{"layer": {int(p.layer)}, "sublayer": {json.dumps(p.sublayer)}, "forward": {f}}}, '
+            f'"backward": {b}}}, "logit_var": {lv}}}')
+
+
 _LAYERS = "\x00sigprop-layers\x00"
+_POINTS = "\x00sigprop-points\x00"
 
 
-def dumps(tr: dict) -> str:
+def dumps(tr: dict, keys: list | None = None) -> str:
     """``json.dumps(tr)``, the same text, faster for deep models: the model's per-layer
     objects repeat (every layer of a uniform stack is the same), so each distinct one is
-    serialised once."""
+    serialised once.  ``keys``: per layer, a key equal for equal layer objects (default: read
+    from the objects)."""
     model = tr.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("layers"), list):
         return json.dumps(tr)
     memo: dict = {}
     texts = []
-    for layer in model["layers"]:
-        key = _layer_key(layer)
+    for i, layer in enumerate(model["layers"]):
+        key = _layer_key(layer) if keys is None else keys[i]
         text = memo.get(key)
         if text is None:
             text = memo[key] = json.dumps(layer)
