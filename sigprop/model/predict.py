@@ -248,6 +248,7 @@ class Predictor:
             self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
         self._chains: dict = {}
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
+        self._ln_params: dict = {}
 
     # -- branch chains -------------------------------------------------------------------
     def _attention_ops(self, l: int) -> list[Op]:
@@ -269,8 +270,12 @@ class Predictor:
         ]
 
     def _ln(self, tok: tuple[float, float]) -> Op:
-        """LayerNorm op for a stream with per-token statistics ``tok`` = (centred, kappa)."""
-        return Op("layernorm", dict(d=self.d, eps=_LN_EPS, centred=tok[0], kappa=tok[1], g_generic=1.0))
+        """LayerNorm op for a stream with per-token statistics ``tok`` = (centred, kappa); one
+        parameter dict per distinct ``tok`` (never changed: see Rule.fast)."""
+        params = self._ln_params.get(tok)
+        if params is None:
+            params = self._ln_params[tok] = dict(d=self.d, eps=_LN_EPS, centred=tok[0], kappa=tok[1], g_generic=1.0)
+        return Op("layernorm", params)
 
     # -- passes --------------------------------------------------------------------------
     def forward(self) -> list[SublayerRecord]:
