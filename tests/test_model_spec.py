@@ -334,3 +334,35 @@ def test_numpy_scalars_in_a_python_object_are_accepted():
     j["layers"][1]["ffn"]["init"]["in"]["std"] = np.bool_(True)
     with pytest.raises(DomainError, match=r"layers\[1\]\.ffn\.init\.in\.std must be a number"):
         Model.from_json(j)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.data())
+def test_layer_runs_group_exactly_the_identical_layer_objects(n, data):
+    """Model.layer_runs (used to serialise each run of identical layers once): inside a run
+    every layer's JSON text equals the first's, and consecutive runs differ.  Values come
+    from a small set (so runs occur) that includes 0.0 and -0.0 (equal floats, different
+    JSON text)."""
+    vals = st.sampled_from([0.0, -0.0, 1.0, 0.5])
+    nonneg = st.sampled_from([0.0, 0.02, 0.5])
+
+    def col(strategy):
+        return np.array(data.draw(st.lists(strategy, min_size=n, max_size=n)), dtype=np.float64)
+
+    def sub(kind):
+        names = WEIGHTS[kind]
+        post = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        return Sublayers(kind, post, col(vals), col(vals), col(vals), {w: col(nonneg) for w in names},
+                         {w: col(nonneg) for w in names})
+
+    m = Model(arch="x", n_layers=n, d_model=8, n_heads=1, d_head=8, d_ff=16, seq_len=2, activation="relu",
+              norm="layernorm", causal=False, dropout=Dropout(0.0), input=Forward(0.0, 1.0, 0.0),
+              grad=Backward(1.0, 0.0), attention=sub("attention"), ffn=sub("ffn"))
+    texts = [json.dumps(layer) for layer in m.to_json()["layers"]]
+    runs = m.layer_runs()
+    assert runs[0] == 0 and runs[-1] == n and all(a < b for a, b in zip(runs, runs[1:]))
+    for start, end in zip(runs[:-1], runs[1:]):
+        assert all(texts[i] == texts[start] for i in range(start, end))
+        assert json.dumps(m.layers_json([start])[0]) == texts[start]
+        if end < n:
+            assert texts[end] != texts[start]

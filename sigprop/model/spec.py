@@ -174,12 +174,17 @@ class Sublayers:
 
     __hash__ = None  # type: ignore[assignment]
 
-    def _json_columns(self) -> list:
-        """Per-layer sublayer dicts in the contract's layout, built column-wise."""
+    def _json_columns(self, rows=None) -> list:
+        """Per-layer sublayer dicts in the contract's layout, built column-wise (``rows``: only
+        those layers, 0-based indices)."""
         names = self.names
-        place = ["post" if p else "pre" for p in self.post.tolist()]
-        std = [self.std[w].tolist() for w in names]
-        bstd = [self.bias_std[w].tolist() for w in names]
+
+        def col(c):
+            return (c if rows is None else c[rows]).tolist()
+
+        place = ["post" if p else "pre" for p in col(self.post)]
+        std = [col(self.std[w]) for w in names]
+        bstd = [col(self.bias_std[w]) for w in names]
         if len(names) == 4:
             inits = [{names[0]: {"std": s0, "bias_std": b0}, names[1]: {"std": s1, "bias_std": b1},
                       names[2]: {"std": s2, "bias_std": b2}, names[3]: {"std": s3, "bias_std": b3}}
@@ -188,8 +193,15 @@ class Sublayers:
             inits = [{w: {"std": s, "bias_std": b} for w, s, b in zip(names, ss, bs)}
                      for ss, bs in zip(zip(*std), zip(*bstd))]
         return [{"placement": p, "skip_scale": a, "branch_scale": b, "norm_scale": n, "init": i}
-                for p, a, b, n, i in zip(place, self.skip_scale.tolist(), self.branch_scale.tolist(),
-                                         self.norm_scale.tolist(), inits)]
+                for p, a, b, n, i in zip(place, col(self.skip_scale), col(self.branch_scale),
+                                         col(self.norm_scale), inits)]
+
+    def _bits(self) -> np.ndarray:
+        """Every column side by side as raw 64-bit patterns, shape (n_layers, k): equal rows
+        give equal JSON objects (bit patterns, so 0.0 and -0.0 differ as their texts do)."""
+        cols = [self.post.astype(np.float64), self.skip_scale, self.branch_scale, self.norm_scale]
+        cols += [self.std[w] for w in self.names] + [self.bias_std[w] for w in self.names]
+        return np.ascontiguousarray(np.column_stack(cols)).view(np.int64)
 
 
 @dataclass(frozen=True)
@@ -310,8 +322,23 @@ class Model:
             return self._to_json()
 
     def _to_json(self) -> dict:
-        att = self.attention._json_columns()
-        ffn = self.ffn._json_columns()
+        return {**self._json_head(), "layers": self.layers_json()}
+
+    def layers_json(self, rows=None) -> list:
+        """The contract's per-layer objects (``rows``: only those layers, 0-based)."""
+        att = self.attention._json_columns(rows)
+        ffn = self.ffn._json_columns(rows)
+        return [{"attention": a, "ffn": f} for a, f in zip(att, ffn)]
+
+    def layer_runs(self) -> list:
+        """First layer (0-based) of every run of consecutive layers with identical parameters,
+        then n_layers: a uniform stack is [0, n_layers]."""
+        bits = np.concatenate([self.attention._bits(), self.ffn._bits()], axis=1)
+        change = np.flatnonzero(np.any(bits[1:] != bits[:-1], axis=1)) + 1
+        return [0, *change.tolist(), self.n_layers]
+
+    def _json_head(self) -> dict:
+        """The model object without "layers" (the key order of :meth:`to_json`)."""
         return {
             "arch": self.arch,
             "n_layers": self.n_layers, "d_model": self.d_model, "n_heads": self.n_heads,
@@ -323,7 +350,6 @@ class Model:
                         "ffn_inner": self.dropout.ffn_inner},
             "input": {"mean": self.input.mean, "var": self.input.var, "corr": self.input.corr},
             "grad": {"var": self.grad.var, "corr": self.grad.corr},
-            "layers": [{"attention": a, "ffn": f} for a, f in zip(att, ffn)],
         }
 
     @classmethod

@@ -115,8 +115,12 @@ def _grad_words(g, s) -> str:
 
 
 def _with_log(points: list) -> bool:
-    """Whether the trace carries log10 variances (some variance under- or overflows)."""
-    return any(not (math.isfinite(p.var) and math.isfinite(p.gvar) and p.var > 0 and p.gvar > 0) for p in points)
+    """Whether the trace carries log10 variances (some variance under- or overflows): the
+    variances are exp(log) (see StreamPoint), finite below 709 and positive above -745."""
+    for p in points:
+        if not (-745.0 < p.log_var < 709.0 and -745.0 < p.log_gvar < 709.0):
+            return True
+    return False
 
 
 def trace(model, points: list, every: int = 1) -> dict:
@@ -134,25 +138,20 @@ def trace(model, points: list, every: int = 1) -> dict:
 def trace_text(model, points: list, every: int = 1) -> str:
     """``json.dumps(trace(model, points, every))``, the same text, built faster (`sigprop
     predict --json`): the points are written straight to text (:func:`point_text`) instead
-    of through dicts, and the model's layers are serialised once per distinct layer
-    (:func:`dumps`)."""
+    of through dicts, and the model's layers are serialised once per run of identical
+    layers (Model.layer_runs)."""
     kept = thin(points, every)
     with_log = _with_log(points)
-    head = {"schema": "sigprop.trace/1", "version": __version__, "model": model.to_json(),
+    model_head = {**model._json_head(), "layers": _LAYERS}
+    head = {"schema": "sigprop.trace/1", "version": __version__, "model": model_head,
             "points": _POINTS, "summary": summary(points)}
+    texts = []
+    runs = model.layer_runs()
+    for start, end in zip(runs[:-1], runs[1:]):          # one text per run of identical layers
+        texts += [json.dumps(model.layers_json([start])[0])] * (end - start)
+    layers = "[" + ", ".join(texts) + "]"
     body = "[" + ", ".join([point_text(p, with_log) for p in kept]) + "]"
-    return dumps(head, _layer_keys(model)).replace(json.dumps(_POINTS), body, 1)
-
-
-def _layer_keys(model) -> list:
-    """Per layer, a tuple of every column value its JSON object is made of (equal tuples,
-    equal objects)."""
-    cols = []
-    for sub in (model.attention, model.ffn):
-        cols += [np.asarray(c).tolist() for c in (sub.post, sub.skip_scale, sub.branch_scale, sub.norm_scale)]
-        cols += [np.asarray(sub.std[w]).tolist() for w in sub.names]
-        cols += [np.asarray(sub.bias_std[w]).tolist() for w in sub.names]
-    return list(zip(*cols))
+    return json.dumps(head).replace(json.dumps(_POINTS), body, 1).replace(json.dumps(_LAYERS), layers, 1)
 
 
 def _num_text(v) -> str:
@@ -187,18 +186,17 @@ _LAYERS = "\x00sigprop-layers\x00"
 _POINTS = "\x00sigprop-points\x00"
 
 
-def dumps(tr: dict, keys: list | None = None) -> str:
+def dumps(tr: dict) -> str:
     """``json.dumps(tr)``, the same text, faster for deep models: the model's per-layer
     objects repeat (every layer of a uniform stack is the same), so each distinct one is
-    serialised once.  ``keys``: per layer, a key equal for equal layer objects (default: read
-    from the objects)."""
+    serialised once."""
     model = tr.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("layers"), list):
         return json.dumps(tr)
     memo: dict = {}
     texts = []
-    for i, layer in enumerate(model["layers"]):
-        key = _layer_key(layer) if keys is None else keys[i]
+    for layer in model["layers"]:
+        key = _layer_key(layer)
         text = memo.get(key)
         if text is None:
             text = memo[key] = json.dumps(layer)
