@@ -156,10 +156,13 @@ def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: fl
     ref = l1 if l1 > l2 else l2
     if ref == -math.inf:
         return -math.inf, Forward(0.0, 1.0, 0.0)
-    v1 = 0.0 if lv1 == -math.inf else math.exp(lv1 - ref)
-    v2 = 0.0 if lv2 == -math.inf else math.exp(lv2 - ref)
+    # each term's variance w^2 var in units of the larger one (the weights folded in, so that
+    # a huge weight on a small signal cannot underflow), the weights' signs as a and b
+    v1 = 0.0 if l1 == -math.inf else math.exp(l1 - ref)
+    v2 = 0.0 if l2 == -math.inf else math.exp(l2 - ref)
     x = Forward(x1.mean * math.sqrt(v1), v1 if v1 > 0 else 1.0, x1.corr)
-    p = _ResidualParams(w1 if v1 > 0 else 0.0, w2, x2.mean * math.sqrt(v2), v2, x2.corr)
+    p = _ResidualParams(math.copysign(1.0, w1) if v1 > 0 else 0.0, math.copysign(1.0, w2) if v2 > 0 else 0.0,
+                        x2.mean * math.sqrt(v2), v2, x2.corr)
     try:
         # the rule's own formulas on plain floats (one of the two terms is 1 in these units,
         # so the variance is positive); Rule.fast's generic path where arithmetic fails
