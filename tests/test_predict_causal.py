@@ -94,3 +94,32 @@ def test_rows_table_matches_direct_evaluation():
             assert np.allclose(got[k], want[k], rtol=3e-4, atol=3e-4 * np.abs(want[k]).max()), k
         for k in ("cross", "cross_c", "qry_c"):
             assert got[k] == pytest.approx(want[k], rel=3e-4, abs=1e-9)
+
+
+# Monte Carlo of Post-LN `torch-default`, 48 layers, dropout 0.1, causal, d_model 128, 2 heads,
+# d_ff 512, 64 tokens: sigprop.mc.model.simulate(model, batch=4, trials=32, seed=0), float32,
+# ~15 s; trace point k -> (forward corr, its SE, gradient variance, its SE)
+_POSTLN_CAUSAL_MC = {
+    24: (0.5880, 0.0060, 0.5314, 0.0339),
+    36: (0.6873, 0.0052, 0.4455, 0.0277),
+    48: (0.7459, 0.0038, 0.3755, 0.0190),
+    60: (0.7654, 0.0034, 0.3272, 0.0123),
+    72: (0.7779, 0.0040, 0.3596, 0.0108),
+    84: (0.7792, 0.0041, 0.5172, 0.0095),
+    96: (0.7862, 0.0037, 0.9983, 0.0012),
+}
+
+
+def test_causal_postln_token_correlation_over_positions():
+    """The first positions of a causal stack mix with few others and stay less correlated with
+    the rest; the mean-field state (one correlation for all pairs) put the deep Post-LN
+    equilibrium at 0.8115 against the MC's 0.7862 +- 0.0037 (7 SE high), and, through the
+    attention branch's variance in every LayerNorm, the gradient 9% low in the middle layers.
+    The position deviation carried by the predictor (profile, "forward") corrects both."""
+    m = resolve("postln", "torch-default", n_layers=48, dropout=0.1, causal=True, d_model=128,
+                n_heads=2, d_ff=512, seq_len=64)
+    pts = predict(m)
+    for k, (c, c_se, _, _) in _POSTLN_CAUSAL_MC.items():
+        assert abs(pts[k].corr - c) <= 3 * c_se, (k, pts[k].corr, c, c_se)
+    logr = [np.log(pts[k].gvar / g) for k, (_, _, g, _) in _POSTLN_CAUSAL_MC.items() if k < 96]
+    assert abs(np.mean(logr)) <= 0.03, logr

@@ -102,6 +102,10 @@ class StreamPoint:
         return _exp(self.log_gvar)
 
 
+def _clip_corr(c: float) -> float:
+    return min(1.0, max(-1.0, float(c)))
+
+
 def _exp(v: float) -> float:
     return math.exp(v) if v < 709.0 else math.inf
 
@@ -289,6 +293,9 @@ class Predictor:
         # Gaussian; sums mix them (layernorm.combine_token_stats)
         tok = (0.0, 1.0)
         prof = profile.flat(m.seq_len) if m.causal else None
+        # causal: the deviation over pairs of positions of the stream's normalised token
+        # covariance from its mean (zero diagonal; see profile, "forward")
+        dev = np.zeros((m.seq_len, m.seq_len)) if m.causal else None
         records = []
         # per-layer columns as plain Python values (indexing NumPy arrays per layer is slow)
         cols = {kind: (np.asarray(getattr(m, kind).post, dtype=bool).tolist(),
@@ -303,24 +310,42 @@ class Predictor:
                 rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
                 chain, chain_key = self._chain(kind, l, post, n)
                 h = _real(lv, x)
+                dev_in = dev
                 if not post:
                     ln = self._ln(tok)
                     rec.pre_ops = [ln]
                     h = _fwd(ln, h)
+                    if dev is not None:
+                        # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
+                        c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)))
+                        h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
                 if kind == "attention":
                     rec.logit_var = self._logit_var(chain[-2][1],
                                                     h if post else Forward(h.mean * n, h.var * n * n, h.corr))
+                h_in = h
                 h = self._branch_forward(rec, chain, chain_key, h, prof is not None and kind == "attention")
+                if dev is not None:
+                    att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
+                    bprof = (profile.attention_forward(att.params, att.x, att.repeated) if att
+                             else profile.flat(m.seq_len))
+                    # the branch output's covariance over positions: the rule's (mean, profile)
+                    # plus the deviation the input's position structure adds
+                    bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
+                    bcov[np.diag_indices_from(bcov)] += h.var * bprof
+                    bcov += h.var * h.corr * (1 - np.eye(m.seq_len))
+                    bv = float(np.trace(bcov)) / m.seq_len
+                    h = Forward(h.mean, bv, _clip_corr(profile._mean_off(bcov) / bv))
+                    bcov /= bv
                 rec.branch_out = h
                 blv, bx = _normalise(h)
                 zlv, z = _combine(lv, x, a, blv, bx, b)
                 if prof is not None:
                     rec.x_prof = prof
-                    att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
-                    bprof = (profile.attention_forward(att.params, att.x, att.repeated) if att
-                             else profile.flat(m.seq_len))
-                    prof = profile.mix(_exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv), prof,
-                                       _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv), bprof)
+                    w1 = _exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv)
+                    w2 = _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv)
+                    zcov = profile.mix_cov(w1, self._cov(x.corr, dev, prof), w2, bcov)
+                    zcov /= float(np.trace(zcov)) / m.seq_len
+                    prof = np.diag(zcov).copy()
                     rec.z_prof = prof
                 tok = _mix_tokens(lv, a, tok, blv, b)
                 if post:
@@ -329,12 +354,55 @@ class Predictor:
                     rec.pre_ops = [ln]
                     lv, x = _normalise(_fwd(ln, _real(zlv, z)))
                     tok = (1.0, 0.0)
-                    prof = None if prof is None else profile.flat(m.seq_len)
+                    if prof is not None:
+                        # per position the LayerNorm divides by that position's std
+                        c_out, dev = profile.deviation(profile.normalise(zcov))
+                        x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile._mean_off(zcov)))
+                        prof = profile.flat(m.seq_len)
                 else:
                     lv, x = zlv, z
+                    if dev is not None:
+                        _, dev = profile.deviation(zcov)
                 rec.out_log_var, rec.out = lv, x
                 records.append(rec)
         return records
+
+    @staticmethod
+    def _cov(corr: float, dev: np.ndarray, prof: np.ndarray) -> np.ndarray:
+        """The stream's normalised covariance over positions: mean ``corr`` plus ``dev`` off
+        the diagonal, the variance profile on it."""
+        K = dev + corr
+        K[np.diag_indices_from(K)] = prof
+        return K
+
+    def _branch_deviation(self, rec: SublayerRecord, chain: tuple, att: Op | None, h: Forward,
+                          dev: np.ndarray) -> np.ndarray:
+        """Deviation of the branch output's covariance over positions from the mean-field one
+        (absolute units, before the branch scale) for branch input ``h`` whose correlations
+        deviate from their mean by ``dev`` (see profile, "forward")."""
+        if att is not None:
+            p = att.params
+            g = p["d"] * p["v_std"] ** 2 * p["n_heads"] * p["d_head"] * p["o_std"] ** 2 * float(att.x.var)
+            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden)
+        # position-wise branch: first order in dev, slope of the output covariance in the input
+        # correlation at the mean (a central difference, one-sided at r = +-1)
+        e = 1e-3
+        lo, hi = max(-1.0, h.corr - e), min(1.0, h.corr + e)
+        slope = (self._chain_cov(rec, chain, Forward(h.mean, h.var, hi))
+                 - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
+        return slope * dev
+
+    @staticmethod
+    def _chain_cov(rec: SublayerRecord, chain: tuple, h: Forward) -> float:
+        """Output covariance of a branch chain at input ``h`` (its table where it has one),
+        without recording anything."""
+        if rec.chain_table is not None:
+            y = rec.chain_table.forward_of(rec.chain_table.row(h))
+        else:
+            y = h
+            for rule, params in chain:
+                y, _ = get(rule).fast(y, None, params)
+        return float(y.var) * float(y.corr)
 
     def _logit_var(self, p: dict, x: Forward) -> float:
         """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``: q
