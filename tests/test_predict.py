@@ -203,3 +203,40 @@ def test_trace_text_equals_json_dumps_of_trace(every):
     for m in models:
         pts = predict(m)
         assert trace_text(m, pts, every) == json.dumps(trace(m, pts, every))
+
+
+def test_huge_skip_and_branch_scales_stay_in_log_space():
+    """A skip scale of 1e200 squares beyond float64: the stream and gradient are carried in
+    logs, so the prediction works; the skip path alone multiplies the variance by a^2 per
+    sublayer, 10^400, and the stream's own term dominates so completely that the total is
+    that to rounding (2 sublayers x 3 layers x 400 = 2400 in log10), for the gradient too."""
+    from sigprop.model.trace import summary
+
+    m = resolve("preln", n_layers=3, skip_scale=1e200, d_model=64, n_heads=2, seq_len=8)
+    s = summary(predict(m))
+    assert s["log10_forward_var_growth"] == pytest.approx(2400, abs=1e-9)
+    assert s["log10_grad_ratio_input_output"] == pytest.approx(2400, abs=1e-9)
+    assert s["forward_var_growth"] == "inf"
+    assert "1e+2400" in s["verdict"] and "10e+" not in s["verdict"]
+    # a huge branch scale: the branch term dominates: b^2 = 1e400 times branch output
+    # variances of order 1e-3 .. 1 (init std 0.02 at width 64)
+    m = resolve("preln", n_layers=3, branch_scale=1e200, d_model=64, n_heads=2, seq_len=8)
+    lv = _series(predict(m), "log_var") / math.log(10)
+    assert np.all(np.isfinite(lv)) and 397 < lv[-1] < 401
+
+
+def test_weights_beyond_float_range_fail_with_one_line():
+    """Inside one branch sigprop does not carry logs: stds whose squares overflow are a
+    numerical failure (exit 3), one line on stderr, no traceback."""
+    r = subprocess.run([sys.executable, "-m", "sigprop", "predict", "--init-std", "1e200", "--layers", "2"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_sci_log10_rounds_the_mantissa_into_range():
+    from sigprop.model.growth import sci_log10
+
+    assert sci_log10(2399.9999999999995) == "1e+2400"
+    assert sci_log10(2399.5) == "3.16e+2399"
+    assert sci_log10(-0.5) == "3.16e-1"

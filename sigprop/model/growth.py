@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 
 # order = preference on ties (simpler first)
@@ -53,9 +55,18 @@ def _times(log_value: float, digits: int = 3) -> str:
     """'x<value>' for exp(log_value), in scientific notation beyond a double's range."""
     if abs(log_value) < 700:
         return f"x{np.exp(log_value):.{digits}g}"
-    e10 = log_value / np.log(10.0)
-    k = np.floor(e10)
-    return f"x{10 ** (e10 - k):.{digits}g}e{int(k):+d}"
+    return "x" + sci_log10(log_value / np.log(10.0), digits)
+
+
+def sci_log10(l10: float, digits: int = 3) -> str:
+    """10**l10 in scientific notation, also beyond a double's range ('1e+2400', not
+    '10e+2399' when the mantissa rounds up to 10)."""
+    k = math.floor(l10)
+    mant = f"{10 ** (l10 - k):.{digits}g}"
+    if float(mant) >= 10:
+        k += 1
+        mant = f"{10 ** (l10 - k):.{digits}g}"
+    return f"{mant}e{int(k):+d}"
 
 
 def _fit(x: np.ndarray, y: np.ndarray, relative: bool = False) -> tuple[np.ndarray, float]:

@@ -72,6 +72,7 @@ class SublayerRecord:
     # backward gains per unit upstream gradient variance (set by the backward pass): the skip
     # path's a^2 and the branch path's (pre: includes LayerNorm's division by the stream variance)
     branch_gain: float | None = None
+    log_branch_gain: float = -math.inf
     z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
     chain_table: object = None    # interpolation table of the whole branch chain, if used
     chain_x: object = None        # ... and its row (every tabulated quantity) at the branch input
@@ -202,17 +203,30 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       the branch part F^T(..) is isotropic (1, 1).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
       left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0)."""
-    a2, bg = rec.a**2, rec.branch_gain
-    tot = a2 + bg
-    if tot <= 0:
+    # the shares from logarithms (a and b may be far outside float range when squared)
+    log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
+    log_bg = rec.log_branch_gain
+    if log_a2 == -math.inf and log_bg == -math.inf:
         return (1.0, 1.0)
+    skip = _share(log_a2, log_bg)                      # a^2 / (a^2 + branch gain)
+    branch = _share(log_bg, log_a2)
     if rec.post:
         bvar = float(rec.branch_out.var)
         clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        v_f = bvar * math.exp(-clipped) if bvar > 0 else 0.0
-        leak = min(1.0, rec.b**2 * v_f / a2) if a2 > 0 else 1.0
-        return (bg / tot, (a2 * leak + bg) / tot)
-    return (a2 * gen[0] / tot, a2 * gen[1] / tot)
+        if bvar > 0 and rec.b and log_a2 > -math.inf:   # b^2 v_F / a^2, v_F = bvar / stream var
+            leak = min(1.0, _exp(2 * math.log(abs(rec.b)) + math.log(bvar) - clipped - log_a2))
+        else:
+            leak = 0.0 if log_a2 > -math.inf else 1.0
+        return (branch, skip * leak + branch)
+    return (skip * gen[0], skip * gen[1])
+
+
+def _share(l1: float, l2: float) -> float:
+    """e^l1 / (e^l1 + e^l2) without overflow."""
+    if l1 == -math.inf:
+        return 0.0
+    t = l2 - l1
+    return 1.0 / (1.0 + math.exp(t)) if t < 709.0 else 0.0
 
 
 def _repeats(cols) -> tuple[list, list]:
@@ -485,7 +499,8 @@ class Predictor:
                 lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
                 gc = gb.corr
             # branch path: b * Dropout^T F^T (pre: (n LN)^T)
-            g = Backward(rec.b**2, gc)
+            # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
+            g = Backward(1.0 if rec.b else 0.0, gc)
             u, ku, kc = w, 1.0, 1.0
             if rec.chain_table is not None:
                 if w is not None:
@@ -500,19 +515,21 @@ class Predictor:
                         else:
                             u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
                     g = _bwd(op, g)
-            lg_branch_extra = 0.0
+            lg_branch_extra = 2 * math.log(abs(rec.b)) if rec.b else 0.0
             if not rec.post:
                 for op in reversed(rec.pre_ops):
                     if w is not None:
                         k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)))
                         ku, kc = ku * k, kc * k2
                     g = _bwd(op, g)
-                lg_branch_extra = self._ln_log_adjust(rec.x_log_var)
+                lg_branch_extra += self._ln_log_adjust(rec.x_log_var)
             if w is not None:
                 g = Backward(g.var * ku, g.corr * kc / ku)
-            rec.branch_gain = g.var * math.exp(lg_branch_extra)
+            rec.log_branch_gain = (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra
+            rec.branch_gain = _exp(rec.log_branch_gain)
             if w is not None:
-                w = profile.mix_cov(rec.a**2, w, rec.branch_gain, u)
+                log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
+                w = profile.mix_cov(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
                 rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
@@ -537,8 +554,15 @@ def run(model) -> tuple[list[SublayerRecord], list]:
     the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
     with _no_gc():
         pr = Predictor(model)
-        records = pr.forward()
-        return records, pr.backward(records)
+        try:
+            records = pr.forward()
+            return records, pr.backward(records)
+        except (OverflowError, ZeroDivisionError, np.linalg.LinAlgError) as e:
+            # the residual stream and the gradient are carried in log space; the inside of
+            # one branch is not, and weight stds or scales near the float64 range take it out
+            raise FloatingPointError(
+                f"a branch's moments leave the float64 range ({type(e).__name__}: {e}); "
+                "weight stds and scales this large are outside what sigprop evaluates") from None
 
 
 def predict(model) -> list[StreamPoint]:

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from sigprop import __version__
-from sigprop.model.growth import classify
+from sigprop.model.growth import classify, sci_log10
 
 LOG10E = 1.0 / math.log(10.0)
 
@@ -99,7 +99,7 @@ def _grad_words(g, s) -> str:
     if isinstance(r, float) and math.isfinite(r) and r > 0:
         rs = f"{r:.3g}"
     elif isinstance(l10, float) and math.isfinite(l10):
-        rs = f"{10 ** (l10 - math.floor(l10)):.3g}e{int(math.floor(l10)):+d}"
+        rs = sci_log10(l10)
     else:
         rs = str(r)
     if g.law == "constant":
