@@ -28,7 +28,8 @@ import numpy as np
 
 from sigprop.backend import numeric
 from sigprop.model import profile
-from sigprop.model.spec import _no_gc
+from sigprop.errors import DomainError
+from sigprop.model.spec import MAX_LAYERS, _no_gc
 from sigprop.model.tables import BUILD_AFTER, TableCache
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
@@ -552,6 +553,9 @@ def run(model) -> tuple[list[SublayerRecord], list]:
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
+    if model.n_layers > MAX_LAYERS:
+        raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
+                          "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
     with _no_gc():
         pr = Predictor(model)
         try:

@@ -33,7 +33,7 @@ import numpy as np
 
 from sigprop.errors import DomainError
 from sigprop.model.deepnorm import deepnorm_constants
-from sigprop.model.spec import WEIGHTS, Dropout, Model, Sublayers
+from sigprop.model.spec import MAX_LAYERS, WEIGHTS, Dropout, Model, Sublayers
 from sigprop.state import Backward, Forward
 
 #: measured BERT/Wikipedia embedding token correlation before embedding dropout, hard-coded
@@ -96,12 +96,14 @@ class Option:
         bad_lo = self.lo is not None and (value <= self.lo if self.open_lo else value < self.lo)
         bad_hi = self.hi is not None and (value >= self.hi if self.open_hi else value > self.hi)
         if bad_lo or bad_hi:
-            raise DomainError(f"{label} must be {self.describe()}, got {value:g}")
+            raise DomainError(f"{label} must be {self.describe()}, got {value if self.type is int else format(value, 'g')}")
         return value
 
     def describe(self) -> str:
         if self.type is int and self.lo == 1 and self.hi is None:
             return "a positive integer"
+        if self.type is int and self.lo is not None and self.hi is not None:
+            return f"an integer in [{self.lo:.0f}, {self.hi:.0f}]"
         if self.hi is None:
             return f"{'>' if self.open_lo else '>='} {self.lo:g}"
         if self.lo is None:
@@ -121,7 +123,8 @@ INIT_NAMES = ("normal", "xavier", "torch-default", "scaled", "dslm", "deepnorm")
 OPTIONS: dict[str, Option] = _opts(
     Option("arch", str, "preln", "architecture preset", choices=ARCH_NAMES),
     Option("init", str, None, "initialisation scheme (default: the architecture's own)", choices=INIT_NAMES),
-    Option("n_layers", int, None, "number of layers N (each: attention then FFN sublayer); required", lo=1),
+    Option("n_layers", int, None, "number of layers N (each: attention then FFN sublayer); required",
+           lo=1, hi=MAX_LAYERS),
     Option("d_model", int, 1024, "model width d", lo=1),
     Option("n_heads", int, 16, "attention heads", lo=1),
     Option("d_head", int, None, "head width (default d_model / n_heads, which must divide)", lo=1),

@@ -31,6 +31,10 @@ from sigprop.errors import DomainError
 from sigprop.state import Backward, Forward
 
 #: weight names per sublayer kind, in the contract's order
+#: the deepest model sigprop resolves and predicts: the prediction keeps every sublayer's
+#: state (about 5 KB of memory per layer, ~0.4 KB of trace JSON), so 10^6 layers need ~5 GB
+MAX_LAYERS = 1_000_000
+
 WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "attention": ("q", "k", "v", "o"),
     "ffn": ("in", "out"),
