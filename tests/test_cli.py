@@ -80,3 +80,18 @@ def test_numeric_paths_never_import_sympy():
             "assert 'sympy' not in sys.modules, 'sympy imported'\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["check", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "8", "--seed", "-5"],
+    ["check", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "8", "--tol-var", "nan"],
+    ["check", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "8", "--z", "inf"],
+    ["check-component", "dropout", "-p", "p=0.1", "--seed", "-1"],
+    ["predict", "--layers", "1000001"],
+])
+def test_more_bad_input_exits_2_without_traceback(args):
+    """Seeds must be >= 0 (NumPy raised a traceback), tolerances finite (a NaN tolerance
+    failed every point instead), depth within the cap."""
+    r = run(*args)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert r.stdout == "" and "Traceback" not in r.stderr and r.stderr.strip()

@@ -21,7 +21,7 @@ class DType(str, Enum):
 def check_cmd(
     trials: int = typer.Option(8, min=2, help="Independent weight draws."),
     batch: int = typer.Option(8, min=1, help="Sequences per draw."),
-    seed: int = typer.Option(0, help="Random seed (reported)."),
+    seed: int = typer.Option(0, min=0, help="Random seed (reported)."),
     dtype: DType = typer.Option(DType.float32, help="Simulation precision."),
     tol_var: float = typer.Option(0.05, "--tol-var", min=0.0, help="Relative tolerance, forward variance."),
     tol_grad: float = typer.Option(0.05, "--tol-grad", min=0.0, help="Relative tolerance, gradient variance."),
@@ -37,15 +37,15 @@ def check_cmd(
 
     from sigprop import __version__
     from sigprop.mc.model import simulate
-    from sigprop.model.checking import compare
+    from sigprop.model.checking import compare, tolerances
     from sigprop.model.predict import predict
 
+    tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
     model = build_model(model_opts, default_layers=12)
     points = predict(model)
     meas = simulate(model, batch=batch, trials=trials, seed=seed,
                     dtype=np.float32 if dtype is DType.float32 else np.float64)
-    res = compare(points, meas, {"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr,
-                                 "logit_var": tol_logit, "z": z})
+    res = compare(points, meas, tol)
     if as_json:
         print(json.dumps({
             "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,

@@ -42,7 +42,7 @@ def check_component_cmd(
     g_corr: float = typer.Option(0.0, help="Token correlation of the upstream gradient."),
     runs: int = typer.Option(8, min=2, help="Independent weight draws (single configuration)."),
     batch: int = typer.Option(8, min=1, help="Sequences per draw (single configuration)."),
-    seed: int = typer.Option(0, help="Random seed (reported)."),
+    seed: int = typer.Option(0, min=0, help="Random seed (reported)."),
     dtype: DType = typer.Option(DType.float32, help="Simulation precision."),
     tol: float = typer.Option(0.05, min=0.0, help="Relative tolerance for means and variances."),
     tol_corr: float = typer.Option(0.03, min=0.0, help="Absolute tolerance for correlations."),

@@ -25,7 +25,7 @@ def plot_cmd(
     check: bool = typer.Option(False, "--check", help="Overlay a whole-model Monte Carlo measurement as markers."),
     trials: int = typer.Option(8, min=2, help="--check: independent weight draws per architecture."),
     batch: int = typer.Option(8, min=1, help="--check: sequences per draw."),
-    seed: int = typer.Option(0, help="--check: random seed (reported; every architecture uses it)."),
+    seed: int = typer.Option(0, min=0, help="--check: random seed (reported; every architecture uses it)."),
     dtype: DType = typer.Option(DType.float32, help="--check: simulation precision."),
     mark_every: int = typer.Option(None, "--mark-every", min=1, help="--check: a marker every K layers (default: about 16 per line)."),
     title: str = typer.Option(None, help="Figure title (default: the shared model options; '' for none)."),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sigprop.errors import DomainError
 from sigprop.model.trace import num, point_json
 
 DEFAULT_TOL = {"forward_var": 0.05, "grad_var": 0.05, "corr": 0.03, "logit_var": 0.05, "z": 4.0}
@@ -57,8 +58,19 @@ def r2_log(pred: list[float], meas: list[float]) -> float | None:
     return float(1 - np.sum((m - p) ** 2) / ss) if ss > 0 else None
 
 
-def compare(points, meas, tol: dict | None = None) -> CheckResult:
+def tolerances(tol: dict | None = None) -> dict:
+    """The defaults updated with ``tol``, each checked to be a finite number >= 0."""
     tol = {**DEFAULT_TOL, **(tol or {})}
+    for k, v in tol.items():
+        if k not in DEFAULT_TOL:
+            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(DEFAULT_TOL)}")
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise DomainError(f"tolerance {k} must be a finite number >= 0, got {v!r}")
+    return tol
+
+
+def compare(points, meas, tol: dict | None = None) -> CheckResult:
+    tol = tolerances(tol)
     pred_json, meas_json, fails = [], [], []
     e = {"forward_var_relerr": [], "grad_var_relerr": [], "forward_corr_abserr": [], "grad_corr_abserr": [],
          "logit_var_relerr": []}
