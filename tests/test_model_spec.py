@@ -68,20 +68,26 @@ def test_round_trip_is_exact_through_text():
     assert json.dumps(m2.to_json()) == text
 
 
+def _drawn_sublayers(data, kind, n, scales, stds) -> Sublayers:
+    """Sublayers of ``n`` layers drawn by hypothesis: placements, scale columns from
+    ``scales``, std columns from ``stds``."""
+    def col(strategy):
+        return np.array(data.draw(st.lists(strategy, min_size=n, max_size=n)), dtype=np.float64)
+
+    names = WEIGHTS[kind]
+    post = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    return Sublayers(kind, post, col(scales), col(scales), col(scales), {w: col(stds) for w in names},
+                     {w: col(stds) for w in names})
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 6), st.data())
 def test_round_trip_property(n, data):
     fl = st.floats(allow_nan=False, allow_infinity=False, width=64)
     nonneg = st.floats(0, 1e300, allow_nan=False)
 
-    def col(strategy):
-        return np.array(data.draw(st.lists(strategy, min_size=n, max_size=n)), dtype=np.float64)
-
     def sub(kind):
-        names = WEIGHTS[kind]
-        post = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
-        return Sublayers(kind, post, col(fl), col(fl), col(fl), {w: col(nonneg) for w in names},
-                         {w: col(nonneg) for w in names})
+        return _drawn_sublayers(data, kind, n, fl, nonneg)
 
     m = Model(arch=data.draw(st.text(max_size=5)), n_layers=n, d_model=data.draw(st.integers(1, 10**6)),
               n_heads=1, d_head=3, d_ff=5, seq_len=2, activation="relu", norm="layernorm", causal=False,
@@ -346,14 +352,8 @@ def test_layer_runs_group_exactly_the_identical_layer_objects(n, data):
     vals = st.sampled_from([0.0, -0.0, 1.0, 0.5])
     nonneg = st.sampled_from([0.0, 0.02, 0.5])
 
-    def col(strategy):
-        return np.array(data.draw(st.lists(strategy, min_size=n, max_size=n)), dtype=np.float64)
-
     def sub(kind):
-        names = WEIGHTS[kind]
-        post = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
-        return Sublayers(kind, post, col(vals), col(vals), col(vals), {w: col(nonneg) for w in names},
-                         {w: col(nonneg) for w in names})
+        return _drawn_sublayers(data, kind, n, vals, nonneg)
 
     m = Model(arch="x", n_layers=n, d_model=8, n_heads=1, d_head=8, d_ff=16, seq_len=2, activation="relu",
               norm="layernorm", causal=False, dropout=Dropout(0.0), input=Forward(0.0, 1.0, 0.0),
