@@ -82,6 +82,9 @@ class SublayerRecord:
     x_prof: object = None
     z_prof: object = None
     g_prof: object = None         # (backward) of the gradient w.r.t. the stream entering it
+    # the branch is positively homogeneous of degree 1 in its input, F(s x) = s F(x) for s > 0
+    # (a ReLU FFN without biases; dropout masks are fixed multipliers): see _generic_below
+    homogeneous: bool = False
 
 
 @dataclass
@@ -202,6 +205,11 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       to the LN output y ~ (a x + b F); so x . J^T g = -(b/a) F . J^T g, whose share is
       b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's);
       the branch part F^T(..) is isotropic (1, 1).
+      Exception: a branch positively homogeneous of degree 1 (``rec.homogeneous``) makes
+      x' scale-invariant in x (z(s x) = s z(x), and LN(s z) = LN(z)), so by Euler's theorem
+      x . g_x = z . J^T g = 0 exactly (up to O(eps / var z) from the LayerNorm's eps): no
+      share along the stream's direction, whatever a and b (measured 0.0000 below a DSLM
+      Post-LN ReLU FFN, where the split above gives 0.167).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
       left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0)."""
     # the shares from logarithms (a and b may be far outside float range when squared)
@@ -218,7 +226,7 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
             leak = min(1.0, _exp(2 * math.log(abs(rec.b)) + math.log(bvar) - clipped - log_a2))
         else:
             leak = 0.0 if log_a2 > -math.inf else 1.0
-        return (branch, skip * leak + branch)
+        return (branch, 0.0 if rec.homogeneous else skip * leak + branch)
     return (skip * gen[0], skip * gen[1])
 
 
@@ -323,6 +331,7 @@ class Predictor:
                 c_post, c_a, c_b, c_n = cols[kind]
                 post, a, b, n = c_post[l], c_a[l], c_b[l], c_n[l]
                 rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
+                rec.homogeneous = post and kind == "ffn" and self._homogeneous_ffn(l)
                 chain, chain_key = self._chain(kind, l, post, n)
                 h = _real(lv, x)
                 dev_in = dev
@@ -381,6 +390,14 @@ class Predictor:
                 rec.out_log_var, rec.out = lv, x
                 records.append(rec)
         return records
+
+    def _homogeneous_ffn(self, l: int) -> bool:
+        """Whether layer ``l``'s FFN is positively homogeneous of degree 1 in its input: ReLU
+        (relu(s u) = s relu(u) for s > 0) and no biases (bias stds 0; a bias is a degree-0
+        term).  Dropout masks are fixed multipliers and keep it."""
+        s = self.model.ffn
+        return (self.model.activation == "relu" and float(s.bias_std["in"][l]) == 0.0
+                and float(s.bias_std["out"][l]) == 0.0)
 
     @staticmethod
     def _cov(corr: float, dev: np.ndarray, prof: np.ndarray) -> np.ndarray:
