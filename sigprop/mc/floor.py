@@ -170,6 +170,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma list of archs")
+    ap.add_argument("--inits", default="", help="comma list of inits (default: every init of the grid)")
+    ap.add_argument("--out", default=None, help="directory for the per-configuration JSONs (default: docs/validation/floor)")
     ap.add_argument("--default-init-only", action="store_true")
     ap.add_argument("--dropouts", default="0,0.1")
     ap.add_argument("--causal", default="0,1", help="comma list of 0/1")
@@ -178,17 +180,19 @@ def main():
     ap.add_argument("--simulate-only", action="store_true", help="with --raw: only store measurements")
     ap.add_argument("--redo", action="store_true", help="judge configurations that already have a result")
     a = ap.parse_args()
+    out = Path(a.out) if a.out else OUT
     if a.report:
-        print(report())
+        print(report(out))
         return
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     depths = [int(x) for x in a.depths.split(",")]
     only = set(a.only.split(",")) if a.only else None
+    inits = set(a.inits.split(",")) if a.inits else None
     causals = tuple(bool(int(x)) for x in a.causal.split(","))
     for cfg in configs(depths, a.default_init_only, tuple(float(x) for x in a.dropouts.split(",")), causals):
-        if only and cfg[0] not in only:
+        if (only and cfg[0] not in only) or (inits and cfg[1] not in inits):
             continue
-        f = OUT / (name(*cfg) + ".json")
+        f = out / (name(*cfg) + ".json")
         if f.exists() and not (a.redo or a.simulate_only):
             continue
         t = time.perf_counter()

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from sigprop.errors import DomainError
 from sigprop.model import store
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
@@ -146,9 +147,15 @@ class Table:
         for n in (17, 33, 65):
             th = _cheb(n, TH_MIN, th_hi)
             nodes = np.cos(th)
-            vals = self._values(nodes, var)
             th_mid = (th[1:] + th[:-1]) / 2
-            direct = self._values(np.cos(th_mid), var)
+            try:
+                vals = self._values(nodes, var)
+                direct = self._values(np.cos(th_mid), var)
+            except DomainError:
+                # part of the table's range lies outside a rule's domain (e.g. the attention
+                # rule's logit-variance range at low correlations): no table, the predictor
+                # evaluates the chain at the states it actually meets
+                return
             w = _bary_weights(n)
             approx = np.stack([_interp(x, th, w, vals) for x in th_mid], axis=1)
             # relative error, floored at 1e-6 of the row's size (covariances cross 0)
