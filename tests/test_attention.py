@@ -275,3 +275,31 @@ def test_sweep_spec():
     mh = SWEEP.variants["multihead"]["grid"]
     case = SWEEP.make_case(SWEEP.points(mh)[0])
     assert case.rule_params["d"] == case.rule_params["n_heads"] * case.rule_params["d_head"]
+
+
+# --- (e) the numeric evaluation path against values of the earlier (unbatched) code ---------
+_EARLIER = [   # (L, causal, q/k std, p, bias scale): forward var, corr, backward var, corr at 2 points
+    ((16, 0, 0.066, 0.1, 0.5), [0.0413506221616607, 0.16033762514894795, 0.5673616031785552, 0.9737674239654468,
+                                0.2516351393343301, 0.5828463844385594, 0.07359337360744267, 0.10060737927104604]),
+    ((128, 1, 0.04, 0.0, 0.0), [0.020828827684299722, 0.15353024245370026, 0.8590367372529547, 0.9964724407062743,
+                                0.05498001676721838, 0.2503452688347256, 0.3236460068920575, 0.3326407537891703]),
+    ((256, 0, 0.02, 0.1, 0.0), [0.017088112646799904, 0.15281439231634644, 0.997275536827164, 0.9995096125960484,
+                                0.017740448062015888, 0.08689663295976892, 0.9790152337865077, 0.96901604893996]),
+    ((16, 1, 0.066, 0.1, 0.5), [0.05404599972934665, 0.16671149722266257, 0.4777782972760165, 0.9374378792530885,
+                                0.2825224999664312, 0.551579496625313, 0.056279240526094024, 0.10948158205995796]),
+]
+
+
+@pytest.mark.parametrize("case, expected", _EARLIER)
+def test_batched_quadrature_matches_earlier_values(case, expected):
+    """The batched integrals (shared smoothed factors, one grid per logit variance, all row
+    statistics in one integral) reproduce the per-statistic, per-configuration evaluation
+    to its quadrature noise (~3e-9 relative; see /work/scratch/attfast/compare.py)."""
+    L, causal, s, p, b = case
+    params = dict(d=1024, n_heads=16, d_head=64, L=L, p=p, causal=causal, q_std=s, k_std=s,
+                  q_bias_std=0.3 * b, k_bias_std=0.1 * b, v_std=0.02, v_bias_std=0.05 * b,
+                  o_std=0.02, o_bias_std=0.02 * b)
+    y, g = RULE.evaluate(Forward(np.array([0.0, 0.1]), np.array([0.5, 1.0]), np.array([0.2, 0.9])),
+                         Backward(np.array([1.0, 1.0]), np.array([0.1, 0.5])), **params)
+    got = np.stack([y.var, y.corr, g.var, g.corr]).ravel()
+    assert got == pytest.approx(np.array(expected), rel=1e-8)

@@ -56,15 +56,18 @@ def expect_normal(f, var, mean=0, n: int = 64):  # noqa: ARG001  (n is numeric-o
 
 def integrate_smoothed(outer, inner, var, args=(), window=None):  # noqa: ARG001 (numeric-only)
     """Integral over the real line of ``outer(u, S, *args)`` with
-    ``S[i] = E[e**b_i f_i(u + e)]``, e ~ N(0, var), as unevaluated sympy Integrals (see the
-    numeric twin; ``sympy.lambdify(expr, modules='mpmath')`` evaluates it to any precision)."""
+    ``S[i] = E[e**b_i f_i(u + e)]``, e ~ N(0, var), as unevaluated sympy Integrals (a tuple
+    of them where ``outer`` returns a tuple; see the numeric twin; ``sympy.lambdify(expr, modules='mpmath')`` evaluates it to any precision)."""
     u = _dummy("u")
     S = []
     for f, b in inner:
         e = _dummy("e")
         density = sp.exp(-(e**2) / (2 * var)) / sp.sqrt(2 * sp.pi * var)
         S.append(sp.Integral(e**b * f(u + e) * density, (e, -sp.oo, sp.oo)))
-    return sp.Integral(outer(u, S, *args), (u, -sp.oo, sp.oo))
+    out = outer(u, S, *args)
+    if isinstance(out, tuple):
+        return tuple(sp.Integral(o, (u, -sp.oo, sp.oo)) for o in out)
+    return sp.Integral(out, (u, -sp.oo, sp.oo))
 
 
 # --- primitives of the attention rule (sigprop.rules.attention) ------------------------

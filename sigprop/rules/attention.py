@@ -63,7 +63,7 @@ import numpy as np
 from sigprop import symbols
 from sigprop.errors import DomainError
 from sigprop.rules.base import Param, Rule, positive_int, probability, register, std
-from sigprop.rules.softmax_moments import softmax_expect_sum
+from sigprop.rules.softmax_moments import softmax_expect_sums
 from sigprop.state import Backward, Forward
 
 symbols.register("n_heads", r"H", positive=True, integer=True)
@@ -162,13 +162,22 @@ class _Ctx:
                      lambda: _two_row(self.m, v, rho, self.L, self.causal))
 
 
-def _g(m, a):
-    return lambda w: m.exp(a * w - m.exp(w))
+def _gs(m):
+    """G_0, G_1, G_2, G_a(w) = exp(a w - e^w): they share exp(w) (memoised on the node
+    array, on which the integrator calls them in turn)."""
+    memo = {}
+
+    def ew(w):
+        if memo.get("w") is not w:
+            memo.update(w=w, ew=m.exp(w))
+        return memo["ew"]
+
+    return tuple((lambda w, a=a: m.exp(a * w - ew(w))) for a in (0, 1, 2))
 
 
 def _two_row(m, v, rho, L, causal):
     """C2, T2x and PP of two rows (see the module docstring), one double integral."""
-    g0, g1, g2 = _g(m, 0), _g(m, 1), _g(m, 2)
+    g0, g1, g2 = _gs(m)
     inner = [(g0, g0), (g1, g1), (g1, g2), (g2, g1), (g2, g2), (g2, g0), (g0, g2), (None, g0)]
     v = _floor(m, v)
     sd = m.sqrt(v)
@@ -177,8 +186,9 @@ def _two_row(m, v, rho, L, causal):
     def outer_bi(u, w, S, L):
         phi2, pq, pq2, p2q, p2q2, p2, q2, _ = S
         phi2 = _num(m, lambda t: m.maximum(t, 0), phi2)   # interpolation may undershoot 0
-        w1 = L * phi2 ** (L - 1)
-        w2 = L * (L - 1) * phi2 ** (L - 2)
+        pw = phi2 ** (L - 2)                              # (one power for both weights)
+        w1 = L * pw * phi2
+        w2 = L * (L - 1) * pw
         c2 = w1 * pq
         t2x = w1 * (pq - pq2 - p2q + p2q2) + w2 * pq**2
         pp = w1 * p2q2 + w2 * p2 * q2
@@ -232,20 +242,24 @@ _ROW = {
 
 
 def _row_value(m, name, v, n):
-    return _memo(m, name, (v, n), lambda: _row_value_(m, name, v, n))
+    if getattr(m, "SYMBOLIC", False):        # the expression of this statistic alone
+        return _row_stats(m, v, n, (name,))[name]
+    return _memo(m, "rows", (v, n), lambda: _row_stats(m, v, n, tuple(_ROW)))[name]
 
 
-def _row_value_(m, name, v, n):
-    combo, divide = _ROW[name]
-    vv = _floor(m, v) if divide else v
-    total = 0
-    # one integral per number of distinct indices k, with the row length floored at k (the
-    # coefficient (n)_k vanishes for n < k, but the integrand's phi^(n-k) would not be finite)
-    for k in sorted({len(t) for _, t in combo}):
-        terms = [(c * _ff(n, k), t) for c, t in combo if len(t) == k]
-        nk = n if k == 1 else _num(m, lambda t: m.maximum(t, k), n)
-        total = total + softmax_expect_sum(m, vv, nk, terms)
-    return total / vv if divide else total
+def _row_stats(m, v, n, names):
+    """The one-row statistics ``names`` (of ``_ROW``) at row logit variance v and row length
+    n, as one integral with several outputs (they share the smoothed factors and phi's
+    powers).  A monomial with k distinct indices carries (n)_k, which vanishes for n < k;
+    there its phi^(n-k) would not be finite, so its power is floored at phi^0 (``truncate``)."""
+    vv = _floor(m, v)      # (the floor only matters at v < 1e-30, where it divides)
+    parts = [(name, k) for name in names for k in sorted({len(t) for _, t in _ROW[name][0]})]
+    combos = [[(c * _ff(n, k), t) for c, t in _ROW[name][0] if len(t) == k] for name, k in parts]
+    vals = softmax_expect_sums(m, vv, n, combos, truncate=True)
+    out = dict.fromkeys(names, 0)
+    for (name, _), val in zip(parts, vals):      # one integral output per number of indices
+        out[name] = out[name] + val
+    return {name: val / vv if _ROW[name][1] else val for name, val in out.items()}
 
 
 class Attention(Rule):

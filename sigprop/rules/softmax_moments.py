@@ -93,21 +93,36 @@ def softmax_expect_sum(m, v, L, combo):
     """sum_k c_k E[monomial_k] for ``combo`` = [(c_1, terms_1), (c_2, terms_2), ...],
     evaluated as a single integral (see the module docstring).  The coefficients may be
     numbers or arrays/expressions broadcasting with ``v`` and ``L``."""
-    combo = [(c, _normalise(t)) for c, t in combo]
-    const = 0
-    integral_terms = []
-    for c, t in combo:
-        n = sum(a for a, _ in t)
-        if n == 0:  # no softmax factor at all: a product of Gaussian moments
-            const = const + c * math.prod(_gaussian_moment(m, v, b) for _, b in t)
-        else:
-            integral_terms.append((c, t, n))
+    return softmax_expect_sums(m, v, L, [combo])[0]
+
+
+def softmax_expect_sums(m, v, L, combos, truncate=False):
+    """:func:`softmax_expect_sum` for each of several combinations (a list of ``combo``),
+    evaluated as one integral with several outputs: the smoothed factors chi_{a,b} and the
+    powers of phi are shared (the u-window is the union of theirs).  Returns a list.
+
+    ``truncate``: allow rows shorter than a monomial's number k of distinct tokens, where its
+    power phi**(L - k) is taken as phi**0 (numeric guard only).  The monomial itself is then
+    meaningless: the caller's coefficient must vanish there (like the falling factorial
+    (L)_k of a sum over distinct indices)."""
+    combos = [[(c, _normalise(t)) for c, t in combo] for combo in combos]
+    consts = []
+    integral_terms = []          # (output index, coefficient, terms, n)
+    for j, combo in enumerate(combos):
+        const = 0
+        for c, t in combo:
+            n = sum(a for a, _ in t)
+            if n == 0:  # no softmax factor at all: a product of Gaussian moments
+                const = const + c * math.prod(_gaussian_moment(m, v, b) for _, b in t)
+            else:
+                integral_terms.append((j, c, t, n))
+        consts.append(const)
     if not integral_terms:
-        return const
+        return consts
 
     # one smoothed function per distinct (a, b); chi_{0,0} = phi is always needed
     keys = [(0, 0)]
-    for _, t, _ in integral_terms:
+    for _, _, t, _ in integral_terms:
         for ab in t:
             if ab not in keys:
                 keys.append(ab)
@@ -135,26 +150,27 @@ def softmax_expect_sum(m, v, L, combo):
             gfun[a] = make_g(a)
     inner = [(gfun[a], b) for a, b in keys]
     pos = {ab: i for i, ab in enumerate(keys)}
+    guard = truncate and not m.SYMBOLIC
 
     def outer(u, S, L, *coefs):
         powers = {}
-        total = 0
-        for coef, (_, t, n) in zip(coefs, integral_terms):
+        totals = [0] * len(combos)
+        for coef, (j, _, t, n) in zip(coefs, integral_terms):
             k = len(t)
             if k not in powers:
-                powers[k] = S[0] ** (L - k)
+                powers[k] = S[0] ** (m.maximum(L - k, 0) if guard else L - k)
             prod = coef * m.Rational(1, math.factorial(n - 1))
             for ab in t:
                 prod = prod * S[pos[ab]]
-            total = total + prod * powers[k]
-        return total
+            totals[j] = totals[j] + prod * powers[k]
+        return tuple(totals)
 
     # numeric window: below u0 = -log L - v/2, phi^L ~ 1 and the integrand decays at least
     # like exp(n u) (and like a Gaussian of variance v for wide logits); above, phi^(L-|J|)
     # and the chi's (Gaussian tails of variance v) cut it off.
-    n_min = min(n for _, _, n in integral_terms)
-    k_max = max(len(t) for _, t, _ in integral_terms)
-    if not m.SYMBOLIC and np.any(np.asarray(L) < k_max):
+    n_min = min(n for _, _, _, n in integral_terms)
+    k_max = max(len(t) for _, _, t, _ in integral_terms)
+    if not m.SYMBOLIC and not truncate and np.any(np.asarray(L) < k_max):
         raise ValueError(f"softmax_expect: a moment over {k_max} distinct tokens needs L >= {k_max}")
     sv = m.sqrt(v)
     lo = -m.log(L) - v / 2 - 40.0 / n_min - 3 * sv
@@ -162,6 +178,7 @@ def softmax_expect_sum(m, v, L, combo):
     M = L - k_max
     hi_phi = -m.log(m.maximum(M, 1e-300)) + 5.0 + v / 2 + 3 * sv
     hi = -m.maximum(-hi_chi, -hi_phi)
-    coefs = [c for c, _, _ in integral_terms]
-    val = m.integrate_smoothed(outer, inner, v, args=(L, *coefs), window=(lo, hi))
-    return const + val
+    coefs = [c for _, c, _, _ in integral_terms]
+    vals = m.integrate_smoothed(outer, inner, v, args=(L, *coefs), window=(lo, hi))
+    return [const + (vals[j] if any(jj == j for jj, _, _, _ in integral_terms) else 0)
+            for j, const in enumerate(consts)]
