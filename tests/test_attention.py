@@ -303,3 +303,29 @@ def test_batched_quadrature_matches_earlier_values(case, expected):
                          Backward(np.array([1.0, 1.0]), np.array([0.1, 0.5])), **params)
     got = np.stack([y.var, y.corr, g.var, g.corr]).ravel()
     assert got == pytest.approx(np.array(expected), rel=1e-8)
+
+
+def test_saturated_logits_are_outside_the_domain():
+    """Row logit variances beyond ROW_LOGIT_VAR_MAX raise a DomainError (one clear line, exit 2
+    from the CLI) instead of running for minutes and returning NaN (at ~1000 the quadratures
+    broke down); just inside it the rule still evaluates."""
+    import math
+
+    from sigprop.errors import DomainError
+    from sigprop.rules import get
+    from sigprop.rules.attention import ROW_LOGIT_VAR_MAX
+    from sigprop.state import Backward, Forward
+
+    att = get("attention")
+    d = 64
+    base = dict(d=d, n_heads=1, d_head=64, L=16, p=0.0, causal=0, q_bias_std=0.0, k_bias_std=0.0,
+                v_std=1 / math.sqrt(d), v_bias_std=0.0, o_std=1 / 8, o_bias_std=0.0)
+
+    def qk(v_row):                          # q = k std giving mean row logit variance v_row at r = 0
+        s = (v_row / d**2) ** 0.25
+        return dict(base, q_std=s, k_std=s)
+
+    y, g = att.evaluate(Forward(0.0, 1.0, 0.0), Backward(1.0, 0.0), **qk(0.9 * ROW_LOGIT_VAR_MAX))
+    assert math.isfinite(float(y.var)) and math.isfinite(float(g.var))
+    with pytest.raises(DomainError, match="row logit variance"):
+        att.evaluate(Forward(0.0, 1.0, 0.0), Backward(1.0, 0.0), **qk(1.2 * ROW_LOGIT_VAR_MAX))

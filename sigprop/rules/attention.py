@@ -77,6 +77,12 @@ symbols.register("causal", r"\kappa_{\mathrm{causal}}", nonnegative=True, intege
 #: two-row statistics) and Gauss-Hermite nodes over the row-pair correlation
 _NS, _NS2, _NR = 6, 4, 3
 _VMIN = 1e-30   # floor for the row logit variance where it divides (v -> 0 limits)
+#: the largest mean row logit variance the rule evaluates.  The softmax integrals run over
+#: grids whose width grows with the logit scale (evaluation time grows with it: ~2 s per call
+#: at 100 before tables) and the Monte Carlo validation reaches ~13 (theory.md section 7 grid);
+#: at ~1000 the quadratures break down (NaN).  Beyond it the softmax is saturated (near one-hot
+#: rows), a regime this rule does not model.
+ROW_LOGIT_VAR_MAX = 100.0
 
 
 def _num(m, guard, x):
@@ -120,6 +126,13 @@ class _Ctx:
         vqf = _floor(m, vq)                            # (no queries at all: uniform rows)
         self.fx = vx / vqf
         self.s_mean = self.tau * p.d * sk2 * vq        # mean row logit variance
+        if not m.SYMBOLIC:
+            worst = float(np.max(self.s_mean))
+            if not worst <= ROW_LOGIT_VAR_MAX:
+                raise DomainError(
+                    f"attention: row logit variance {worst:.4g} is beyond the {ROW_LOGIT_VAR_MAX:g} this rule "
+                    "evaluates (softmax saturated; validated by Monte Carlo up to ~13): smaller "
+                    "Q/K weight stds or input variance")
         kap = (x.var**2 + 2 * x.var * x.mean**2) / self.S2**2
         self.relvar = 2 / p.d + 2 * (vx**2 + 2 * vx * p.q_bias_std**2) / (p.d_head * vqf**2) \
             + self.fx**2 * 2 * kap / p.d
@@ -309,6 +322,9 @@ class Attention(Rule):
         "query-path covariance) is replaced by the square of the row average of sum P^2.",
         "Softmax moments are exact integrals (Laplace transform of the normaliser), evaluated "
         "by trapezoid/Gauss-Hermite quadrature (relative error ~1e-6).",
+        "Mean row logit variance at most 100 (ROW_LOGIT_VAR_MAX; a DomainError beyond): the "
+        "quadrature grids grow with the logit scale and break down near 1000, and the Monte "
+        "Carlo validation grid reaches ~13.  Saturated (near one-hot) softmax rows are not modelled.",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "
