@@ -86,10 +86,35 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
     }
 
 
-def report(store: Path = OUT) -> str:
+#: independent, larger samples of the configurations that miss at 8 draws (see NOTES)
+OUT_MORE = OUT.parent / "floor_more"
+
+
+def report(store: Path = OUT, more: Path = OUT_MORE) -> str:
     rows = [json.loads(f.read_text()) for f in sorted(store.glob("*.json"))]
     if not rows:
         return ""
+    out = _table(rows)
+    n_pass = sum(r["pass"] for r in rows)
+    bidir = [r for r in rows if not r["causal"]]
+    out.append("")
+    out.append(f"{n_pass} of {len(rows)} configurations pass ({sum(r['pass'] for r in bidir)} of "
+               f"{len(bidir)} bidirectional, {n_pass - sum(r['pass'] for r in bidir)} of "
+               f"{len(rows) - len(bidir)} causal).")
+    extra = [json.loads(f.read_text()) for f in sorted(more.glob("*.json"))] if more.is_dir() else []
+    if extra:
+        out.append("")
+        out.append("The configurations that fail or miss an R² floor above, measured again on independent, "
+                   "larger samples (other seed, more weight draws; same pass rule, so the standard errors "
+                   "are smaller):")
+        out.append("")
+        out += _table(extra)
+    out.append("")
+    out.append(NOTES)
+    return "\n".join(out)
+
+
+def _table(rows: list) -> list:
     order = {a: i for i, a in enumerate(ARCHS)}
     rows.sort(key=lambda r: (order[r["arch"]], r["init"], r["n_layers"], r["dropout"], r["causal"]))
     out = ["| arch | init | N | p | causal | pass | fwd var err max | grad var err max | corr err max | "
@@ -109,15 +134,7 @@ def report(store: Path = OUT) -> str:
             f"{'pass' if r['pass'] else 'FAIL (%d)' % r['n_failures']} | {e['forward_var_relerr']['max']:.3f} | "
             f"{e['grad_var_relerr']['max']:.3f} | {corr:.3f} | {r2(r['r2']['forward_var'], r['fwd_change'])} | "
             f"{r2(r['r2']['grad_var'], r['grad_change'])} | {r['trials']}x{r['batch']} | {r['seed']} |")
-    n_pass = sum(r["pass"] for r in rows)
-    bidir = [r for r in rows if not r["causal"]]
-    out.append("")
-    out.append(f"{n_pass} of {len(rows)} configurations pass ({sum(r['pass'] for r in bidir)} of "
-               f"{len(bidir)} bidirectional, {n_pass - sum(r['pass'] for r in bidir)} of "
-               f"{len(rows) - len(bidir)} causal).")
-    out.append("")
-    out.append(NOTES)
-    return "\n".join(out)
+    return out
 
 
 #: what was run and what the failures are (written from the stored results; keep in step)
@@ -127,40 +144,51 @@ architectures) x dropout {0, 0.1} x {bidirectional, causal} x depth {12, 48, 96}
 configurations, 8 weight draws x batch 4, seed 0. The measurements are stored
 (`--raw DIR --simulate-only`, ~5 s, ~15 s and ~25 s of simulation per configuration at 12, 48
 and 96 layers on one core) and judged against the current rules with `--raw DIR --redo`, so a
-change of the rules is re-judged against the same samples.
+change of the rules is re-judged against the same samples. The configurations that fail or
+miss an R^2 floor were simulated again on independent samples of 32 draws x batch 4, seed 1
+(`--raw DIR2 --trials 32 --seed 1 --inits ... --out docs/validation/floor_more`; 1-7 minutes
+each on a loaded core), the second table above.
 
-The failures, by cause (203 of 204 pass):
-- Attention logit variance: none left. The first complete run had 8 failures, each a single
-  logit point measured 9-38% low at 48 and 96 layers. Two causes, both in the measurement:
-  (1) the estimator subtracted the square of the grand mean of the 8 draws, but each draw's mean
-  logit (the token-shared part of q.k, a different constant in every draw) belongs to the
-  variance, whose expected mean is exactly 0, so it was biased low by about r^2/8 (12% at a
-  stream correlation of 0.99; block averages of measured/predicted were 0.91-0.94 in deep Mix-LN
-  `torch-default`); (2) the per-draw value is heavy-tailed (per head the shared part is a
-  chi-square with one degree of freedom times ~r^2 of the variance) and its spread grows with
-  depth (relative SD 0.05-0.10 in the first 12 layers, ~0.33 beyond layer 25), so an SE from a
-  layer's own 8 draws, or pooled over all layers, or scaled by a set of draws that happens to
-  fall low, is too small. The estimator is now the mean second moment and the SE pools the
-  relative spread over +-6 neighbouring attention layers, scaled by their mean level
-  (`sigprop.mc.model.logit_stats`); the whole grid was simulated again for it. The median
-  logit-variance error of a configuration is 1.0% (0.4% to 8.7%).
-- Post-LN `torch-default`, 96 layers, dropout 0.1, causal: the forward token correlation
-  around layer 79 is 0.03 high (0.830 against 0.799 +- 0.007; 9 points just beyond the 0.03
-  tolerance and 4 SE). Its gradient R^2 is 0.82 (0.93 at dropout 0): in deep causal Post-LN
-  stacks the gradient first falls and then grows again towards the input, and the causal
-  position model (see docs/design.md) predicts it 3-9% low in the middle layers (48 layers,
-  dropout 0.1; every point within its SE, which is 8-15% there).
-- R^2 criterion: measured-variance change above 2x in 62 forward and 71 gradient series; R^2
-  below the floor in 1 forward and 5 gradient series: Pre-LN `normal` 48 layers dropout 0
-  forward 0.9978 (a 2.19x change; the measured input correlation realised 0.0043 above its
-  nominal value, 1.3 SE, and the measured forward variance follows it, 1% above the
-  prediction), Post-LN DSLM 12 layers
-  gradient 0.985 (a ~4% over-prediction opening in the top two layers), and Post-LN
-  `torch-default` gradient: 48 layers causal 0.976, 96 layers causal 0.82 and 0.93, 96
-  layers bidirectional dropout 0 0.980 (a 101x change).
+Results at 8 draws (203 of 204 pass):
+- The one failure: Mix-LN `torch-default`, 96 layers, dropout 0.1, causal: the gradient near
+  layer 6 (in the Post-LN part at the bottom) predicted 6.98 against 5.92 +- 0.24 (18%, 4.4 SE).
+  On the independent 32-draw sample the same configuration passes (largest gradient error
+  7.6%) with gradient R^2 0.998.
+- Post-LN `torch-default`, 96 layers, dropout 0.1, causal, which failed in the previous
+  session (forward token correlation 0.03 high near layer 79), passes since the causal position
+  model carries the stream's correlation over pairs of positions (docs/design.md): the first
+  positions mix with few others and stay less correlated; carrying one mean correlation put the
+  deep causal Post-LN equilibrium at 0.8206 against ~0.795-0.80 measured (now 0.7993). Its
+  gradient R^2 went from 0.82 to 0.9905.
+- R^2: measured-variance change above 2x in 62 forward and 71 gradient series; R^2 below the
+  floor in 1 forward and 5 gradient series at 8 draws. On the independent 32-draw samples:
+  Pre-LN `normal` 48 dropout 0 forward 0.9978 -> 0.99996; Post-LN DSLM 12 dropout 0.1 gradient
+  0.981 -> 0.9985; Post-LN `torch-default` 96 dropout 0 bidirectional gradient 0.980 -> 0.998;
+  Mix-LN `torch-default` 96 dropout 0.1 causal 0.988 -> 0.998 (all now above the floor);
+  Post-LN `torch-default` causal 48 dropout 0.1 0.969 -> 0.987 and 96 dropout 0 0.910 ->
+  0.9855 (still below).
+- Why 8 draws cannot test the gradient R^2 of deep Post-LN stacks: one draw's input gradient
+  varies by a factor of several (relative SD 0.41-0.56 per draw in Post-LN `torch-default` 96
+  causal), and every draw moves all the points below its top together. From 120 pooled draws
+  of that configuration, 2000 random 8-draw subsets scored against the mean of the other 112
+  draws (a near-perfect predictor) fall below R^2 0.99 85% of the time (median 0.968); the
+  current prediction does the same (86%, median 0.965).
+- The bias that remains in deep Post-LN `torch-default` (pooled 120 draws, MC/pred 1.06-1.09
+  towards the input at 96 layers, causal and bidirectional): two effects of ~1e-3 per
+  sublayer, both in the general Post-LN backward, measured but not yet modelled: the share of
+  the gradient along the LayerNorm output above the LN that closes an attention sublayer
+  (measured ~0.000; the model assumes ~0.10, so it removes too much there), and the correlation
+  between the skip and branch gradients (added as independent; measured -(2/d) gamma/(1 + gamma)
+  per sublayer, gamma the branch gain). For a bias-free ReLU FFN the first is exact and now
+  modelled (Euler: LN(a x + b F(x)) is scale-invariant in x, so no gradient leaves along the
+  stream; predicted 0.167 before, measured 0.0000).
+- Attention logit variance: no failures. The estimator is the mean second moment (the earlier
+  grand-mean subtraction biased it low by ~r^2/8), with an SE pooled over +-6 neighbouring
+  attention layers (the per-draw value is heavy-tailed); the median logit-variance error of a
+  configuration is 1.0% (0.4% to 8.7%).
 - Causal models: before the position model (one number per moment for all positions) 7 of the
-  34 causal 12-layer configurations failed, with the input gradient up to 18% low; now all 34
-  pass, and at 48 and 96 layers all but the Post-LN `torch-default` one above."""
+  34 causal 12-layer configurations failed, with the input gradient up to 18% low; now all 102
+  causal configurations but the Mix-LN one above pass."""
 
 
 def main():
