@@ -1,4 +1,4 @@
-from sigprop.cli import main
+from sigprop.cli import console
 
 if __name__ == "__main__":
-    main()
+    console()

@@ -95,3 +95,15 @@ def test_more_bad_input_exits_2_without_traceback(args):
     r = run(*args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stdout == "" and "Traceback" not in r.stderr and r.stderr.strip()
+
+
+def test_console_flushes_everything_before_its_fast_exit():
+    """`python -m sigprop` ends with os._exit after flushing (sigprop.cli.console): a large
+    trace (several MB, more than any pipe buffer) must arrive whole, with exit code 0; an
+    error keeps its exit code and its one line."""
+    r = run("predict", "--layers", "3000", "--json", "--d-model", "64", "--heads", "2", "--seq-len", "8")
+    assert r.returncode == 0, r.stderr
+    tr = json.loads(r.stdout)
+    assert len(tr["points"]) == 1 + 2 * 3000 and len(r.stdout) > 2_000_000
+    r = run("predict", "--layers", "0")
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
