@@ -429,9 +429,12 @@ def integrate_smoothed2(outer, inner, var, rho, args=(), window=(-40.0, 40.0)):
             sel = sel[np.argsort(nu[sel], kind="stable")]      # similar sizes together
             start = 0
             while start < sel.size:
-                n_max = int(nu[sel[start:]].max())
+                # a batch is padded to its largest grid: take configurations whose grids are
+                # within 10% of the smallest remaining one (sorted ascending: a prefix)
+                n_max = int(nu[sel[start]] * 1.1) + 1
                 per = max(1, _S2_CHUNK // (n_max * n_max))
                 c = sel[start:start + per]
+                c = c[nu[c] <= n_max] if nu[c[0]] <= n_max else c[:1]
                 start += c.size
                 vals = _smoothed2_batch(outer, inner, funcs, b[c], sd[c], sg[c], lo[c], nu[c], K[c],
                                         [float(a[c[0]]) for a in args])
