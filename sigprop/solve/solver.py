@@ -196,7 +196,7 @@ def _forward_solve(base: Model, g: Geometry, eqs, logit_var: float, tables: dict
             if post:
                 xb = x
             else:
-                y, _ = ln.evaluate(x, None, d=g.d, centred=tok[0], kappa=tok[1])
+                y, _ = ln.fast(x, None, dict(d=g.d, centred=tok[0], kappa=tok[1]))
                 xb = Forward(0.0, float(y.var) * n * n, float(y.corr))
             required = (1.0 - a * a * x.var) / (b * b)
             if not required > 0:
@@ -231,11 +231,13 @@ def _forward_solve(base: Model, g: Geometry, eqs, logit_var: float, tables: dict
                     raise Infeasible(f"{where}: GeLU FFN std solve did not converge (variance {vhat:.6g}, "
                                      f"wanted {required:.6g})")
             bcorr = cov / vhat
-            z, _ = res.evaluate(x, None, a=a, b=b, y_mean=0.0, y_var=required, y_corr=min(max(bcorr, -1.0), 1.0))
+            # the rules' formulas without per-call domain checks (Rule.fast): the states come
+            # out of rules, the parameters were validated with the model
+            z, _ = res.fast(x, None, dict(a=a, b=b, y_mean=0.0, y_var=required, y_corr=min(max(bcorr, -1.0), 1.0)))
             z = Forward(float(z.mean), float(z.var), float(z.corr))
             tok = combine_token_stats(a * a * x.var, tok[0], tok[1], b * b * required, 0.0, 1.0)
             if post:
-                o, _ = ln.evaluate(z, None, d=g.d, centred=tok[0], kappa=tok[1])
+                o, _ = ln.fast(z, None, dict(d=g.d, centred=tok[0], kappa=tok[1]))
                 out = Forward(0.0, float(o.var), float(o.corr))
                 tok = (1.0, 0.0)
             else:
