@@ -79,9 +79,7 @@ def console() -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except BrokenPipeError:          # the reader went away: nothing more can be said
-        code = code or 1
-    except OSError:
+    except OSError:                  # e.g. the reader went away (broken pipe)
         code = code or 1
     os._exit(code)
 

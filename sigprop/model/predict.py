@@ -82,11 +82,9 @@ class SublayerRecord:
     x_prof: object = None
     z_prof: object = None
     g_prof: object = None         # (backward) of the gradient w.r.t. the stream entering it
-    # the branch is positively homogeneous of degree 1 in its input, F(s x) = s F(x) for s > 0
-    # (a ReLU FFN without biases; dropout masks are fixed multipliers): see _generic_below
-    homogeneous: bool = False
     # post ReLU FFN only (else None): per-element variance of the branch's departure from
-    # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases): see _euler_var
+    # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the branch
+    # is positively homogeneous of degree 1 in its input): see _euler_var
     euler_var: float | None = None
 
 
@@ -208,7 +206,7 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       to the LN output y ~ (a x + b F); so x . J^T g = -(b/a) F . J^T g, whose share is
       b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's);
       the branch part F^T(..) is isotropic (1, 1).
-      Exception: a branch positively homogeneous of degree 1 (``rec.homogeneous``) makes
+      Exception: a branch positively homogeneous of degree 1 (``rec.euler_var`` 0) makes
       x' scale-invariant in x (z(s x) = s z(x), and LN(s z) = LN(z)), so by Euler's theorem
       x . g_x = z . J^T g = 0 exactly (up to O(eps / var z) from the LayerNorm's eps): no
       share along the stream's direction, whatever a and b (measured 0.0000 below a DSLM
@@ -240,10 +238,10 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
             leak = 0.0 if log_a2 > -math.inf else 1.0
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
             ev = rec.euler_var
-            along = 0.0 if ev <= 0 or not rec.b else min(1.0, _exp(2 * math.log(abs(rec.b)) + math.log(ev) - clipped
-                                                                    - max(log_a2, log_bg) - math.log1p(math.exp(-abs(log_a2 - log_bg)))))
+            along = 0.0 if ev <= 0 or not rec.b else min(1.0, _exp(
+                2 * math.log(abs(rec.b)) + math.log(ev) - clipped - _log_sum(log_a2, log_bg)))
             return (branch, along)
-        return (branch, 0.0 if rec.homogeneous else skip * leak + branch)
+        return (branch, skip * leak + branch)
     return (skip * gen[0], skip * gen[1])
 
 
@@ -253,6 +251,12 @@ def _share(l1: float, l2: float) -> float:
         return 0.0
     t = l2 - l1
     return 1.0 / (1.0 + math.exp(t)) if t < 709.0 else 0.0
+
+
+def _log_sum(l1: float, l2: float) -> float:
+    """log(e^l1 + e^l2) without overflow."""
+    hi, lo = (l1, l2) if l1 >= l2 else (l2, l1)
+    return hi if lo == -math.inf else hi + math.log1p(math.exp(lo - hi))
 
 
 def _repeats(cols) -> tuple[list, list]:
@@ -348,7 +352,6 @@ class Predictor:
                 c_post, c_a, c_b, c_n = cols[kind]
                 post, a, b, n = c_post[l], c_a[l], c_b[l], c_n[l]
                 rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
-                rec.homogeneous = post and kind == "ffn" and self._homogeneous_ffn(l)
                 if post and kind == "ffn" and m.activation == "relu":
                     rec.euler_var = self._euler_var(l)
                 chain, chain_key = self._chain(kind, l, post, n)
@@ -377,7 +380,7 @@ class Predictor:
                     bcov[np.diag_indices_from(bcov)] += h.var * bprof
                     bcov += h.var * h.corr * (1 - np.eye(m.seq_len))
                     bv = float(np.trace(bcov)) / m.seq_len
-                    h = Forward(h.mean, bv, _clip_corr(profile._mean_off(bcov) / bv))
+                    h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov) / bv))
                     bcov /= bv
                 rec.branch_out = h
                 blv, bx = _normalise(h)
@@ -386,7 +389,7 @@ class Predictor:
                     rec.x_prof = prof
                     w1 = _exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv)
                     w2 = _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv)
-                    zcov = profile.mix_cov(w1, self._cov(x.corr, dev, prof), w2, bcov)
+                    zcov = profile.mix(w1, self._cov(x.corr, dev, prof), w2, bcov)
                     zcov /= float(np.trace(zcov)) / m.seq_len
                     prof = np.diag(zcov).copy()
                     rec.z_prof = prof
@@ -400,7 +403,7 @@ class Predictor:
                     if prof is not None:
                         # per position the LayerNorm divides by that position's std
                         c_out, dev = profile.deviation(profile.normalise(zcov))
-                        x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile._mean_off(zcov)))
+                        x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov)))
                         prof = profile.flat(m.seq_len)
                 else:
                     lv, x = zlv, z
@@ -409,14 +412,6 @@ class Predictor:
                 rec.out_log_var, rec.out = lv, x
                 records.append(rec)
         return records
-
-    def _homogeneous_ffn(self, l: int) -> bool:
-        """Whether layer ``l``'s FFN is positively homogeneous of degree 1 in its input: ReLU
-        (relu(s u) = s relu(u) for s > 0) and no biases (bias stds 0; a bias is a degree-0
-        term).  Dropout masks are fixed multipliers and keep it."""
-        s = self.model.ffn
-        return (self.model.activation == "relu" and float(s.bias_std["in"][l]) == 0.0
-                and float(s.bias_std["out"][l]) == 0.0)
 
     def _euler_var(self, l: int) -> float:
         """Per-element variance of D = F(x) - J_F x for layer ``l``'s ReLU FFN with its hidden
@@ -579,7 +574,7 @@ class Predictor:
             rec.branch_gain = _exp(rec.log_branch_gain)
             if w is not None:
                 log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
-                w = profile.mix_cov(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
+                w = profile.mix(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
                 rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add

@@ -194,7 +194,8 @@ def attention_forward(params: dict, x: Forward, table: bool = True) -> np.ndarra
 
 
 def mix(v1: float, f1: np.ndarray, v2: float, f2: np.ndarray) -> np.ndarray:
-    """Profile of the sum of two independent signals of variances v1, v2 (profiles f1, f2)."""
+    """Profile (or normalised covariance over positions) of the sum of two independent signals
+    of variances v1, v2 with profiles (covariances) f1, f2."""
     tot = v1 + v2
     if not tot > 0:
         return f1
@@ -289,7 +290,8 @@ def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
             _UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
 
 
-def _mean_off(C: np.ndarray) -> float:
+def mean_off(C: np.ndarray) -> float:
+    """Mean of the off-diagonal entries of a square matrix."""
     L = len(C)
     return float((C.sum() - np.trace(C)) / (L * (L - 1)))
 
@@ -311,7 +313,7 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     t1, off1 = _flat_stats(r, L, float(g.corr))
     if not (t > 0 and t1 > 0):
         return 1.0, 1.0, C
-    return float(t / t1), _ratio(_mean_off(o), off1), o / t
+    return float(t / t1), _ratio(mean_off(o), off1), o / t
 
 
 def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
@@ -329,17 +331,10 @@ def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
     """(variance and covariance factors over a flat profile, normalised covariance) of the gradient through a LayerNorm whose input
     has variance profile f: position i is divided by its standard deviation."""
     s = 1 / np.sqrt(f)
-    ref_off = (cov_gain / var_gain if var_gain > 0 else 1.0) * _mean_off(C)
+    ref_off = (cov_gain / var_gain if var_gain > 0 else 1.0) * mean_off(C)
     u = positionwise(C * s[:, None] * s[None, :], var_gain, cov_gain)
     k = float(np.trace(u) / len(u))
-    return k, _ratio(_mean_off(u), ref_off), u / k
-
-
-def mix_cov(v1: float, C1: np.ndarray, v2: float, C2: np.ndarray) -> np.ndarray:
-    tot = v1 + v2
-    if not tot > 0:
-        return C1
-    return (v1 * C1 + v2 * C2) / tot
+    return k, _ratio(mean_off(u), ref_off), u / k
 
 
 # -- forward: the stream's token correlation over positions ---------------------------------
@@ -415,7 +410,7 @@ def normalise(K: np.ndarray) -> np.ndarray:
 
 def deviation(K: np.ndarray) -> tuple[float, np.ndarray]:
     """(off-diagonal mean, off-diagonal deviation with a zero diagonal) of a matrix."""
-    c = _mean_off(K)
+    c = mean_off(K)
     S = K - c
     np.fill_diagonal(S, 0.0)
     return c, S

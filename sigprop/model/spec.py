@@ -326,7 +326,7 @@ class Model:
             return self._to_json()
 
     def _to_json(self) -> dict:
-        return {**self._json_head(), "layers": self.layers_json()}
+        return {**self.json_head(), "layers": self.layers_json()}
 
     def layers_json(self, rows=None) -> list:
         """The contract's per-layer objects (``rows``: only those layers, 0-based)."""
@@ -341,7 +341,7 @@ class Model:
         change = np.flatnonzero(np.any(bits[1:] != bits[:-1], axis=1)) + 1
         return [0, *change.tolist(), self.n_layers]
 
-    def _json_head(self) -> dict:
+    def json_head(self) -> dict:
         """The model object without "layers" (the key order of :meth:`to_json`)."""
         return {
             "arch": self.arch,

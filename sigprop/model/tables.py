@@ -229,30 +229,28 @@ class Table:
         return np.cos(self._j * math.acos(1.0 if s > 1.0 else -1.0 if s < -1.0 else s))
 
     def _row(self, corr: float, var: float, th: float | None = None) -> np.ndarray:
+        """:meth:`row` as an array (at ``th`` = arccos(corr) when given)."""
         if th is None:
             th = math.acos(min(1.0, max(-1.0, corr)))
-        basis = self._basis(th)
-        row = self.coef @ basis
-        if var != self.var:
-            if self.dvals is None:
-                self._derivative()
-            row = row + (var - self.var) * (self.dcoef @ basis)
-        return row
+        return np.array(self._row_at(th, var))
 
     def row(self, x: Forward) -> list:
         """Every tabulated quantity at input ``x`` as a list of floats: mean, var, cov | A, B,
         C, D (the predictor's per-sublayer path: one matrix product for the value and its
         variance derivative together, the combination in plain floats)."""
-        corr, var = float(x.corr), float(x.var)
-        basis = self._basis(math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
+        corr = float(x.corr)
+        return self._row_at(math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr), float(x.var))
+
+    def _row_at(self, th: float, var: float) -> list:
+        basis = self._basis(th)
         if var == self.var:
             return (self.coef @ basis).tolist()
         if self.dvals is None:
             self._derivative()
         r = (self._stacked @ basis).tolist()
         dv = var - self.var
-        return [r[0] + dv * r[7], r[1] + dv * r[8], r[2] + dv * r[9], r[3] + dv * r[10],
-                r[4] + dv * r[11], r[5] + dv * r[12], r[6] + dv * r[13]]
+        k = len(r) // 2
+        return [r[i] + dv * r[k + i] for i in range(k)]
 
     @staticmethod
     def forward_of(r) -> Forward:

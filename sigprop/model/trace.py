@@ -142,7 +142,7 @@ def trace_text(model, points: list, every: int = 1) -> str:
     layers (Model.layer_runs)."""
     kept = thin(points, every)
     with_log = _with_log(points)
-    model_head = {**model._json_head(), "layers": _LAYERS}
+    model_head = {**model.json_head(), "layers": _LAYERS}
     head = {"schema": "sigprop.trace/1", "version": __version__, "model": model_head,
             "points": _POINTS, "summary": summary(points)}
     texts = []
@@ -184,29 +184,3 @@ def point_text(p, with_log: bool) -> str:
 
 _LAYERS = "\x00sigprop-layers\x00"
 _POINTS = "\x00sigprop-points\x00"
-
-
-def dumps(tr: dict) -> str:
-    """``json.dumps(tr)``, the same text, faster for deep models: the model's per-layer
-    objects repeat (every layer of a uniform stack is the same), so each distinct one is
-    serialised once."""
-    model = tr.get("model")
-    if not isinstance(model, dict) or not isinstance(model.get("layers"), list):
-        return json.dumps(tr)
-    memo: dict = {}
-    texts = []
-    for layer in model["layers"]:
-        key = _layer_key(layer)
-        text = memo.get(key)
-        if text is None:
-            text = memo[key] = json.dumps(layer)
-        texts.append(text)
-    head = json.dumps({**tr, "model": {**model, "layers": _LAYERS}})
-    return head.replace(json.dumps(_LAYERS), "[" + ", ".join(texts) + "]", 1)
-
-
-def _layer_key(layer: dict):
-    return tuple((kind, sub["placement"], sub["skip_scale"], sub["branch_scale"], sub["norm_scale"],
-                  tuple((w, v["std"], v["bias_std"]) for w, v in sub["init"].items()))
-                 for kind, sub in layer.items())
-
