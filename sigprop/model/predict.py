@@ -41,7 +41,7 @@ from sigprop.state import Backward, Forward
 _LOG_VAR_LIMIT = 600.0
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     """One rule application in a branch chain."""
 
@@ -60,6 +60,8 @@ class SublayerRecord:
     post: bool
     a: float
     b: float
+    log_a2: float                 # log a^2 and log b^2 (-inf for a zero scale)
+    log_b2: float
     x_log_var: float              # stream entering the sublayer
     x: Forward                    # normalised (var 1) stream entering the sublayer
     pre_ops: list | None = None   # the LayerNorm (pre: before the branch; post: after the sum)
@@ -139,15 +141,13 @@ _LINEAR = get("linear")
 
 def _fwd(op: Op, x: Forward) -> Forward:
     op.x = x
-    y, _ = get(op.rule).fast(x, None, op.params)
-    return Forward(float(y.mean), float(y.var), float(y.corr))
+    return get(op.rule).fast(x, None, op.params)[0]
 
 
 def _bwd(op: Op, g: Backward) -> Backward:
     if op.table is not None:
         return op.table.backward_of(op.row, g)
-    _, gb = get(op.rule).fast(op.x, g, op.params, need_forward=False)
-    return Backward(float(gb.var), float(gb.corr))
+    return get(op.rule).fast(op.x, g, op.params, need_forward=False)[1]
 
 
 class _ResidualParams(NamedTuple):
@@ -158,21 +158,36 @@ class _ResidualParams(NamedTuple):
     y_corr: float
 
 
-def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: float):
-    """w1 * s1 + w2 * s2 for independent signals given as (log var, normalised state), via the
-    residual rule evaluated in units of the larger input; returns (log var, normalised)."""
-    l1 = lv1 + 2 * math.log(abs(w1)) if w1 else -math.inf
-    l2 = lv2 + 2 * math.log(abs(w2)) if w2 else -math.inf
-    ref = l1 if l1 > l2 else l2
+def _weights(l1: float, l2: float) -> tuple[float, float, float]:
+    """(ref, v1, v2) for two terms given as log variances: the larger, and both variances in
+    its units (the larger is 1 exactly; 0 for a term of log variance -inf)."""
+    if l1 >= l2:
+        if l1 == -math.inf:
+            return -math.inf, 0.0, 0.0
+        return l1, 1.0, (0.0 if l2 == -math.inf else math.exp(l2 - l1))
+    return l2, (0.0 if l1 == -math.inf else math.exp(l1 - l2)), 1.0
+
+
+_NO_SIGNAL = Forward(0.0, 1.0, 0.0)
+
+
+def _combine(ref: float, v1: float, x1: Forward, w1: float, v2: float, x2: Forward, w2: float):
+    """w1 * s1 + w2 * s2 for independent signals s1, s2 given as normalised states, the
+    variances of the terms w1 s1 and w2 s2 as (ref, v1, v2) from :func:`_weights` (log var
+    w1 s1 = log var s1 + log w1^2), via the residual rule evaluated in units of the larger
+    term; returns (log var, normalised)."""
     if ref == -math.inf:
-        return -math.inf, Forward(0.0, 1.0, 0.0)
+        return -math.inf, _NO_SIGNAL
     # each term's variance w^2 var in units of the larger one (the weights folded in, so that
     # a huge weight on a small signal cannot underflow), the weights' signs as a and b
-    v1 = 0.0 if l1 == -math.inf else math.exp(l1 - ref)
-    v2 = 0.0 if l2 == -math.inf else math.exp(l2 - ref)
-    x = Forward(x1.mean * math.sqrt(v1), v1 if v1 > 0 else 1.0, x1.corr)
+    m1, m2 = x1.mean, x2.mean
+    if m1:
+        m1 *= math.sqrt(v1)
+    if m2:
+        m2 *= math.sqrt(v2)
+    x = Forward(m1, v1 if v1 > 0 else 1.0, x1.corr)
     p = _ResidualParams(math.copysign(1.0, w1) if v1 > 0 else 0.0, math.copysign(1.0, w2) if v2 > 0 else 0.0,
-                        x2.mean * math.sqrt(v2), v2, x2.corr)
+                        m2, v2, x2.corr)
     try:
         # the rule's own formulas on plain floats (one of the two terms is 1 in these units,
         # so the variance is positive); Rule.fast's generic path where arithmetic fails
@@ -187,14 +202,12 @@ def _combine(lv1: float, x1: Forward, w1: float, lv2: float, x2: Forward, w2: fl
                                        1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)
 
 
-def _mix_tokens(lv: float, a: float, tok: tuple[float, float], blv: float, b: float):
-    """Per-token statistics of a x + b y (y a Gaussian-like branch output) from the stream's."""
-    w1 = lv + 2 * math.log(abs(a)) if a else -math.inf
-    w2 = blv + 2 * math.log(abs(b)) if b else -math.inf
-    ref = max(w1, w2)
+def _mix_tokens(tok: tuple[float, float], ref: float, v1: float, v2: float):
+    """Per-token statistics of a x + b y (y a Gaussian-like branch output) from the stream's,
+    the variances of a x and b y as (ref, v1, v2) from :func:`_weights`."""
     if ref == -math.inf:
         return tok
-    return combine_token_stats(_exp_rel(w1, ref), tok[0], tok[1], _exp_rel(w2, ref), 0.0, 1.0)
+    return combine_token_stats(v1, tok[0], tok[1], v2, 0.0, 1.0)
 
 
 def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float, float]:
@@ -223,7 +236,7 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
       left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0)."""
     # the shares from logarithms (a and b may be far outside float range when squared)
-    log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
+    log_a2 = rec.log_a2
     log_bg = rec.log_branch_gain
     if log_a2 == -math.inf and log_bg == -math.inf:
         return (1.0, 1.0)
@@ -233,16 +246,25 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
         bvar = float(rec.branch_out.var)
         clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
         if bvar > 0 and rec.b and log_a2 > -math.inf:   # b^2 v_F / a^2, v_F = bvar / stream var
-            leak = min(1.0, _exp(2 * math.log(abs(rec.b)) + math.log(bvar) - clipped - log_a2))
+            leak = min(1.0, _exp(rec.log_b2 + math.log(bvar) - clipped - log_a2))
         else:
             leak = 0.0 if log_a2 > -math.inf else 1.0
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
             ev = rec.euler_var
             along = 0.0 if ev <= 0 or not rec.b else min(1.0, _exp(
-                2 * math.log(abs(rec.b)) + math.log(ev) - clipped - _log_sum(log_a2, log_bg)))
+                rec.log_b2 + math.log(ev) - clipped - _log_sum(log_a2, log_bg)))
             return (branch, along)
         return (branch, skip * leak + branch)
     return (skip * gen[0], skip * gen[1])
+
+
+def _log_squares(col: list) -> list:
+    """log w^2 of every entry (-inf for 0), once per distinct value."""
+    memo: dict = {}
+    for w in col:
+        if w not in memo:
+            memo[w] = 2 * math.log(abs(w)) if w else -math.inf
+    return [memo[w] for w in col]
 
 
 def _share(l1: float, l2: float) -> float:
@@ -342,19 +364,21 @@ class Predictor:
         dev = np.zeros((m.seq_len, m.seq_len)) if m.causal else None
         records = []
         # per-layer columns as plain Python values (indexing NumPy arrays per layer is slow)
-        cols = {kind: (np.asarray(getattr(m, kind).post, dtype=bool).tolist(),
-                       np.asarray(getattr(m, kind).skip_scale, dtype=float).tolist(),
-                       np.asarray(getattr(m, kind).branch_scale, dtype=float).tolist(),
-                       np.asarray(getattr(m, kind).norm_scale, dtype=float).tolist())
-                for kind in ("attention", "ffn")}
+        cols = {}
+        for kind in ("attention", "ffn"):
+            c = getattr(m, kind)
+            a_col = np.asarray(c.skip_scale, dtype=float).tolist()
+            b_col = np.asarray(c.branch_scale, dtype=float).tolist()
+            cols[kind] = (np.asarray(c.post, dtype=bool).tolist(), a_col, b_col,
+                          np.asarray(c.norm_scale, dtype=float).tolist(), _log_squares(a_col), _log_squares(b_col))
         for l in range(m.n_layers):
             for kind in ("attention", "ffn"):
-                c_post, c_a, c_b, c_n = cols[kind]
+                c_post, c_a, c_b, c_n, c_la2, c_lb2 = cols[kind]
                 post, a, b, n = c_post[l], c_a[l], c_b[l], c_n[l]
-                rec = SublayerRecord(l + 1, kind, post, a, b, lv, x)
+                rec = SublayerRecord(l + 1, kind, post, a, b, c_la2[l], c_lb2[l], lv, x)
                 if post and kind == "ffn" and m.activation == "relu":
                     rec.euler_var = self._euler_var(l)
-                chain, chain_key = self._chain(kind, l, post, n)
+                chain, handle = self._chain(kind, l, post, n)
                 h = _real(lv, x)
                 dev_in = dev
                 if not post:
@@ -369,7 +393,7 @@ class Predictor:
                     rec.logit_var = self._logit_var(chain[-2][1],
                                                     h if post else Forward(h.mean * n, h.var * n * n, h.corr))
                 h_in = h
-                h = self._branch_forward(rec, chain, chain_key, h, prof is not None and kind == "attention")
+                h = self._branch_forward(rec, chain, handle, h, prof is not None and kind == "attention")
                 if dev is not None:
                     att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
                     bprof = (profile.attention_forward(att.params, att.x, att.repeated) if att
@@ -384,16 +408,18 @@ class Predictor:
                     bcov /= bv
                 rec.branch_out = h
                 blv, bx = _normalise(h)
-                zlv, z = _combine(lv, x, a, blv, bx, b)
+                # log var of a x and of b y, and both in units of the larger
+                ref, v1, v2 = _weights(lv + rec.log_a2, blv + rec.log_b2)
+                zlv, z = _combine(ref, v1, x, a, v2, bx, b)
                 if prof is not None:
                     rec.x_prof = prof
-                    w1 = _exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv)
-                    w2 = _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv)
+                    w1 = _exp_rel(lv + rec.log_a2, zlv)
+                    w2 = _exp_rel(blv + rec.log_b2, zlv)
                     zcov = profile.mix(w1, self._cov(x.corr, dev, prof), w2, bcov)
                     zcov /= float(np.trace(zcov)) / m.seq_len
                     prof = np.diag(zcov).copy()
                     rec.z_prof = prof
-                tok = _mix_tokens(lv, a, tok, blv, b)
+                tok = _mix_tokens(tok, ref, v1, v2)
                 if post:
                     rec.z_log_var, rec.z = zlv, z
                     ln = self._ln(tok)
@@ -481,7 +507,7 @@ class Predictor:
     def _chain(self, kind: str, l: int, post: bool, n: float):
         """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (pre:
         the norm scale n first; then the branch; then the hidden dropout), shared by the
-        layers with the same parameters, with its key for the table cache."""
+        layers with the same parameters, with its handle in the table cache."""
         gid = (kind, self.groups[kind][l])
         hit = self._chains.get(gid)
         if hit is None:
@@ -490,17 +516,17 @@ class Predictor:
             if not post:
                 ops.insert(0, Op("residual", dict(a=n, b=0.0)))     # norm scale n
             chain = tuple((op.rule, op.params) for op in ops)
-            hit = self._chains[gid] = (chain, _TABLES.fast_key(chain))
+            hit = self._chains[gid] = (chain, _TABLES.handle(chain))
         return hit
 
-    def _branch_forward(self, rec: SublayerRecord, chain: tuple, chain_key: tuple, h: Forward,
+    def _branch_forward(self, rec: SublayerRecord, chain: tuple, handle, h: Forward,
                         split: bool = False) -> Forward:
         """The branch chain: through an interpolation table of the whole chain where one is
         available (see sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal
         model's position profile needs the attention op's own input and gradient), the
         attention op through a table of its own where one is available."""
         eager = self.repeats[rec.kind][rec.layer - 1] >= BUILD_AFTER
-        table = None if split else _TABLES.get(chain, h, eager=eager, fast_key=chain_key)
+        table = None if split else _TABLES.get(chain, h, eager=eager, handle=handle)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
             return table.forward_of(rec.chain_x)
@@ -560,7 +586,7 @@ class Predictor:
                         else:
                             u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
                     g = _bwd(op, g)
-            lg_branch_extra = 2 * math.log(abs(rec.b)) if rec.b else 0.0
+            lg_branch_extra = rec.log_b2 if rec.b else 0.0
             if not rec.post:
                 for op in reversed(rec.pre_ops):
                     if w is not None:
@@ -573,14 +599,13 @@ class Predictor:
             rec.log_branch_gain = (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra
             rec.branch_gain = _exp(rec.log_branch_gain)
             if w is not None:
-                log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
+                log_a2 = rec.log_a2
                 w = profile.mix(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
                 rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
-            lsum, gsum = _combine(0.0, Forward(0.0, 1.0, gc), rec.a,
-                                  (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra,
-                                  Forward(0.0, 1.0, g.corr), 1.0)
+            ref, v1, v2 = _weights(rec.log_a2, (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra)
+            lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, g.corr), 1.0)
             if rec.euler_var is not None and rec.b and lsum > -math.inf:
                 lsum += self._cross_log_factor(rec, lsum)
             lg, gc = lg + lsum, gsum.corr
@@ -607,7 +632,7 @@ class Predictor:
         if c <= 0:
             return 0.0
         clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        lc = math.log(2.0 * c / self.d) + 2 * math.log(abs(rec.b)) - clipped - lsum
+        lc = math.log(2.0 * c / self.d) + rec.log_b2 - clipped - lsum
         return math.log1p(-min(_exp(lc), 0.5))
 
     @staticmethod

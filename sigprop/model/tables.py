@@ -331,6 +331,18 @@ def _homogeneous(t: Table, ops: list) -> bool:
     return bool(np.all(np.abs(got - want) <= 1e-9 * scale + 1e-300))
 
 
+class _Handle:
+    """A chain's canonical form, scale and key, resolved once (:meth:`TableCache.handle`):
+    the per-sublayer lookup then hashes a float, not the chain's nested parameter tuple."""
+
+    __slots__ = ("canon", "scale", "key", "by_mean", "scaled")
+
+    def __init__(self, canon, scale, key):
+        self.canon, self.scale, self.key = canon, scale, key
+        self.by_mean: dict = {}       # mean -> the cache's table list of (key, mean)
+        self.scaled: dict = {}        # id(table) -> its _Scaled view (tables are never freed)
+
+
 class TableCache:
     """Tables per (chain of ops, mean, variance window); a key's table is built at its
     BUILD_AFTER-th request (returns None before that, and where verification failed).
@@ -341,45 +353,52 @@ class TableCache:
         self.requests: dict = {}
         self._canon: dict = {}
 
-    @staticmethod
-    def fast_key(ops) -> tuple:
-        """A key of chain ``ops`` as given (parameter order included), for :meth:`get`."""
-        return tuple((name, tuple(params.items())) for name, params in ops)
-
-    def get(self, ops: list, x: Forward, eager: bool = False, fast_key: tuple | None = None):
-        """The table for chain ``ops`` at input ``x`` (None: evaluate directly).  ``eager``:
-        build it at the first request rather than the BUILD_AFTER-th."""
-        # the canonical chain and its key, memoised on the parameter values as given (the
-        # predictor builds the same parameter dicts, in the same order, for every layer)
-        if fast_key is None:
-            fast_key = self.fast_key(ops)
+    def handle(self, ops) -> _Handle:
+        """The canonical chain of ``ops`` and its key, memoised on the parameter values as
+        given (the predictor builds the same parameter dicts, in the same order, for every
+        layer); pass it to :meth:`get`."""
+        fast_key = tuple((name, tuple(params.items())) for name, params in ops)
         hit = self._canon.get(fast_key)
         if hit is None:
             canon, scale = _canonical(ops)
             key = tuple((name, tuple(sorted(params.items()))) for name, params in canon)
             if len(self._canon) > 4096:
                 self._canon.clear()
-            hit = self._canon[fast_key] = (canon, scale, key)
-        canon, scale, key = hit
-        t = self._get(canon, key, x, eager)
-        if t is None or scale == 1.0:
-            return t
-        return _Scaled(t, scale)
+            hit = self._canon[fast_key] = _Handle(canon, scale, key)
+        return hit
 
-    def _get(self, ops: list, chain_key: tuple, x: Forward, eager: bool) -> Table | None:
-        key = (chain_key, float(x.mean))
-        for t in self.tables.get(key, []):
+    def get(self, ops: list, x: Forward, eager: bool = False, handle: _Handle | None = None):
+        """The table for chain ``ops`` (or its ``handle``) at input ``x`` (None: evaluate
+        directly).  ``eager``: build it at the first request rather than the BUILD_AFTER-th."""
+        if handle is None:
+            handle = self.handle(ops)
+        t = self._get(handle, x, eager)
+        if t is None or handle.scale == 1.0:
+            return t
+        view = handle.scaled.get(id(t))
+        if view is None:
+            view = handle.scaled[id(t)] = _Scaled(t, handle.scale)
+        return view
+
+    def _get(self, handle: _Handle, x: Forward, eager: bool) -> Table | None:
+        mean = float(x.mean)
+        tables = handle.by_mean.get(mean)
+        if tables is None:
+            tables = handle.by_mean[mean] = self.tables.setdefault((handle.key, mean), [])
+        for t in tables:
             if t.covers(x):
                 return t
+        key = (handle.key, mean)
         n = self.requests.get(key, 0) + 1
         self.requests[key] = n
-        if (n < BUILD_AFTER and not eager) or len(self.tables.get(key, [])) >= 4:
+        if (n < BUILD_AFTER and not eager) or len(tables) >= 4:
             return None
+        ops, chain_key = handle.canon, handle.key
         lo = min(0.0, float(x.corr))
-        skey = store.key("table", chain_key, float(x.mean), float(x.var), lo, TOL, TH_MIN)
-        t = Table(Chain(ops), {}, float(x.mean), float(x.var), lo, store_key=skey)
+        skey = store.key("table", chain_key, mean, float(x.var), lo, TOL, TH_MIN)
+        t = Table(Chain(ops), {}, mean, float(x.var), lo, store_key=skey)
         if t.ok and not t.loaded and any(name == "attention" for name, _ in ops) and not _homogeneous(t, ops):
             t.ok = False
             t.save()
-        self.tables.setdefault(key, []).append(t)
+        tables.append(t)
         return t if t.covers(x) else None

@@ -178,9 +178,11 @@ def point_text(p, with_log: bool) -> str:
         f += f', "log10_var": {_num_text(p.log_var * LOG10E)}'
         b += f', "log10_var": {_num_text(p.log_gvar * LOG10E)}'
     lv = "null" if p.logit_var is None else _num_text(p.logit_var)
-    return (f'{{"layer": {int(p.layer)}, "sublayer": {json.dumps(p.sublayer)}, "forward": {f}}}, '
+    sub = _SUBLAYER_TEXT.get(p.sublayer) or json.dumps(p.sublayer)
+    return (f'{{"layer": {int(p.layer)}, "sublayer": {sub}, "forward": {f}}}, '
             f'"backward": {b}}}, "logit_var": {lv}}}')
 
 
+_SUBLAYER_TEXT = {name: json.dumps(name) for name in ("input", "attention", "ffn")}
 _LAYERS = "\x00sigprop-layers\x00"
 _POINTS = "\x00sigprop-points\x00"

@@ -225,12 +225,13 @@ class Rule:
             y = self.forward(numeric, x, p) if need_forward or g is None else None
             gb = None if g is None else self.backward(numeric, x, g, p)
         except (ZeroDivisionError, OverflowError, ValueError):
-            return self.evaluate(x, g, **params)
+            y, gb = self.evaluate(x, g, **params)
+        # plain floats out (a rule may compute in NumPy scalars)
         if y is not None:
-            var, corr = y.var, y.corr
-            y = Forward(y.mean, var, 0.0 if var == 0 else (1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
+            var, corr = float(y.var), float(y.corr)
+            y = Forward(float(y.mean), var, 0.0 if var == 0 else (1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
         if gb is not None:
-            var, corr = gb.var, gb.corr
+            var, corr = float(gb.var), float(gb.corr)
             gb = Backward(var, 0.0 if var == 0 else (1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr))
         return y, gb
 
