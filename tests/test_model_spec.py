@@ -19,7 +19,7 @@ from sigprop.state import Backward, Forward
 
 
 def make_model(n=5, seed=0, arch="custom") -> Model:
-    """A model with every column different (random), built directly from the dataclasses."""
+    """A model with every column different (random), built directly from the classes."""
     rng = np.random.default_rng(seed)
 
     def sub(kind):
@@ -244,11 +244,11 @@ def test_model_rejects_inconsistent_parts():
     m = make_model(n=3)
     other = make_model(n=4)
     with pytest.raises(DomainError, match="ffn has 4 layers, the model 3"):
-        Model(**{**{k: getattr(m, k) for k in m.__dataclass_fields__}, "ffn": other.ffn})
+        Model(**{**{k: getattr(m, k) for k in Model.FIELDS}, "ffn": other.ffn})
     with pytest.raises(DomainError, match="attention must be a Sublayers of kind 'attention'"):
-        Model(**{**{k: getattr(m, k) for k in m.__dataclass_fields__}, "attention": m.ffn})
+        Model(**{**{k: getattr(m, k) for k in Model.FIELDS}, "attention": m.ffn})
     with pytest.raises(DomainError, match="input.corr must lie in"):
-        Model(**{**{k: getattr(m, k) for k in m.__dataclass_fields__}, "input": Forward(0.0, 1.0, 2.0)})
+        Model(**{**{k: getattr(m, k) for k in Model.FIELDS}, "input": Forward(0.0, 1.0, 2.0)})
     with pytest.raises(DomainError, match="dropout.hidden must lie in"):
         Dropout(0.0, 1.0)
 

@@ -12,9 +12,9 @@ whose total change is below 10% is "constant"; one that no law fits with R^2 >= 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,8 +25,7 @@ LAWS = ("constant", "linear", "harmonic", "hyperbolic", "exponential")
 MIN_R2 = 0.95
 
 
-@dataclass(frozen=True)
-class Growth:
+class Growth(NamedTuple):
     law: str
     r2: float
     slope: float          # per unit of the law's variable (per layer for linear/exponential)

@@ -21,7 +21,6 @@ units of the larger of its two inputs).  Nothing overflows, nothing becomes NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -41,57 +40,79 @@ from sigprop.state import Backward, Forward
 _LOG_VAR_LIMIT = 600.0
 
 
-@dataclass(slots=True)
 class Op:
-    """One rule application in a branch chain."""
+    """One rule application in a branch chain.
 
-    rule: str
-    params: dict
-    x: Forward | None = None      # input state, recorded by the forward pass
-    table: object = None          # an interpolation table of this op alone, if used ...
-    row: object = None            # ... and its row at x
-    repeated: bool = False        # its parameters are shared by at least BUILD_AFTER layers
+    (Plain classes with ``__slots__`` here rather than dataclasses: a dataclass is built with
+    ``exec`` at import, and the predictor's start-up paid ~10 ms for its dataclasses.)"""
+
+    __slots__ = ("rule", "params", "x", "table", "row", "repeated")
+
+    def __init__(self, rule: str, params: dict, x: Forward | None = None, table: object = None,
+                 row: object = None, repeated: bool = False):
+        self.rule = rule
+        self.params = params
+        self.x = x                    # input state, recorded by the forward pass
+        self.table = table            # an interpolation table of this op alone, if used ...
+        self.row = row                # ... and its row at x
+        self.repeated = repeated      # its parameters are shared by at least BUILD_AFTER layers
+
+    def __repr__(self) -> str:
+        return f"Op({self.rule!r}, {self.params!r})"
 
 
-@dataclass(slots=True)
 class SublayerRecord:
-    layer: int
-    kind: str                     # "attention" | "ffn"
-    post: bool
-    a: float
-    b: float
-    log_a2: float                 # log a^2 and log b^2 (-inf for a zero scale)
-    log_b2: float
-    x_log_var: float              # stream entering the sublayer
-    x: Forward                    # normalised (var 1) stream entering the sublayer
-    pre_ops: list | None = None   # the LayerNorm (pre: before the branch; post: after the sum)
-    branch_ops: list | None = None  # the branch chain's ops, when evaluated rule by rule
-    branch_out: Forward | None = None
-    z_log_var: float = 0.0        # post: the pre-LN sum
-    z: Forward | None = None
-    out_log_var: float = 0.0
-    out: Forward | None = None
-    logit_var: float | None = None
-    # backward gains per unit upstream gradient variance (set by the backward pass): the skip
-    # path's a^2 and the branch path's (pre: includes LayerNorm's division by the stream variance)
-    branch_gain: float | None = None
-    log_branch_gain: float = -math.inf
-    z_gain: float = 1.0           # post: LayerNorm backward factor on the pre-LN sum
-    chain_table: object = None    # interpolation table of the whole branch chain, if used
-    chain_x: object = None        # ... and its row (every tabulated quantity) at the branch input
-    # causal models only (sigprop.model.profile): variance profiles over positions of the
-    # stream entering the sublayer and (post) of the pre-LN sum
-    x_prof: object = None
-    z_prof: object = None
-    g_prof: object = None         # (backward) of the gradient w.r.t. the stream entering it
-    # post ReLU FFN only (else None): per-element variance of the branch's departure from
-    # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the branch
-    # is positively homogeneous of degree 1 in its input): see _euler_var
-    euler_var: float | None = None
+    """What the forward pass recorded about one sublayer (and the backward pass added)."""
+
+    __slots__ = ("layer", "kind", "post", "a", "b", "log_a2", "log_b2", "x_log_var", "x", "pre_ops",
+                 "branch_ops", "branch_out", "z_log_var", "z", "out_log_var", "out", "logit_var",
+                 "branch_gain", "log_branch_gain", "z_gain", "chain_table", "chain_x", "x_prof",
+                 "z_prof", "g_prof", "euler_var")
+
+    def __init__(self, layer: int, kind: str, post: bool, a: float, b: float, log_a2: float,
+                 log_b2: float, x_log_var: float, x: Forward):
+        self.layer = layer
+        self.kind = kind              # "attention" | "ffn"
+        self.post = post
+        self.a = a
+        self.b = b
+        self.log_a2 = log_a2          # log a^2 and log b^2 (-inf for a zero scale)
+        self.log_b2 = log_b2
+        self.x_log_var = x_log_var    # stream entering the sublayer
+        self.x = x                    # normalised (var 1) stream entering the sublayer
+        self.pre_ops: list | None = None      # the LayerNorm (pre: before the branch; post: after the sum)
+        self.branch_ops: list | None = None   # the branch chain's ops, when evaluated rule by rule
+        self.branch_out: Forward | None = None
+        self.z_log_var = 0.0          # post: the pre-LN sum
+        self.z: Forward | None = None
+        self.out_log_var = 0.0
+        self.out: Forward | None = None
+        self.logit_var: float | None = None
+        # backward gains per unit upstream gradient variance (set by the backward pass): the
+        # skip path's a^2 and the branch path's (pre: includes LayerNorm's division by the
+        # stream variance)
+        self.branch_gain: float | None = None
+        self.log_branch_gain = -math.inf
+        self.z_gain = 1.0             # post: LayerNorm backward factor on the pre-LN sum
+        self.chain_table = None       # interpolation table of the whole branch chain, if used
+        self.chain_x = None           # ... and its row (every tabulated quantity) at the branch input
+        # causal models only (sigprop.model.profile): variance profiles over positions of the
+        # stream entering the sublayer and (post) of the pre-LN sum
+        self.x_prof = None
+        self.z_prof = None
+        self.g_prof = None            # (backward) of the gradient w.r.t. the stream entering it
+        # post ReLU FFN only (else None): per-element variance of the branch's departure from
+        # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the
+        # branch is positively homogeneous of degree 1 in its input): see _euler_var
+        self.euler_var: float | None = None
+
+    def __repr__(self) -> str:
+        return f"SublayerRecord(layer={self.layer}, kind={self.kind!r}, post={self.post})"
 
 
-@dataclass
-class StreamPoint:
+class StreamPoint(NamedTuple):
+    """One point of the trace: the stream after a sublayer (or the input), in log variance."""
+
     layer: int
     sublayer: str
     log_var: float

@@ -26,7 +26,6 @@ Initialisations (std of every weight matrix and bias, per layer): ``normal``, ``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -52,8 +51,7 @@ DEFAULT_DROPOUT = 0.1
 # options
 # ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One resolve() option: its type, default (None: derived or "not given"), and range."""
 
     name: str
@@ -248,8 +246,7 @@ def _scales(arch: str, n: int, opts: dict) -> Scales:
     return Scales(post, skip, branch, norm)
 
 
-@dataclass(frozen=True)
-class ArchInfo:
+class ArchInfo(NamedTuple):
     name: str
     title: str
     default_init: str
@@ -569,8 +566,7 @@ def blk_corr_one(ffn_block: FFNBlock, v: float, r: float, s: float, c_zero: floa
     return float(ffn_block(np.array([v]), np.array([min(max(r, -1.0), 1.0)]), s)[1][0])
 
 
-@dataclass(frozen=True)
-class InitInfo:
+class InitInfo(NamedTuple):
     name: str
     fn: Callable
     source: str

@@ -20,7 +20,6 @@ import gc
 import json
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -52,6 +51,25 @@ _GRAD_KEYS = ("var", "corr")
 _SUBLAYER_KEYS = ("placement", "skip_scale", "branch_scale", "norm_scale", "init")
 _INIT_KEYS = ("std", "bias_std")
 _SCALES = ("skip_scale", "branch_scale", "norm_scale")
+
+
+class _Frozen:
+    """Attributes set once in ``__init__`` (through :meth:`_set`) and read-only afterwards: a
+    frozen dataclass's behaviour without its cost at import (a dataclass is built with
+    ``exec``; the predictor's start-up paid ~10 ms for its dataclasses).  ``FIELDS`` names the
+    constructor's fields in order."""
+
+    __slots__ = ()
+    FIELDS: tuple = ()
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"cannot assign to field {name!r} ({type(self).__name__} is frozen)")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"cannot delete field {name!r} ({type(self).__name__} is frozen)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -94,8 +112,7 @@ def _first_bad(bad: np.ndarray) -> int | None:
     return None
 
 
-@dataclass(frozen=True, eq=False)
-class Sublayers:
+class Sublayers(_Frozen):
     """All sublayers of one kind ("attention" or "ffn"), one entry per layer (0-based).
 
     Columns, shape (n_layers,): ``post`` (bool, placement "post"), ``skip_scale`` (a),
@@ -104,15 +121,12 @@ class Sublayers:
     the stored columns are float64 (bool for ``post``) and read-only.
     """
 
-    kind: str
-    post: np.ndarray
-    skip_scale: np.ndarray
-    branch_scale: np.ndarray
-    norm_scale: np.ndarray
-    std: Mapping[str, np.ndarray]
-    bias_std: Mapping[str, np.ndarray]
+    FIELDS = ("kind", "post", "skip_scale", "branch_scale", "norm_scale", "std", "bias_std")
+    __slots__ = FIELDS
 
-    def __post_init__(self):
+    def __init__(self, kind: str, post, skip_scale, branch_scale, norm_scale, std: Mapping, bias_std: Mapping):
+        for name, value in zip(self.FIELDS, (kind, post, skip_scale, branch_scale, norm_scale, std, bias_std)):
+            self._set(name, value)
         if self.kind not in WEIGHTS:
             raise DomainError(f"sublayer kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         post = np.asarray(self.post)
@@ -133,13 +147,13 @@ class Sublayers:
         where = self.kind
         if post.dtype != bool and not (post.ndim in (0, 1) and np.isin(post, (0, 1)).all()):
             raise DomainError(f"{where}.post must be boolean")
-        object.__setattr__(self, "post", _column(post.astype(bool), n, bool, f"{where}.post"))
+        self._set("post", _column(post.astype(bool), n, bool, f"{where}.post"))
         for name in _SCALES:
             col = _column(getattr(self, name), n, np.float64, f"{where}.{name}")
             i = _first_bad(~np.isfinite(col))
             if i is not None:
                 raise DomainError(f"{where}.{name}[{i}] must be finite, got {col[i]:g}")
-            object.__setattr__(self, name, col)
+            self._set(name, col)
         names = WEIGHTS[self.kind]
         for attr in ("std", "bias_std"):
             given = dict(getattr(self, attr))
@@ -153,7 +167,7 @@ class Sublayers:
                 if i is not None:
                     raise DomainError(f"{where}.{attr}[{w!r}][{i}] must be finite and >= 0, got {col[i]:g}")
                 cols[w] = col
-            object.__setattr__(self, attr, MappingProxyType(cols))
+            self._set(attr, MappingProxyType(cols))
 
     # -- conveniences -------------------------------------------------------------------
     @property
@@ -167,6 +181,9 @@ class Sublayers:
     def placement(self, layer: int) -> str:
         """"pre" or "post" for layer ``layer`` (0-based)."""
         return "post" if self.post[layer] else "pre"
+
+    def __repr__(self) -> str:
+        return f"Sublayers({self.kind!r}, n_layers={self.n_layers})"
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sublayers):
@@ -208,29 +225,36 @@ class Sublayers:
         return np.ascontiguousarray(np.column_stack(cols)).view(np.int64)
 
 
-@dataclass(frozen=True)
-class Dropout:
+class Dropout(_Frozen):
     """Dropout probabilities: on the attention probabilities, on every branch output
     ("hidden") and after the FFN activation ("ffn_inner"); each in [0, 1)."""
 
-    attention: float = 0.0
-    hidden: float = 0.0
-    ffn_inner: float = 0.0
+    FIELDS = _DROPOUT_KEYS
+    __slots__ = FIELDS
 
-    def __post_init__(self):
-        for k in _DROPOUT_KEYS:
-            v = getattr(self, k)
+    def __init__(self, attention: float = 0.0, hidden: float = 0.0, ffn_inner: float = 0.0):
+        for k, v in zip(_DROPOUT_KEYS, (attention, hidden, ffn_inner)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0.0 <= v < 1.0):
                 raise DomainError(f"dropout.{k} must lie in [0, 1), got {v!r}")
-            object.__setattr__(self, k, float(v))
+            self._set(k, float(v))
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Dropout):
+            return NotImplemented
+        return (self.attention, self.hidden, self.ffn_inner) == (other.attention, other.hidden, other.ffn_inner)
+
+    def __hash__(self) -> int:
+        return hash((self.attention, self.hidden, self.ffn_inner))
+
+    def __repr__(self) -> str:
+        return f"Dropout(attention={self.attention!r}, hidden={self.hidden!r}, ffn_inner={self.ffn_inner!r})"
 
 
 # ---------------------------------------------------------------------------------------
 # the model
 # ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, eq=False)
-class Model:
+class Model(_Frozen):
     """A fully resolved model (contract.md, "Model specification").
 
     ``input`` is the stream entering layer 1 (a :class:`sigprop.state.Forward`: mean, var,
@@ -240,53 +264,47 @@ class Model:
     attention sublayer ``l`` followed by the FFN sublayer ``l``.
     """
 
-    arch: str
-    n_layers: int
-    d_model: int
-    n_heads: int
-    d_head: int
-    d_ff: int
-    seq_len: int
-    activation: str
-    norm: str
-    causal: bool
-    dropout: Dropout
-    input: Forward
-    grad: Backward
-    attention: Sublayers
-    ffn: Sublayers
-    #: extra information (not part of the contract's object, not written by to_json)
-    notes: Mapping[str, object] = field(default_factory=dict, compare=False, repr=False)
+    FIELDS = ("arch", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len", "activation", "norm",
+              "causal", "dropout", "input", "grad", "attention", "ffn", "notes")
+    __slots__ = FIELDS
 
-    def __post_init__(self):
+    def __init__(self, arch: str, n_layers: int, d_model: int, n_heads: int, d_head: int, d_ff: int,
+                 seq_len: int, activation: str, norm: str, causal: bool, dropout: Dropout, input: Forward,
+                 grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None):
+        # ``notes``: extra information (not part of the contract's object, not written by
+        # to_json, not compared)
+        for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
+                                             norm, causal, dropout, input, grad, attention, ffn,
+                                             {} if notes is None else notes)):
+            self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")
         for k in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len"):
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DomainError(f"{k} must be a positive integer, got {v!r}")
-            object.__setattr__(self, k, int(v))
+            self._set(k, int(v))
         if self.activation not in ACTIVATIONS:
             raise DomainError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.norm not in NORMS:
             raise DomainError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
         if not isinstance(self.causal, (bool, np.bool_)):
             raise DomainError(f"causal must be true or false, got {self.causal!r}")
-        object.__setattr__(self, "causal", bool(self.causal))
+        self._set("causal", bool(self.causal))
         if not isinstance(self.dropout, Dropout):
             raise DomainError("dropout must be a sigprop.model.spec.Dropout")
         x, g = self.input, self.grad
         _check_state("input", x.mean, x.var, x.corr)
         _check_state("grad", None, g.var, g.corr)
-        object.__setattr__(self, "input", Forward(float(x.mean), float(x.var), float(x.corr)))
-        object.__setattr__(self, "grad", Backward(float(g.var), float(g.corr)))
+        self._set("input", Forward(float(x.mean), float(x.var), float(x.corr)))
+        self._set("grad", Backward(float(g.var), float(g.corr)))
         for kind in KINDS:
             s = getattr(self, kind)
             if not isinstance(s, Sublayers) or s.kind != kind:
                 raise DomainError(f"{kind} must be a Sublayers of kind {kind!r}")
             if s.n_layers != self.n_layers:
                 raise DomainError(f"{kind} has {s.n_layers} layers, the model {self.n_layers}")
-        object.__setattr__(self, "notes", MappingProxyType(dict(self.notes)))
+        self._set("notes", MappingProxyType(dict(self.notes)))
 
     # -- conveniences -------------------------------------------------------------------
     def sublayers(self, kind: str) -> Sublayers:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -59,7 +58,7 @@ def summary(points: list) -> dict:
     log_ratio_bw = first.log_gvar - last.log_gvar
     # the law is fitted from layer 1 on; the verdict's "overall" factor is the summary's (input
     # to top), as is the gradient's
-    fw = dataclasses.replace(fw, log_ratio=log_ratio_fw)
+    fw = fw._replace(log_ratio=log_ratio_fw)
     out = {
         "forward_var_final": num(last.var),
         "forward_var_growth": num(_exp(log_ratio_fw)),

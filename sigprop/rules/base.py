@@ -15,9 +15,8 @@ or symbolically (:meth:`Rule.symbolic`, sympy expressions in the symbols of
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -27,8 +26,7 @@ from sigprop.errors import DomainError
 from sigprop.state import Backward, Forward
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     """A rule parameter.  ``lo``/``hi`` bound it (``open_*`` excludes the bound)."""
 
     name: str
