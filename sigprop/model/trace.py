@@ -161,15 +161,13 @@ def _num_text(v) -> str:
     return json.dumps(num(v))         # "inf" / "-inf"; NaN raises
 
 
-_FLOAT_REPR = float.__repr__
-
-
 def point_text(p, with_log: bool) -> str:
     """``json.dumps(point_json(p, with_log))`` (tested equal), without the dicts."""
     mean, var, corr, gvar, gcorr = float(p.mean), p.var, float(p.corr), p.gvar, float(p.gcorr)
     if (mean - mean) + (var - var) + (corr - corr) + (gvar - gvar) + (gcorr - gcorr) == 0.0:   # all finite
-        f = f'{{"mean": {_FLOAT_REPR(mean)}, "var": {_FLOAT_REPR(var)}, "corr": {_FLOAT_REPR(corr)}'
-        b = f'{{"var": {_FLOAT_REPR(gvar)}, "corr": {_FLOAT_REPR(gcorr)}'
+        # (``!r`` of a float is float.__repr__, json.dumps's float text)
+        f = f'{{"mean": {mean!r}, "var": {var!r}, "corr": {corr!r}'
+        b = f'{{"var": {gvar!r}, "corr": {gcorr!r}'
     else:
         f = f'{{"mean": {_num_text(mean)}, "var": {_num_text(var)}, "corr": {_num_text(corr)}'
         b = f'{{"var": {_num_text(gvar)}, "corr": {_num_text(gcorr)}'

@@ -102,6 +102,8 @@ STATE_PARAMS = {
 class Rule:
     """Base class; subclasses set the class attributes and implement forward/backward."""
 
+    _fast_memo: dict | None = None    # see fast(): id(params) -> (params, namespace), per rule
+
     name: str = ""
     title: str = ""
     params: tuple[Param, ...] = ()
@@ -207,7 +209,7 @@ class Rule:
 
         The parameter namespace is memoised on the identity of ``params``: a caller must not
         change a dict after passing it here (the predictor makes a new dict instead)."""
-        memo = self.__dict__.get("_fast_memo")
+        memo = self._fast_memo
         if memo is None:
             memo = self._fast_memo = {}
         hit = memo.get(id(params))
