@@ -262,8 +262,8 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
     if log_a2 == -math.inf and log_bg == -math.inf:
         return (1.0, 1.0)
     skip = _share(log_a2, log_bg)                      # a^2 / (a^2 + branch gain)
-    branch = _share(log_bg, log_a2)
     if rec.post:
+        branch = _share(log_bg, log_a2)
         bvar = float(rec.branch_out.var)
         clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
         if bvar > 0 and rec.b and log_a2 > -math.inf:   # b^2 v_F / a^2, v_F = bvar / stream var
@@ -625,7 +625,7 @@ class Predictor:
                 rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
-            ref, v1, v2 = _weights(rec.log_a2, (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra)
+            ref, v1, v2 = _weights(rec.log_a2, rec.log_branch_gain)
             lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, g.corr), 1.0)
             if rec.euler_var is not None and rec.b and lsum > -math.inf:
                 lsum += self._cross_log_factor(rec, lsum)
