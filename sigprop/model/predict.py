@@ -155,7 +155,8 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 
 
 _TABLES = TableCache()
-_LN_EPS = next(q.default for q in get("layernorm").params if q.name == "eps")
+_LAYERNORM = get("layernorm")
+_LN_EPS = next(q.default for q in _LAYERNORM.params if q.name == "eps")
 _RESIDUAL = get("residual")
 _LINEAR = get("linear")
 
@@ -405,7 +406,8 @@ class Predictor:
                 if not post:
                     ln = self._ln(tok)
                     rec.pre_ops = [ln]
-                    h = _fwd(ln, h)
+                    ln.x = h
+                    h = _LAYERNORM.fast(h, None, ln.params)[0]
                     if dev is not None:
                         # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
                         c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)))

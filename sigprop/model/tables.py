@@ -372,7 +372,11 @@ class TableCache:
         directly).  ``eager``: build it at the first request rather than the BUILD_AFTER-th."""
         if handle is None:
             handle = self.handle(ops)
-        t = self._get(handle, x, eager)
+        tables = handle.by_mean.get(x.mean)
+        if tables and tables[0].covers(x):          # the common case, as _get would find it
+            t = tables[0]
+        else:
+            t = self._get(handle, x, eager)
         if t is None or handle.scale == 1.0:
             return t
         view = handle.scaled.get(id(t))
