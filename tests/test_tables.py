@@ -88,3 +88,50 @@ def test_layer_dependent_value_weights_share_a_table(monkeypatch):
     monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     direct = pred_mod.predict(m)
     _assert_same_trace(with_tables, direct)
+
+
+# -- tables over correlation and variance (LayerNorm Scaling) ----------------------------
+ATT_SMALL = [("attention", dict(d=64, n_heads=2, d_head=32, L=16, p=0.1, causal=0, q_std=0.1, k_std=0.1,
+                                v_std=0.1, o_std=0.1, q_bias_std=0.0, k_bias_std=0.0, v_bias_std=0.0,
+                                o_bias_std=0.0)), ("dropout", dict(p=0.1))]
+
+
+def test_var_table_matches_direct_evaluation_off_the_grid():
+    t = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 1e-2, 1.0)
+    assert t.ok
+    rng = np.random.default_rng(2)
+    points = [(rng.uniform(0, 0.999), float(np.exp(rng.uniform(np.log(1e-2), 0.0)))) for _ in range(8)]
+    points += [(0.3, 1e-2), (0.7, 1.0), (0.99999, 0.05)]            # the range's ends
+    for r, var in points:
+        gc = rng.uniform(0, 1)
+        y, g = t.forward_of(t.row(Forward(0.0, var, r))), t.backward_of(t.row(Forward(0.0, var, r)), Backward(2.0, gc))
+        got = np.array([y.var, y.corr, g.var, g.corr])
+        np.testing.assert_allclose(got, _direct(ATT_SMALL, r, var, 2.0, gc), rtol=1e-4, atol=1e-9)
+    # outside the variance range, or above R_MAX, it does not cover the state
+    assert not t.covers(Forward(0.0, 2.0, 0.5)) and not t.covers(Forward(0.0, 5e-3, 0.5))
+    assert not t.covers(Forward(0.0, 0.5, 1.0)) and t.covers(Forward(0.0, 0.5, 0.5))
+
+
+def test_var_table_store_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
+    built = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 0.1, 1.0, store_key="vt")
+    loaded = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 0.1, 1.0, store_key="vt")
+    assert built.ok and not built.loaded and loaded.loaded and loaded.ok
+    x = Forward(0.0, 0.37, 0.42)
+    assert loaded.row(x) == built.row(x)
+
+
+def test_layernorm_scaling_with_var_tables_equals_rule_by_rule(monkeypatch):
+    """LayerNorm Scaling: every layer's attention branch sees a different input variance
+    (1/l times a LayerNorm output's); one table over correlation and variance serves all of
+    them, equal to the rule-by-rule prediction."""
+    m = resolve("lns", n_layers=pred_mod.VAR_TABLE_AFTER, d_model=64, n_heads=2, d_ff=256, seq_len=16)
+    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
+    records, grads = pred_mod.run(m)
+    assert all(isinstance(r.chain_table, tables._Prescaled) for r in records if r.kind == "attention")
+    with_tables = pred_mod._points(m, records, grads)
+    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 10**9)
+    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
+    direct = pred_mod.predict(m)
+    assert not pred_mod._TABLES.var_tables
+    _assert_same_trace(with_tables, direct)

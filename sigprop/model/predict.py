@@ -29,10 +29,16 @@ from sigprop.backend import numeric
 from sigprop.model import profile
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc
-from sigprop.model.tables import BUILD_AFTER, TableCache
+from sigprop.model.tables import BUILD_AFTER, TableCache, _Prescaled
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
+
+#: a pre attention branch shared (but for its norm scale) by at least this many layers gets a
+#: table over correlation and variance (Predictor._var_ranges); building one costs ~550
+#: evaluations of the branch (~3.5 s at d 1024, seq 256), about what ~130 layers cost
+#: evaluated directly, and the table is stored (sigprop.model.store)
+VAR_TABLE_AFTER = 48
 
 # the stream is handed to a rule directly while exp(log_var) stays in this range; outside it,
 # only scale-invariant uses remain (LayerNorm, whose eps is then negligible) and a stand-in
@@ -303,10 +309,10 @@ def _log_sum(l1: float, l2: float) -> float:
     return hi if lo == -math.inf else hi + math.log1p(math.exp(lo - hi))
 
 
-def _repeats(cols) -> tuple[list, list]:
-    """Per layer: the number of layers whose branch parameters (every column of ``cols``) equal
-    this layer's, and an id of that parameter set."""
-    arrays = [cols.post, cols.norm_scale]
+def _repeats(cols, with_norm: bool = True) -> tuple[list, list]:
+    """Per layer: the number of layers whose branch parameters (every column of ``cols``; the
+    norm scale only ``with_norm``) equal this layer's, and an id of that parameter set."""
+    arrays = [cols.post, cols.norm_scale] if with_norm else [cols.post]
     arrays += [cols.std[w] for w in sorted(cols.std)] + [cols.bias_std[w] for w in sorted(cols.bias_std)]
     rows = list(zip(*(np.asarray(a, dtype=float).tolist() for a in arrays)))
     ids: dict = {}
@@ -341,9 +347,32 @@ class Predictor:
         self.repeats, self.groups = {}, {}
         for kind in ("attention", "ffn"):
             self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
+        self.var_ranges = self._var_ranges()
         self._chains: dict = {}
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._ln_params: dict = {}
+
+    def _var_ranges(self) -> dict:
+        """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers whose branch
+        parameters but not their norm scale n are shared by at least VAR_TABLE_AFTER layers
+        (LayerNorm Scaling): their branch input, n times a LayerNorm output, changes its
+        variance from layer to layer, so one table over the correlation and the variance
+        (tables.VarTable) serves them all, over [min n^2, max n^2] widened by 1% (a LayerNorm
+        output's variance is 1 up to O(eps/var)); the others get none."""
+        s = self.model.attention
+        counts, groups = _repeats(s, with_norm=False)
+        post, n2 = np.asarray(s.post).tolist(), (np.asarray(s.norm_scale) ** 2).tolist()
+        members: dict = {}
+        for l, g in enumerate(groups):
+            if not post[l] and counts[l] >= VAR_TABLE_AFTER:
+                members.setdefault(g, []).append(l)
+        out = {}
+        for layers in members.values():
+            scales = {n2[l] for l in layers}
+            if len(scales) > 1 and min(scales) > 0:
+                rng = (min(scales) * 0.99, max(scales) * 1.01)
+                out.update((l, rng) for l in layers)
+        return out
 
     # -- branch chains -------------------------------------------------------------------
     def _attention_ops(self, l: int) -> list[Op]:
@@ -549,7 +578,17 @@ class Predictor:
         model's position profile needs the attention op's own input and gradient), the
         attention op through a table of its own where one is available."""
         eager = self.repeats[rec.kind][rec.layer - 1] >= BUILD_AFTER
-        table = None if split else _TABLES.get(chain, h, eager=eager, handle=handle)
+        var_range = self.var_ranges.get(rec.layer - 1) if rec.kind == "attention" else None
+        if split:
+            table = None
+        elif var_range is not None:
+            # the chain after its norm scale (chain[0]), tabulated over the variance too
+            rule, params = chain[0]
+            table = _TABLES.get_var(chain[1:], get(rule).fast(h, None, params)[0], *var_range)
+            if table is not None:
+                table = _Prescaled(table, chain[0])
+        else:
+            table = _TABLES.get(chain, h, eager=eager, handle=handle)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
             return table.forward_of(rec.chain_x)
@@ -557,7 +596,8 @@ class Predictor:
         for op in ops:
             op.repeated = eager
             if split and op.rule == "attention":
-                t = _TABLES.get(((op.rule, op.params),), h, eager=eager)
+                t = (_TABLES.get(((op.rule, op.params),), h, eager=eager) if var_range is None
+                     else _TABLES.get_var(((op.rule, op.params),), h, *var_range))
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)
