@@ -596,8 +596,10 @@ class Predictor:
         for op in ops:
             op.repeated = eager
             if split and op.rule == "attention":
-                t = (_TABLES.get(((op.rule, op.params),), h, eager=eager) if var_range is None
-                     else _TABLES.get_var(((op.rule, op.params),), h, *var_range))
+                # (no VarTable here: the causal attention rule costs ~40 ms per (corr, var)
+                # point even at seq 16, so a 545-point build took ~20 s, and the position
+                # profile's per-layer rows, evaluated directly, dominate a causal LNS model)
+                t = _TABLES.get(((op.rule, op.params),), h, eager=eager)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)
