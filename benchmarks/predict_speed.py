@@ -30,7 +30,6 @@ so when it sees one; ``--python`` times another interpreter, e.g. a plain instal
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import subprocess
 import sys
@@ -49,10 +48,12 @@ def main() -> None:
     ap.add_argument("--skip-deep", action="store_true")
     ap.add_argument("--python", default=sys.executable, help="the interpreter to time")
     a = ap.parse_args()
-    compileall.compile_dir(str(ROOT / "sigprop"), quiet=1)
     py = a.python
+    # byte-compiled by the interpreter that is timed (as its `pip install` would)
+    subprocess.run([py, "-m", "compileall", "-q", str(ROOT / "sigprop")], check=True, stdout=subprocess.DEVNULL)
     sp = [py, "-m", "sigprop", "predict", "--arch", "preln", "--json"]
-    base_env = dict(os.environ, PYTHONPATH=str(ROOT))
+    base_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     warm = dict(base_env, SIGPROP_CACHE_DIR=tempfile.mkdtemp(prefix="sigprop-bench-"))
     cold = dict(base_env, SIGPROP_CACHE_DIR="off")
     probe = subprocess.run([py, "-c", "import sys; print(any('__editable__' in m for m in sys.modules))"],

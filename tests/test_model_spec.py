@@ -366,3 +366,16 @@ def test_layer_runs_group_exactly_the_identical_layer_objects(n, data):
         assert json.dumps(m.layers_json([start])[0]) == texts[start]
         if end < n:
             assert texts[end] != texts[start]
+
+
+def test_model_classes_copy_and_pickle():
+    """The frozen classes restore their fields through __setstate__ (their __setattr__
+    refuses); a model is not picklable (its columns are read-only mapping proxies), as before."""
+    import copy
+    import pickle
+
+    m = make_model(n=3)
+    assert copy.copy(m) == m and copy.copy(m.attention) == m.attention
+    d = Dropout(0.1, 0.2)
+    assert pickle.loads(pickle.dumps(d)) == d and copy.deepcopy(d) == d and hash(copy.copy(d)) == hash(d)
+    assert repr(d) == "Dropout(attention=0.1, hidden=0.2, ffn_inner=0.0)"

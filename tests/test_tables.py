@@ -121,11 +121,55 @@ def test_var_table_store_round_trip(tmp_path, monkeypatch):
     assert loaded.row(x) == built.row(x)
 
 
+def test_var_table_stored_failure_is_remembered(tmp_path, monkeypatch):
+    """A table that failed verification is stored as a failure: a later process does not
+    rebuild it and evaluates directly."""
+    monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tables, "TOL", 1e-30)                  # nothing can pass
+    failed = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 0.1, 1.0, store_key="bad")
+    assert not failed.ok and not failed.loaded
+    monkeypatch.setattr(tables, "TOL", 3e-5)
+    again = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 0.1, 1.0, store_key="bad")
+    assert again.loaded and not again.ok and not again.covers(Forward(0.0, 0.5, 0.5))
+
+
+def test_attention_with_value_bias_gets_a_table():
+    """A chain that is not rescaled to reference v/o stds (a value bias breaks the
+    homogeneity) needs no homogeneity check, and its table is used (it used to fail that
+    check always and fall back to rule by rule)."""
+    ops = [(ATT[0][0], {**ATT[0][1], "v_bias_std": 0.02}), ATT[1]]
+    cache = tables.TableCache()
+    assert not cache.handle(ops).canonical and cache.handle(ATT).canonical
+    t = cache.get(ops, Forward(0.0, 1.0, 0.3), eager=True)
+    assert t is not None and t.ok
+    y, g = t.forward(Forward(0.0, 1.0, 0.45)), t.backward(Forward(0.0, 1.0, 0.45), Backward(2.0, 0.3))
+    np.testing.assert_allclose([y.var, y.corr, g.var, g.corr], _direct(ops, 0.45, 1.0, 2.0, 0.3), rtol=1e-4)
+
+
+def _lns(n_layers, **kw):
+    return resolve("lns", n_layers=n_layers, d_model=64, n_heads=2, d_ff=256, seq_len=16, **kw)
+
+
+def test_var_tables_only_where_they_pay(monkeypatch):
+    """No VarTable below VAR_TABLE_AFTER layers, for causal models, or for constant norm
+    scales; the range covers LayerNorm outputs of small-variance streams (s2/(s2 + eps) < 1)."""
+    assert pred_mod.Predictor(_lns(12)).var_ranges == {}
+    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 8)
+    assert pred_mod.Predictor(_lns(12, causal=True)).var_ranges == {}
+    assert pred_mod.Predictor(resolve("preln", n_layers=12, d_model=64, n_heads=2, d_ff=256, seq_len=16)).var_ranges == {}
+    ranges = pred_mod.Predictor(_lns(12)).var_ranges
+    assert set(ranges) == set(range(12)) and ranges[0] == pytest.approx((1 / 12 / 2, 1.0), rel=1e-12)
+    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
+    records, _ = pred_mod.run(_lns(12, input_var=1e-4, init_std=1e-3))
+    assert all(isinstance(r.chain_table, tables._Prescaled) for r in records if r.kind == "attention")
+
+
 def test_layernorm_scaling_with_var_tables_equals_rule_by_rule(monkeypatch):
     """LayerNorm Scaling: every layer's attention branch sees a different input variance
     (1/l times a LayerNorm output's); one table over correlation and variance serves all of
     them, equal to the rule-by-rule prediction."""
-    m = resolve("lns", n_layers=pred_mod.VAR_TABLE_AFTER, d_model=64, n_heads=2, d_ff=256, seq_len=16)
+    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 16)
+    m = _lns(24)
     monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     records, grads = pred_mod.run(m)
     assert all(isinstance(r.chain_table, tables._Prescaled) for r in records if r.kind == "attention")

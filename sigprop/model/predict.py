@@ -350,17 +350,22 @@ class Predictor:
             self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
         self.var_ranges = self._var_ranges()
         self._chains: dict = {}
+        self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._ln_params: dict = {}
 
     def _var_ranges(self) -> dict:
-        """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers whose branch
-        parameters but not their norm scale n are shared by at least VAR_TABLE_AFTER layers
-        (LayerNorm Scaling): their branch input, n times a LayerNorm output, changes its
-        variance from layer to layer, so one table over the correlation and the variance
-        (tables.VarTable) serves them all, over [min n^2, max n^2] widened by 1% (a LayerNorm
-        output's variance is 1 up to O(eps/var)); the others get none."""
-        s = self.model.attention
+        """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a bidirectional
+        model whose branch parameters but not their norm scale n are shared by at least
+        VAR_TABLE_AFTER layers (LayerNorm Scaling): their branch input, n times a LayerNorm
+        output, changes its variance from layer to layer, so one table over the correlation
+        and the variance (tables.VarTable) serves them all.  A LayerNorm output's variance is
+        s2/(s2 + eps) <= 1 (s2 the stream's per-token variance), so the range is
+        [min n^2 / 2, max n^2]: it covers streams down to a variance of about eps; a layer whose
+        branch input falls outside is evaluated rule by rule (exact, slower)."""
+        m, s = self.model, self.model.attention
+        if m.causal or m.n_layers < VAR_TABLE_AFTER or np.all(s.norm_scale == s.norm_scale[0]):
+            return {}
         counts, groups = _repeats(s, with_norm=False)
         post, n2 = np.asarray(s.post).tolist(), (np.asarray(s.norm_scale) ** 2).tolist()
         members: dict = {}
@@ -371,7 +376,7 @@ class Predictor:
         for layers in members.values():
             scales = {n2[l] for l in layers}
             if len(scales) > 1 and min(scales) > 0:
-                rng = (min(scales) * 0.99, max(scales) * 1.01)
+                rng = (min(scales) * 0.5, max(scales))
                 out.update((l, rng) for l in layers)
         return out
 
@@ -585,7 +590,10 @@ class Predictor:
         elif var_range is not None:
             # the chain after its norm scale (chain[0]), tabulated over the variance too
             rule, params = chain[0]
-            table = _TABLES.get_var(chain[1:], get(rule).fast(h, None, params)[0], *var_range)
+            rest = self._rest_handles.get(id(chain))
+            if rest is None:
+                rest = self._rest_handles[id(chain)] = _TABLES.handle(chain[1:])
+            table = _TABLES.get_var(chain[1:], get(rule).fast(h, None, params)[0], *var_range, handle=rest)
             if table is not None:
                 table = _Prescaled(table, chain[0])
         else:

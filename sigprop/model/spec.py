@@ -71,6 +71,14 @@ class _Frozen:
     def __delattr__(self, name):
         raise AttributeError(f"cannot delete field {name!r} ({type(self).__name__} is frozen)")
 
+    def __setstate__(self, state):
+        """copy and pickle restore the fields through here (not through __setattr__)."""
+        for name, value in state[1].items():
+            object.__setattr__(self, name, value)
+
+    def _fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
 
 # ---------------------------------------------------------------------------------------
 # columns of one sublayer kind
@@ -125,7 +133,8 @@ class Sublayers(_Frozen):
     __slots__ = FIELDS
 
     def __init__(self, kind: str, post, skip_scale, branch_scale, norm_scale, std: Mapping, bias_std: Mapping):
-        for name, value in zip(self.FIELDS, (kind, post, skip_scale, branch_scale, norm_scale, std, bias_std)):
+        for name, value in zip(self.FIELDS, (kind, post, skip_scale, branch_scale, norm_scale, std, bias_std),
+                               strict=True):
             self._set(name, value)
         if self.kind not in WEIGHTS:
             raise DomainError(f"sublayer kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
@@ -233,7 +242,7 @@ class Dropout(_Frozen):
     __slots__ = FIELDS
 
     def __init__(self, attention: float = 0.0, hidden: float = 0.0, ffn_inner: float = 0.0):
-        for k, v in zip(_DROPOUT_KEYS, (attention, hidden, ffn_inner)):
+        for k, v in zip(_DROPOUT_KEYS, (attention, hidden, ffn_inner), strict=True):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0.0 <= v < 1.0):
                 raise DomainError(f"dropout.{k} must lie in [0, 1), got {v!r}")
             self._set(k, float(v))
@@ -241,13 +250,13 @@ class Dropout(_Frozen):
     def __eq__(self, other) -> bool:
         if not isinstance(other, Dropout):
             return NotImplemented
-        return (self.attention, self.hidden, self.ffn_inner) == (other.attention, other.hidden, other.ffn_inner)
+        return self._fields() == other._fields()
 
     def __hash__(self) -> int:
-        return hash((self.attention, self.hidden, self.ffn_inner))
+        return hash(self._fields())
 
     def __repr__(self) -> str:
-        return f"Dropout(attention={self.attention!r}, hidden={self.hidden!r}, ffn_inner={self.ffn_inner!r})"
+        return "Dropout(" + ", ".join(f"{k}={v!r}" for k, v in zip(self.FIELDS, self._fields())) + ")"
 
 
 # ---------------------------------------------------------------------------------------
@@ -275,7 +284,7 @@ class Model(_Frozen):
         # to_json, not compared)
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
-                                             {} if notes is None else notes)):
+                                             {} if notes is None else notes), strict=True):
             self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")

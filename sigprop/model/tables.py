@@ -88,6 +88,34 @@ def _cheb_at(j: np.ndarray, x: float, x0: float, span: float) -> np.ndarray:
     return np.cos(j * math.acos(1.0 if s > 1.0 else -1.0 if s < -1.0 else s))
 
 
+def _rows(rule, params: dict, x: Forward) -> np.ndarray:
+    """The tabulated rows at input states ``x`` (arrays): mean, var, cov | A, B, C, D of the
+    backward map, which is linear in the gradient's moments: var_out = g2 (A + B rg),
+    cov_out = g2 (C + D rg)."""
+    ones, zeros = np.ones_like(x.corr), np.zeros_like(x.corr)
+    y, g0 = rule.evaluate(x, Backward(ones, zeros), **params)
+    _, g1 = rule.evaluate(x, Backward(ones, ones), **params)
+    A, C = g0.var, g0.var * g0.corr
+    return np.stack([y.mean, y.var, y.var * y.corr, A, g1.var - A, C, g1.var * g1.corr - C])
+
+
+def _max_rel_err(approx: np.ndarray, direct: np.ndarray, vals: np.ndarray) -> float:
+    """Largest error of ``approx`` against ``direct`` relative to each entry, floored at 1e-6
+    of its row's largest value over the nodes ``vals`` (covariances cross 0)."""
+    axes = tuple(range(1, vals.ndim))
+    scale = np.maximum(np.abs(direct), 1e-6 * np.max(np.abs(vals), axis=axes, keepdims=True))
+    return float(np.max(np.abs(approx - direct) / np.maximum(scale, 1e-300)))
+
+
+def _linear_ok(row, g: Backward) -> bool:
+    """Linearity in the gradient: the tabulated map (``row``) applied to the gradient (2, 1/2)
+    against the rule's own backward ``g`` there."""
+    var = 2.0 * (row[3] + 0.5 * row[4])
+    cov = 2.0 * (row[5] + 0.5 * row[6])
+    return math.isclose(var, float(g.var[0]), rel_tol=1e-7) and math.isclose(
+        cov, float(g.var[0] * g.corr[0]), rel_tol=1e-7, abs_tol=1e-12 * abs(var))
+
+
 def _interp(x: float, nodes: np.ndarray, w: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Barycentric interpolation of each row of ``values`` (shape (k, n)) at x."""
     diff = x - nodes
@@ -181,10 +209,7 @@ class Table:
                 return
             w = _bary_weights(n)
             approx = np.stack([_interp(x, th, w, vals) for x in th_mid], axis=1)
-            # relative error, floored at 1e-6 of the row's size (covariances cross 0)
-            scale = np.maximum(np.abs(direct), 1e-6 * np.max(np.abs(vals), axis=1, keepdims=True))
-            scale = np.maximum(scale, 1e-300)
-            if np.all(np.isfinite(vals)) and np.max(np.abs(approx - direct) / scale) < TOL:
+            if np.all(np.isfinite(vals)) and _max_rel_err(approx, direct, vals) < TOL:
                 self.nodes, self.w, self.vals = th, w, vals
                 self.dvals = None
                 self.nodes_n = n
@@ -208,19 +233,13 @@ class Table:
             self.save()
 
     def _values(self, corr: np.ndarray, var: float) -> np.ndarray:
-        """Rows: mean, var, cov | A, B, C, D of the backward linear map."""
-        y, g0 = self._evaluate(corr, var, Backward(np.ones_like(corr), np.zeros_like(corr)))
-        _, g1 = self._evaluate(corr, var, Backward(np.ones_like(corr), np.ones_like(corr)))
-        A, C = g0.var, g0.var * g0.corr
-        return np.stack([y.mean, y.var, y.var * y.corr, A, g1.var - A, C, g1.var * g1.corr - C])
+        """Rows (:func:`_rows`) at correlations ``corr`` and variance ``var``."""
+        c = np.asarray(corr, dtype=float)
+        return _rows(self.rule, self.params, Forward(np.full_like(c, self.mean), np.full_like(c, var), c))
 
     def _linear_in_gradient(self, corr: float) -> bool:
         _, g = self._evaluate(np.array([corr]), self.var, Backward(np.array([2.0]), np.array([0.5])))
-        row = self._row(corr, self.var, th=float(self.nodes[len(self.nodes) // 2]))
-        var = 2.0 * (row[3] + 0.5 * row[4])
-        cov = 2.0 * (row[5] + 0.5 * row[6])
-        return math.isclose(var, float(g.var[0]), rel_tol=1e-7) and math.isclose(
-            cov, float(g.var[0] * g.corr[0]), rel_tol=1e-7, abs_tol=1e-12 * abs(var))
+        return _linear_ok(self._row(corr, self.var, th=float(self.nodes[len(self.nodes) // 2])), g)
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= VAR_WINDOW
@@ -312,12 +331,8 @@ class VarTable:
             self.save()
 
     def _values(self, corr: np.ndarray, var: np.ndarray) -> np.ndarray:
-        """Rows as :meth:`Table._values`, at the states (corr[i], var[i])."""
-        x = Forward(np.full_like(corr, self.mean), var, corr)
-        y, g0 = self.rule.evaluate(x, Backward(np.ones_like(corr), np.zeros_like(corr)))
-        _, g1 = self.rule.evaluate(x, Backward(np.ones_like(corr), np.ones_like(corr)))
-        A, C = g0.var, g0.var * g0.corr
-        return np.stack([y.mean, y.var, y.var * y.corr, A, g1.var - A, C, g1.var * g1.corr - C])
+        """Rows (:func:`_rows`) at the states (corr[i], var[i])."""
+        return _rows(self.rule, {}, Forward(np.full_like(corr, self.mean), var, corr))
 
     def _grid_values(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Rows at every (theta, u) of the product grid, shape (7, len(th), len(u)), the
@@ -346,9 +361,7 @@ class VarTable:
             self._set(th, u, vals)
             approx = np.array([[self._row_at(t, w) for w in (u[1:] + u[:-1]) / 2]
                                for t in (th[1:] + th[:-1]) / 2]).transpose(2, 0, 1)
-            scale = np.maximum(np.abs(direct), 1e-6 * np.max(np.abs(vals), axis=(1, 2), keepdims=True))
-            scale = np.maximum(scale, 1e-300)
-            if np.max(np.abs(approx - direct) / scale) < TOL:
+            if _max_rel_err(approx, direct, vals) < TOL:
                 self.ok = self._linear_in_gradient(th[nt // 2], u[nu // 2])
                 return
 
@@ -370,11 +383,7 @@ class VarTable:
     def _linear_in_gradient(self, th: float, u: float) -> bool:
         x = Forward(np.array([self.mean]), np.array([math.exp(u)]), np.array([math.cos(th)]))
         _, g = self.rule.evaluate(x, Backward(np.array([2.0]), np.array([0.5])))
-        row = self._row_at(th, u)
-        var = 2.0 * (row[3] + 0.5 * row[4])
-        cov = 2.0 * (row[5] + 0.5 * row[6])
-        return math.isclose(var, float(g.var[0]), rel_tol=1e-7) and math.isclose(
-            cov, float(g.var[0] * g.corr[0]), rel_tol=1e-7, abs_tol=1e-12 * abs(var))
+        return _linear_ok(self._row_at(th, u), g)
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and x.mean == self.mean and self.v_lo <= x.var <= self.v_hi
@@ -431,9 +440,6 @@ class _Prescaled:
         rule, params = self._first
         return rule.fast(x, None, params)[0]
 
-    def covers(self, x: Forward) -> bool:
-        return self.table.covers(self.inner(x))
-
     def row(self, x: Forward) -> list:
         r = self.table.row(self.inner(x))
         k = self._gain
@@ -489,46 +495,54 @@ def _canonical(ops: list) -> tuple[list, float]:
     return ops, scale
 
 
-def _homogeneous(t: Table, ops: list) -> bool:
-    """Check the degree-2 homogeneity the scaling relies on, at one node: doubling v_std must
-    multiply the forward variance and every backward coefficient by 4."""
+def _doubled(ops: list) -> Chain:
+    """The chain with the attention op's v_std doubled."""
     i = next(k for k, (name, _) in enumerate(ops) if name == "attention")
     doubled = list(ops)
     doubled[i] = ("attention", {**ops[i][1], "v_std": 2 * ops[i][1]["v_std"]})
+    return Chain(doubled)
+
+
+def _times_four(want: np.ndarray, got: np.ndarray) -> bool:
+    return bool(np.all(np.abs(got - 4.0 * want) <= 1e-9 * np.maximum(np.abs(4.0 * want), 1e-300) + 1e-300))
+
+
+def _homogeneous(t, ops: list) -> bool:
+    """Check the degree-2 homogeneity the scaling relies on, at one node of table ``t`` (a
+    :class:`Table` or :class:`VarTable`): doubling v_std must multiply the forward variance
+    and every backward coefficient by 4."""
+    if isinstance(t, VarTable):
+        other = VarTable.__new__(VarTable)
+        other.rule, other.mean = _doubled(ops), t.mean
+        a, b = len(t.nodes) // 2, len(t.u_nodes) // 2
+        return _times_four(t.vals[:, a, b], other._grid_values(t.nodes[a:a + 1], t.u_nodes[b:b + 1])[:, 0, 0])
     other = Table.__new__(Table)
-    other.rule, other.params, other.mean = Chain(doubled), {}, t.mean
+    other.rule, other.params, other.mean = _doubled(ops), {}, t.mean
     th = float(t.nodes[len(t.nodes) // 2])
-    corr = np.array([math.cos(th)])
-    want = 4.0 * t._row(math.cos(th), t.var, th=th)
-    got = other._values(corr, t.var)[:, 0]
-    scale = np.maximum(np.abs(want), 1e-300)
-    return bool(np.all(np.abs(got - want) <= 1e-9 * scale + 1e-300))
+    return _times_four(t._row(math.cos(th), t.var, th=th), other._values(np.array([math.cos(th)]), t.var)[:, 0])
 
 
 class _Handle:
     """A chain's canonical form, scale and key, resolved once (:meth:`TableCache.handle`):
     the per-sublayer lookup then hashes a float, not the chain's nested parameter tuple."""
 
-    __slots__ = ("canon", "scale", "key", "by_mean", "scaled")
+    __slots__ = ("canon", "scale", "key", "canonical", "by_mean", "scaled")
 
-    def __init__(self, canon, scale, key):
+    def __init__(self, canon, scale, key, canonical: bool):
         self.canon, self.scale, self.key = canon, scale, key
+        self.canonical = canonical    # the attention op was normalised to reference v/o stds
         self.by_mean: dict = {}       # mean -> the cache's table list of (key, mean)
         self.scaled: dict = {}        # id(table) -> its _Scaled view (tables are never freed)
 
 
-def _homogeneous_var(t: VarTable, ops: list) -> bool:
-    """:func:`_homogeneous` for a :class:`VarTable`, at its middle node."""
-    i = next(k for k, (name, _) in enumerate(ops) if name == "attention")
-    doubled = list(ops)
-    doubled[i] = ("attention", {**ops[i][1], "v_std": 2 * ops[i][1]["v_std"]})
-    other = VarTable.__new__(VarTable)
-    other.rule, other.mean = Chain(doubled), t.mean
-    a, b = len(t.nodes) // 2, len(t.u_nodes) // 2
-    want = 4.0 * t.vals[:, a, b]
-    got = other._grid_values(t.nodes[a:a + 1], t.u_nodes[b:b + 1])[:, 0, 0]
-    scale = np.maximum(np.abs(want), 1e-300)
-    return bool(np.all(np.abs(got - want) <= 1e-9 * scale + 1e-300))
+def _view(handle: _Handle, t):
+    """``t`` as the handle's chain sees it: scaled by the v/o weight scale (memoised)."""
+    if handle.scale == 1.0:
+        return t
+    view = handle.scaled.get(id(t))
+    if view is None:
+        view = handle.scaled[id(t)] = _Scaled(t, handle.scale)
+    return view
 
 
 class TableCache:
@@ -553,7 +567,7 @@ class TableCache:
             key = tuple((name, tuple(sorted(params.items()))) for name, params in canon)
             if len(self._canon) > 4096:
                 self._canon.clear()
-            hit = self._canon[fast_key] = _Handle(canon, scale, key)
+            hit = self._canon[fast_key] = _Handle(canon, scale, key, canonical=canon is not ops)
         return hit
 
     def get(self, ops: list, x: Forward, eager: bool = False, handle: _Handle | None = None):
@@ -566,12 +580,7 @@ class TableCache:
             t = tables[0]
         else:
             t = self._get(handle, x, eager)
-        if t is None or handle.scale == 1.0:
-            return t
-        view = handle.scaled.get(id(t))
-        if view is None:
-            view = handle.scaled[id(t)] = _Scaled(t, handle.scale)
-        return view
+        return None if t is None else _view(handle, t)
 
     def get_var(self, ops: list, x: Forward, v_lo: float, v_hi: float, handle: _Handle | None = None):
         """A :class:`VarTable` of chain ``ops`` over input variances [v_lo, v_hi] at the mean of
@@ -586,19 +595,11 @@ class TableCache:
             lo = min(0.0, float(x.corr))
             skey = store.key("vartable", handle.key, mean, v_lo, v_hi, lo, TOL, TH_MIN)
             t = VarTable(Chain(handle.canon), mean, v_lo, v_hi, lo, store_key=skey)
-            if (t.ok and not t.loaded and handle.scale != 1.0
-                    and not _homogeneous_var(t, handle.canon)):
+            if t.ok and not t.loaded and handle.canonical and not _homogeneous(t, handle.canon):
                 t.ok = False
                 t.save()
             self.var_tables[key] = t
-        if not t.covers(x):
-            return None
-        if handle.scale == 1.0:
-            return t
-        view = handle.scaled.get(id(t))
-        if view is None:
-            view = handle.scaled[id(t)] = _Scaled(t, handle.scale)
-        return view
+        return _view(handle, t) if t.covers(x) else None
 
     def _get(self, handle: _Handle, x: Forward, eager: bool) -> Table | None:
         mean = float(x.mean)
@@ -617,7 +618,7 @@ class TableCache:
         lo = min(0.0, float(x.corr))
         skey = store.key("table", chain_key, mean, float(x.var), lo, TOL, TH_MIN)
         t = Table(Chain(ops), {}, mean, float(x.var), lo, store_key=skey)
-        if t.ok and not t.loaded and any(name == "attention" for name, _ in ops) and not _homogeneous(t, ops):
+        if t.ok and not t.loaded and handle.canonical and not _homogeneous(t, ops):
             t.ok = False
             t.save()
         tables.append(t)
