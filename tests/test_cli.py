@@ -107,3 +107,19 @@ def test_console_flushes_everything_before_its_fast_exit():
     assert len(tr["points"]) == 1 + 2 * 3000 and len(r.stdout) > 2_000_000
     r = run("predict", "--layers", "0")
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_collector_paused_for_predict_only():
+    """The process entry (sigprop.__main__) pauses the cyclic garbage collector for start-up;
+    main() turns it back on for every command but `predict` (whose passes make no cycles)."""
+    code = ("import gc, sys, sigprop.cli as c\n"
+            "gc.disable(); sys.argv = ['sigprop', 'rules']\n"
+            "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
+            "print('GC', gc.isenabled())\n"
+            "gc.disable(); sys.argv = ['sigprop', 'predict', '--layers', '2', '--json', '--d-model', '16',"
+            " '--heads', '2', '--seq-len', '4']\n"
+            "try:\n    c.main()\nexcept SystemExit:\n    pass\n"
+            "print('GC', gc.isenabled())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [ln for ln in r.stdout.splitlines() if ln.startswith("GC ")] == ["GC True", "GC False"], r.stdout[-300:]

@@ -11,6 +11,7 @@ instead of eight); anything else (``sigprop --help``, an unknown name) loads eve
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -48,6 +49,10 @@ def main() -> None:
     from sigprop.errors import SigpropError
 
     first = sys.argv[1] if len(sys.argv) > 1 else None
+    if first != "predict":
+        # the process entry (sigprop.__main__) paused the cyclic collector for start-up; the
+        # other commands (Monte Carlo, sympy) may make reference cycles, so it runs again
+        gc.enable()
     app = load([first] if first in COMMANDS else None)
     try:
         app()
@@ -58,7 +63,7 @@ def main() -> None:
 
 
 def console() -> None:
-    """The console entry point (`sigprop`, `python -m sigprop`): :func:`main`, then the process
+    """The console entry point (`sigprop`, `python -m sigprop`, through sigprop.__main__): :func:`main`, then the process
     ends with ``os._exit`` once stdout and stderr are flushed.  The interpreter's own teardown
     (finalising NumPy and every module, freeing the prediction's records) took ~40 ms of a
     ~300 ms `predict --layers 768` run and does no work a finished command needs: tables are
