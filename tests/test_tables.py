@@ -177,5 +177,21 @@ def test_layernorm_scaling_with_var_tables_equals_rule_by_rule(monkeypatch):
     monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 10**9)
     monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     direct = pred_mod.predict(m)
-    assert not pred_mod._TABLES.var_tables
+    assert not any(pred_mod._TABLES.var_tables.values())
     _assert_same_trace(with_tables, direct)
+
+
+def test_var_table_for_a_correlation_below_its_range():
+    """A request whose correlation lies below the first table's range gets a table of its own
+    (a table's correlation range starts at min(0, corr) of the request that built it), built
+    once; here the attention rule's domain at negative correlations leaves it unusable, and
+    the request is evaluated directly."""
+    cache = tables.TableCache()
+    first = cache.get_var(ATT_SMALL, Forward(0.0, 0.5, 0.4), 0.1, 1.0)
+    assert first is not None and first.table.lo == 0.0
+    (built,) = cache.var_tables.values()
+    assert cache.get_var(ATT_SMALL, Forward(0.0, 0.5, -0.05), 0.1, 1.0) is None
+    assert len(built) == 2 and built[1].lo == -0.05 and not built[1].ok
+    assert cache.get_var(ATT_SMALL, Forward(0.0, 0.5, -0.04), 0.1, 1.0) is None and len(built) == 2
+    assert cache.get_var(ATT_SMALL, Forward(0.0, 0.5, 0.2), 0.1, 1.0) is first
+    assert cache.get_var(ATT_SMALL, Forward(0.0, 2.0, 0.2), 0.1, 1.0) is None    # outside the variances

@@ -585,20 +585,25 @@ class TableCache:
     def get_var(self, ops: list, x: Forward, v_lo: float, v_hi: float, handle: _Handle | None = None):
         """A :class:`VarTable` of chain ``ops`` over input variances [v_lo, v_hi] at the mean of
         ``x``, built (or loaded) at the first request; None where it does not cover ``x`` or
-        failed verification."""
+        failed verification.  Its correlation range starts at min(0, corr) of the request that
+        built it; a later request below that gets a table of its own (at most 4, as the 1-D
+        tables)."""
         if handle is None:
             handle = self.handle(ops)
         mean = float(x.mean)
-        key = (handle.key, mean, v_lo, v_hi)
-        t = self.var_tables.get(key)
-        if t is None:
-            lo = min(0.0, float(x.corr))
-            skey = store.key("vartable", handle.key, mean, v_lo, v_hi, lo, TOL, TH_MIN)
-            t = VarTable(Chain(handle.canon), mean, v_lo, v_hi, lo, store_key=skey)
-            if t.ok and not t.loaded and handle.canonical and not _homogeneous(t, handle.canon):
-                t.ok = False
-                t.save()
-            self.var_tables[key] = t
+        tables = self.var_tables.setdefault((handle.key, mean, v_lo, v_hi), [])
+        for t in tables:
+            if t.covers(x):
+                return _view(handle, t)
+        if len(tables) >= 4 or any(t.lo <= x.corr for t in tables):
+            return None                   # outside every variance range, or failed: evaluate directly
+        lo = min(0.0, float(x.corr))
+        skey = store.key("vartable", handle.key, mean, v_lo, v_hi, lo, TOL, TH_MIN)
+        t = VarTable(Chain(handle.canon), mean, v_lo, v_hi, lo, store_key=skey)
+        if t.ok and not t.loaded and handle.canonical and not _homogeneous(t, handle.canon):
+            t.ok = False
+            t.save()
+        tables.append(t)
         return _view(handle, t) if t.covers(x) else None
 
     def _get(self, handle: _Handle, x: Forward, eager: bool) -> Table | None:
