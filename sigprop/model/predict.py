@@ -83,6 +83,7 @@ class SublayerRecord:
     # stream entering the sublayer and (post) of the pre-LN sum
     x_prof: object = None
     z_prof: object = None
+    ln_prof: object = None        # post: the LayerNorm's per-position gain profile (profile.layernorm_input)
     g_prof: object = None         # (backward) of the gradient w.r.t. the stream entering it
     # post ReLU FFN only (else None): per-element variance of the branch's departure from
     # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the branch
@@ -448,8 +449,11 @@ class Predictor:
                     rec.x_prof = prof
                     w1 = _exp_rel(lv + 2 * math.log(abs(a)) if a else -math.inf, zlv)
                     w2 = _exp_rel(blv + 2 * math.log(abs(b)) if b else -math.inf, zlv)
-                    zcov = profile.mix(w1, self._cov(x.corr, dev, prof), w2, bcov)
+                    xcov = self._cov(x.corr, dev, prof)
+                    zcov = profile.mix(w1, xcov, w2, bcov)
                     zcov /= float(np.trace(zcov)) / m.seq_len
+                    if post:
+                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), (0.0, 1.0), self.d)
                     prof = np.diag(zcov).copy()
                     rec.z_prof = prof
                 tok = _mix_tokens(lv, a, tok, blv, b)
@@ -597,7 +601,7 @@ class Predictor:
                 gb = _bwd(ln, Backward(1.0, gc))
                 kw = 1.0
                 if w is not None:
-                    kw, kc, w = profile.layernorm_backward(w, rec.z_prof, *_gains(lambda q: _bwd(ln, q)))
+                    kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)))
                     gb = Backward(gb.var, gb.corr * kc / kw)
                 rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)

@@ -376,8 +376,9 @@ class Attention(Rule):
         * ``same_c``: the off-diagonal gradient covariance a row with unit gradient produces
           among its own keys, summed over its n (n - 1) ordered key pairs (value and key paths);
         * per unit gradient correlation rg (scalars: row-pair averages, the rule's own terms):
-          ``cross``: the pair-of-rows parts of the value and key paths' variance; ``cross_c``:
-          their covariance; ``qry_c``: the query path's covariance."""
+          ``cross``: the pair-of-rows parts of the value and key paths' variance (``cross_k``:
+          the key path's part of it); ``cross_c``: their covariance; ``qry_c``: the query
+          path's covariance."""
         c = _Ctx(m, x, p)
 
         def at_n(fn):
@@ -396,7 +397,7 @@ class Attention(Rule):
         t0, t1 = _backward_terms(m, c, p, g0, avg), _backward_terms(m, c, p, g1, avg)
         return {"var": var, "spread": t["val"] + t["key"], "local": t["qry"],
                 "same_c": (p.L - 1) * (t["val_c"] + t["key_c"]),
-                "cross": t1["val_x"] + t1["key_x"],
+                "cross": t1["val_x"] + t1["key_x"], "cross_k": t1["key_x"],
                 "cross_c": t1["val_c"] + t1["key_c"] - t0["val_c"] - t0["key_c"],
                 "qry_c": t1["qry_c"]}
 
