@@ -25,7 +25,9 @@ them over positions:
   attention matrix, U_ij = 1/n_i for j <= i; per-length terms from the rule):
   key j's variance ``sum_{i >= j} C_ii spread(n_i) / n_i`` (value and key paths, one row's
   keys exchangeable) + ``C_jj local(n_j)`` (query path) + the pair-of-rows part, the rule's
-  ``cross`` per unit correlation distributed as diag(U^T C' U) (C' = C off the diagonal);
+  ``cross`` per unit correlation, its value-path part distributed as diag(U^T C' U) (C' = C
+  off the diagonal) and its key-path part (``cross_k``) as diag(U^T (C' o M) U),
+  M_ii' = 1 - 1/min(n_i, n_i') (_key_pair_weights);
   covariance of keys j != j': ``sum_{i >= max(j, j')} C_ii same_c(n_i) / (n_i (n_i - 1))``
   (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
   ``qry_c`` C'_jj'.  Each kernel is normalised so that the flat covariance (diagonal 1,
@@ -33,7 +35,8 @@ them over positions:
   (flat) value times mean diag(out(C)) / mean diag(out(flat)), its covariance the rule's
   times the same ratio of the off-diagonal means;
 * a LayerNorm's backward divides the gradient at position i by that position's standard
-  deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input);
+  deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input; Post-LN: of its
+  harmonic per-token variance, layernorm_input);
 * position-wise maps (FFN, dropout, scales, LayerNorm) scale the diagonal by their
   variance gain and the off-diagonal by their covariance gain (the rules' own gains).
 """
