@@ -294,3 +294,132 @@ def test_postln_ffn_backward_euler_share_and_cross_term():
     assert all(r.euler_var is None for r in recs if r.kind == "attention")
     pr = Predictor(resolve("preln", "normal", n_layers=2, **SMALL))
     assert all(r.euler_var is None for r in pr.forward())
+
+
+def _attention_sublayer_mc(r, rg, causal, trials, d=64, L=32, H=2, seed=5):
+    """One Post-LN attention sublayer z = x + F(x), y = LN(z) of torch-default (Monte Carlo
+    components of sigprop.mc.model, float64): input an LN output with token correlation r, the
+    gradient above the LayerNorm Gaussian with token correlation rg.  Returns the share of the
+    gradient below it along each token's stream direction, (x_t . g_x,t)^2 / (|g_x,t|^2 / d)
+    averaged, and the skip-branch cross term 2 E[g_z . J^T g_z] / E|g_z|^2; also the model."""
+    from sigprop.mc import model as mcm
+    from sigprop.mc.sampling import correlated
+    m = resolve("postln", "torch-default", n_layers=1, dropout=0.0, causal=causal, d_model=d, n_heads=H,
+                d_ff=4 * d, seq_len=L, input_corr=r, grad_corr=rg)
+    rng = np.random.default_rng(seed)
+    along, cross = [], []
+    for _ in range(trials):
+        tr = mcm._Trial(m, rng, np.float64)
+        X = correlated(rng, (4, L, d), 0.0, 1.0, r, np.float64)
+        X = (X - X.mean(2, keepdims=True)) / X.std(2, keepdims=True)
+        Y, bwd, _ = tr.branch_forward("attention", 0, X, 1.0, 1.0)
+        _, c_ln = tr.ln.forward(X + Y, {}, mcm._ln_params(m), tr.rng)
+        Gz = tr.ln.backward(correlated(rng, X.shape, 0.0, 1.0, rg, np.float64), c_ln)
+        Gb = bwd(Gz)
+        Gx = Gz + Gb
+        xh = X / np.linalg.norm(X, axis=2, keepdims=True)
+        along.append(((Gx * xh).sum(2) ** 2).mean() / (Gx ** 2).mean())
+        cross.append(2 * (Gz * Gb).mean() / (Gz ** 2).mean())
+    return float(np.mean(along)), float(np.mean(cross)), float(np.std(cross) / np.sqrt(trials)), m
+
+
+@pytest.mark.parametrize("r, rg, causal", [(0.26, 0.8, False), (0.95, 0.9, False), (0.99, 0.95, True)])
+def test_postln_attention_share_along_the_stream_matches_monte_carlo(r, rg, causal):
+    # the gradient handed below a Post-LN attention has a share along the stream direction
+    # that the skip/branch split put at 0.17-0.3; per token, x_t . g_x,t = b [sum_s g_s . E_st
+    # - g_t . F_t] (Predictor._attention_euler).  Measured here (one sublayer, d 64, L 32,
+    # 3000 draws x batch 4): 0.1474 +- 0.0006 (bidirectional, r 0.26, rg 0.8: mostly the
+    # token-specific part, with the key path's mean m1), 0.0222 +- 0.0001 (bidirectional, r 0.95,
+    # rg 0.9: the gradient's shared part cancels the value path) and 0.0981 +- 0.0012 (causal,
+    # r 0.99, rg 0.95); predicted 0.145, 0.021, 0.098; the split 0.170, 0.25, 0.32.
+    from sigprop.model.predict import Predictor
+    mc, cross_mc, cross_se, m = _attention_sublayer_mc(r, rg, causal, trials=1000)
+    pr = Predictor(m)
+    recs = pr.forward()[:1]            # the attention sublayer alone, the model's gradient above it
+    pr.backward(recs)
+    rec = recs[0]
+    share = rec.att_along
+    assert abs(share - mc) < 0.06 * mc, (share, mc)
+    # the old split (skip: b^2 v_F / a^2 of the skip part; branch: isotropic) is far off
+    a2, g = rec.a ** 2, rec.branch_gain
+    split = a2 / (a2 + g) * min(1.0, rec.b ** 2 * float(rec.branch_out.var) / a2) + g / (a2 + g)
+    assert abs(split - mc) > 2.5 * abs(share - mc) and abs(split - mc) > 0.1 * mc, (split, share, mc)
+
+
+def test_postln_attention_euler_sums_match_direct_evaluation():
+    # the causal share and cross term are O(L^2) suffix sums over a covariance W of the
+    # gradient over positions: check them against the defining double sums, O(L^3), with the
+    # uniform causal weights U_sj = 1/n_s (j <= s), the rule's A2 and m1 per row length, and a
+    # random positive-definite W (mean diagonal 1)
+    from sigprop.model.predict import Predictor
+    m = resolve("postln", "torch-default", n_layers=1, dropout=0.1, causal=True, d_model=64, n_heads=2,
+                d_ff=256, seq_len=16, input_corr=0.6, grad_corr=0.3)
+    pr = Predictor(m)
+    recs = pr.forward()[:1]
+    pr.backward(recs)
+    rec = recs[0]
+    L = m.seq_len
+    rng = np.random.default_rng(0)
+    A = rng.normal(size=(L, L))
+    W = A @ A.T / L + 0.5
+    W /= np.mean(np.diag(W))
+    along, cross = pr._attention_euler(rec, 0.3, W)
+    # direct: every term of the docstring as an explicit sum
+    op = pr._chain("attention", 0, True, 1.0)[0][0][1]
+    pa = ph = 0.1
+    gg, q = 1 / (1 - ph), pa / (1 - pa)
+    A2, m1 = np.asarray(rec.att_rows)
+    A2d, E1 = A2 / (1 - pa), 1 + q * A2
+    n = np.arange(1.0, L + 1)
+    Wt = W + np.diag(np.diag(W)) * (gg - 1)
+    x = rec.x
+    S2, c2, tau = 1 + x.mean ** 2, x.corr + x.mean ** 2, 1 - x.corr
+    vx = math.exp(rec.x_log_var)
+    d = m.d_model
+    Qd = d * op["q_std"] ** 2 * vx * S2
+    Qo = d * op["q_std"] ** 2 * vx * c2
+    Kx, Ku = d * op["k_std"] ** 2 * vx * S2, d * op["k_std"] ** 2 * vx * tau
+    gv = d * op["n_heads"] * op["d_head"] * op["v_std"] ** 2 * op["o_std"] ** 2
+    vF = float(rec.branch_out.var)
+    pi = vF / (vx * S2 + vF)
+    share = np.zeros(L)
+    cr = np.zeros(L)
+    for t in range(L):
+        rows = range(t, L)
+        T1 = sum(Wt[s, s] * A2d[s] / n[s] if s == s2 else W[s, s2] / (n[s] * n[s2]) for s in rows for s2 in rows)
+        T1u = sum(Wt[s, s] * A2d[s] * (1 + m1[s]) ** 2 / n[s] if s == s2
+                  else W[s, s2] * (1 + m1[s]) * (1 + m1[s2]) / (n[s] * n[s2]) for s in rows for s2 in rows)
+        ph_ = np.sqrt(1 - 1 / n)
+        Lam = sum(Wt[s, s2] * (Qd if s == s2 else Qo) * ph_[s] * ph_[s2] / (n[s] * n[s2]) for s in rows for s2 in rows)
+        T2c = Wt[t, t] * E1[t] / n[t] + sum(W[s, t] / n[s] for s in range(t + 1, L))
+        T2t = Wt[t, t] * A2d[t] / n[t] + sum(W[s, t] * (1 + m1[s]) / n[s] for s in range(t + 1, L)) / n[t]
+        T3c, T3t = Wt[t, t] * E1[t], Wt[t, t] * A2d[t]
+        br = (1 - pi) * gv * c2 * (T1 - 2 * T2c + T3c + Lam * Ku) + gv * tau * (T1u - 2 * T2t + T3t + Lam * (Kx + 3 * Ku))
+        share[t] = br / (S2 * (1 + rec.branch_gain))
+        cr[t] = -2 * gv * ((1 - pi) * c2 * T2c + tau * T2t) / (d * S2)
+    assert along == pytest.approx(float(np.mean(share)), rel=1e-10)
+    assert np.allclose(cross, cr, rtol=1e-10, atol=0)
+
+
+def test_postln_attention_euler_limits():
+    # bidirectional, no dropout: with the gradient tokens independent (rg 0) the share is the
+    # F_t term alone, (1 - pi) b^2 v_F / (v_x (a^2 + gain)) up to O(1/L) and the logit terms;
+    # when they are as correlated as a collapsed stream (r = rg = 1) the terms cancel to O(1/L)
+    from sigprop.model.predict import Predictor
+    for r in (0.9999999, 0.5):
+        m = resolve("postln", "torch-default", n_layers=1, dropout=0.0, causal=False, input_corr=r, **SMALL)
+        pr = Predictor(m)
+        recs = pr.forward()[:1]
+        pr.backward(recs)
+        rec = recs[0]
+        tot = rec.a ** 2 + rec.branch_gain
+        vF = float(rec.branch_out.var)
+        pi = vF / (1 + vF)
+        along0, _ = pr._attention_euler(rec, 0.0, None)
+        if r > 0.99:
+            assert along0 == pytest.approx((1 - pi) * vF / tot, rel=3.0 / m.seq_len)
+            along1, cross1 = pr._attention_euler(rec, 1.0, None)
+            assert along1 < 0.02 * along0
+            assert cross1 < 0
+        else:
+            assert along0 > (1 - pi) * vF / tot        # the token-specific part adds

@@ -29,8 +29,10 @@ from sigprop.backend import numeric
 from sigprop.model import profile
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc
+from sigprop.model import tables
 from sigprop.model.tables import BUILD_AFTER, TableCache, _Prescaled
 from sigprop.rules import get
+from sigprop.rules.attention import row_moments
 from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
 
@@ -74,7 +76,7 @@ class SublayerRecord:
     __slots__ = ("layer", "kind", "post", "a", "b", "log_a2", "log_b2", "x_log_var", "x", "pre_ops",
                  "branch_ops", "branch_out", "z_log_var", "z", "out_log_var", "out", "logit_var",
                  "branch_gain", "log_branch_gain", "z_gain", "chain_table", "chain_x", "x_prof",
-                 "z_prof", "g_prof", "euler_var")
+                 "z_prof", "ln_prof", "g_prof", "euler_var", "att_rows", "att_along")
 
     def __init__(self, layer: int, kind: str, post: bool, a: float, b: float, log_a2: float,
                  log_b2: float, x_log_var: float, x: Forward):
@@ -107,11 +109,20 @@ class SublayerRecord:
         # stream entering the sublayer and (post) of the pre-LN sum
         self.x_prof = None
         self.z_prof = None
+        self.ln_prof = None           # post: the LayerNorm's per-position gain profile (profile.layernorm_input)
         self.g_prof = None            # (backward) of the gradient w.r.t. the stream entering it
         # post ReLU FFN only (else None): per-element variance of the branch's departure from
         # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the
         # branch is positively homogeneous of degree 1 in its input): see _euler_var
         self.euler_var: float | None = None
+        # post attention only (else None): the rule's row statistics (A2, m1) of its softmax
+        # rows (causal: per row length n = 1..L), for the Euler share and cross term
+        # (_attention_euler)
+        self.att_rows = None
+        # post attention (set by the backward pass): the share along the stream direction of
+        # the gradient handed below it, and per position (mean 1 over positions of g_z's
+        # variance) the skip-branch cross term per unit gradient variance
+        self.att_along: float | None = None
 
     def __repr__(self) -> str:
         return f"SublayerRecord(layer={self.layer}, kind={self.kind!r}, post={self.post})"
@@ -261,7 +272,8 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       ReLU FFN (``rec.euler_var``, see Predictor._euler_var) D is the bias part alone;
       torch-default: share 0.0005 where the split gives 0.106, measured 0.000-0.001 (MC,
       96-layer Post-LN, gradient above the next attention LayerNorm).  Attention is not
-      position-wise (the identity holds summed over tokens only) and keeps the split.
+      position-wise: its share (per token, through the response of every output token to
+      scaling one input token) is Predictor._attention_euler's (``rec.att_along``).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
       left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0)."""
     # the shares from logarithms (a and b may be far outside float range when squared)
@@ -278,6 +290,8 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
             leak = min(1.0, _exp(rec.log_b2 + math.log(bvar) - clipped - log_a2))
         else:
             leak = 0.0 if log_a2 > -math.inf else 1.0
+        if rec.att_along is not None:                   # attention: see _attention_euler
+            return (branch, rec.att_along)
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
             ev = rec.euler_var
             along = 0.0 if ev <= 0 or not rec.b else min(1.0, _exp(
@@ -294,6 +308,50 @@ def _log_squares(col: list) -> list:
         if w not in memo:
             memo[w] = 2 * math.log(abs(w)) if w else -math.inf
     return [memo[w] for w in col]
+
+
+def _suffix_sum(a: np.ndarray) -> np.ndarray:
+    """sum_{s >= t} a_s for every t."""
+    return np.cumsum(a[::-1])[::-1]
+
+
+# attention parameters that do not enter the softmax weights' statistics
+_A2_IGNORES = ("v_std", "o_std", "v_bias_std", "o_bias_std", "p")
+
+
+class _SquareTable:
+    """attention.row_moments as a function of the input correlation at one input mean and
+    variance (one q/k parameter set), interpolated in theta = arccos(r) on Chebyshev-Lobatto
+    nodes like profile.RowsTable (9 nodes, 17 if the check fails, else direct evaluation),
+    verified at the midpoints nearest both ends to TOL of its largest value."""
+
+    TOL = 1e-4
+
+    def __init__(self, params: dict, x: Forward):
+        self.params, self.mean, self.var = params, float(x.mean), float(x.var)
+        self.lo, self.ok = min(0.0, float(x.corr)), False
+        hi = float(np.arccos(self.lo))
+        for n in (9, 17):
+            th = tables._cheb(n, tables.TH_MIN, hi)
+            vals = np.stack([self._direct(t) for t in th], axis=1)
+            w = tables._bary_weights(n)
+            size = float(np.max(np.abs(vals))) + 1e-300
+            err = max(float(np.max(np.abs(tables._interp(t, th, w, vals) - self._direct(t)))) / size
+                      for t in ((th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2))
+            if np.all(np.isfinite(vals)) and err < self.TOL:
+                self.nodes, self.w, self.vals, self.ok = th, w, vals, True
+                return
+
+    def _direct(self, th: float) -> np.ndarray:
+        return np.ravel(row_moments(self.params, Forward(self.mean, self.var, float(np.cos(th)))))
+
+    def covers(self, x: Forward) -> bool:
+        return (self.ok and float(x.mean) == self.mean and abs(float(x.var) / self.var - 1) <= tables.VAR_WINDOW
+                and self.lo <= float(x.corr) <= tables.R_MAX)
+
+    def at(self, corr: float):
+        v = tables._interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
+        return v.reshape(2, -1) if self.params.get("causal") else v
 
 
 def _share(l1: float, l2: float) -> float:
@@ -353,6 +411,7 @@ class Predictor:
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._ln_params: dict = {}
+        self._a2_tables: dict = {}    # per q/k parameter set: _SquareTable's
 
     def _var_ranges(self) -> dict:
         """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a bidirectional
@@ -451,6 +510,8 @@ class Predictor:
                     rec.logit_var = self._logit_var(chain[-2][1],
                                                     h if post else Forward(h.mean * n, h.var * n * n, h.corr))
                 h_in = h
+                if post and kind == "attention":
+                    rec.att_rows = self._row_moments(chain[-2][1], h, self.repeats[kind][l] >= BUILD_AFTER)
                 h = self._branch_forward(rec, chain, handle, h, prof is not None and kind == "attention")
                 if dev is not None:
                     att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
@@ -473,8 +534,11 @@ class Predictor:
                     rec.x_prof = prof
                     w1 = _exp_rel(lv + rec.log_a2, zlv)
                     w2 = _exp_rel(blv + rec.log_b2, zlv)
-                    zcov = profile.mix(w1, self._cov(x.corr, dev, prof), w2, bcov)
+                    xcov = self._cov(x.corr, dev, prof)
+                    zcov = profile.mix(w1, xcov, w2, bcov)
                     zcov /= float(np.trace(zcov)) / m.seq_len
+                    if post:
+                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), (0.0, 1.0), self.d)
                     prof = np.diag(zcov).copy()
                     rec.z_prof = prof
                 tok = _mix_tokens(tok, ref, v1, v2)
@@ -638,7 +702,7 @@ class Predictor:
                 gb = _bwd(ln, Backward(1.0, gc))
                 kw = 1.0
                 if w is not None:
-                    kw, kc, w = profile.layernorm_backward(w, rec.z_prof, *_gains(lambda q: _bwd(ln, q)))
+                    kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)))
                     gb = Backward(gb.var, gb.corr * kc / kw)
                 rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
@@ -672,16 +736,29 @@ class Predictor:
                 g = Backward(g.var * ku, g.corr * kc / ku)
             rec.log_branch_gain = (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra
             rec.branch_gain = _exp(rec.log_branch_gain)
+            cross = None
+            if rec.att_rows is not None and rec.b and math.isfinite(rec.log_branch_gain):
+                rec.att_along, cross = self._attention_euler(rec, gc, w)
             if w is not None:
                 log_a2 = rec.log_a2
                 w = profile.mix(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
-                rec.g_prof = np.diag(w).copy()
             gen = _generic_below(rec, gen)
             # skip path a, branch path g (relative to exp(lg)); independent: variances add
             ref, v1, v2 = _weights(rec.log_a2, rec.log_branch_gain)
             lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, g.corr), 1.0)
             if rec.euler_var is not None and rec.b and lsum > -math.inf:
                 lsum += self._cross_log_factor(rec, lsum)
+            if cross is not None and lsum > -math.inf:
+                # per position (units of g_z's mean variance; the sum a^2 + gain is exp(lsum))
+                tot = _exp(lsum)
+                c = max(float(np.mean(cross)), -0.5 * tot)
+                if w is not None:
+                    dg = (np.diag(w) * tot + cross) / (tot + c)
+                    w = w.copy()
+                    w[np.diag_indices_from(w)] = np.maximum(dg, 0.0)
+                lsum += math.log1p(c / tot)
+            if w is not None:
+                rec.g_prof = np.diag(w).copy()
             lg, gc = lg + lsum, gsum.corr
             out[i] = (lg, gc)
         return out
@@ -700,14 +777,163 @@ class Predictor:
         skip); measured -0.39e-3..-0.51e-3 per FFN sublayer where this gives -0.41e-3 (MC,
         96-layer Post-LN torch-default, d 256).  Position-wise, so it scales every position's
         variance and covariance alike: the correlation and the causal profile are unchanged.
-        Not applied to attention (not position-wise: its cross term depends on the attention
-        weights, e.g. only position 0 of a causal model keeps the full size)."""
+        Attention (not position-wise: its cross term depends on the attention weights, e.g.
+        only position 0 of a causal model keeps the full size) has its own, per position:
+        Predictor._attention_euler."""
         c = float(rec.branch_out.var) - rec.euler_var
         if c <= 0:
             return 0.0
         clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
         lc = math.log(2.0 * c / self.d) + rec.log_b2 - clipped - lsum
         return math.log1p(-min(_exp(lc), 0.5))
+
+    def _row_moments(self, params: dict, x: Forward, repeated: bool):
+        """The attention rule's row statistics (attention.row_moments) at input ``x``: through
+        a table in the input correlation where at least BUILD_AFTER layers share the q/k
+        parameters (a Post-LN stream has the same mean and variance at every layer), else
+        directly."""
+        key = tuple(sorted((k, v) for k, v in params.items() if k not in _A2_IGNORES))
+        if repeated:
+            tabs = self._a2_tables.setdefault(key, [])
+            for t in tabs:
+                if t.covers(x):
+                    return t.at(x.corr)
+            if len(tabs) < 4:
+                t = _SquareTable(params, x)
+                tabs.append(t)
+                if t.covers(x):
+                    return t.at(x.corr)
+        return row_moments(params, x)
+
+    def _attention_euler(self, rec: SublayerRecord, rg: float, W: np.ndarray | None):
+        """Post-LN attention, x' = LN(z), z = a x + b Dropout_h(F(x)): (the share along the
+        stream direction of the gradient handed below it, the skip-branch cross term per
+        position), both per unit variance of g = g_z (the gradient below the LayerNorm, token
+        correlation ``rg``; causal: covariance over positions ``W``, mean diagonal 1).
+
+        Share.  Per token t, g_z,t is orthogonal to z_t, so x_t . g_x,t = a x_t . g_t
+        + b x_t . (J^T g)_t = b [sum_s g_s . E_st - g_t . F_t] exactly, with E_st = J_st x_t =
+        d/de F_s(x_t -> (1 + e) x_t) the response of output token s to scaling input token t
+        alone (Euler's identity per token; the position-wise case is the FFN's D = F - J x).
+        Attention: F_s = sum_h Wo_h sum_j A_sj (Wv_h x_j + bv) + bo; the value path gives
+        E_st = A_st Wo Wv x_t; the key of column t (logit w_s = q_s . Wk x_t / sqrt(dh) in every
+        row s) gives A_st w_s Wo (V_t - sum_j A_sj V_j); the query of row t a term of relative
+        size (row logit variance) / n, dropped (measured 0.4% of the total).
+        Averaging over Wv, Wo (E[(b_s . x_j)(b_s' . x_j')] with b_s = Wv^T Wo^T g_s is
+        dh sv^2 so^2 (g_s . g_s')(x_j . x_j') per head) gives
+        E (x_t . g_x,t)^2 = b^2 gamma_v d g2 v_x [S2 T1 - 2 T2 + T3] with gamma_v = d H dh sv^2 so^2,
+            T1 = sum_{s,s'} E[A_st A_s't] W~_ss',  T2 = sum_{s,j} E[A_st A_tj] W~_st X_tj,
+            T3 = W~_tt sum_{j,j'} E[A_tj A_tj'] X_jj',
+        X_jj' = c2 + tau delta_jj' (the stream's normalised token covariance, c2 = r + mu^2,
+        tau = 1 - r, S2 = 1 + mu^2), W~ = W with its diagonal over (1 - p_hidden) (the hidden
+        dropout mask multiplies g).  The biases add W~_tt (H dh so^2 sbv^2 E sum A + sbo^2)
+        / v_x to the bracket (they pair with g_t alone).  With E A_sj = 1/n_s, E sum_j A_sj^2
+        = A2/(1-p) (the rule's A2, ``rec.att_a2``) and E (sum_j A_sj)^2 = 1 + p A2/(1-p): the
+        share is b^2 gamma_v [..] / (S2 (a^2 + branch gain)).
+        Key path.  Its mean: E[A_st w_s] = m1(n_s) / n_s (the rule's m1 = E sum_j P_j z_j, ~ the
+        row logit variance), so in the pairing of g_s with x_t's token-specific part the column
+        weight 1/n_s becomes (1 + m1_s)/n_s (T1u, and T2's off-diagonal part); its fluctuation
+        and that of the column sum sum_s A_st (first order in the logits: rows s, s' share key
+        t, so their weights are correlated through the queries' covariance Q_ss') add
+        Lam (K_u c2 + (K_x + 3 K_u) tau), Lam = sum_{s,s'} W~_ss' Q_ss' phi_s phi_s' / (n_s n_s'),
+        K_x, K_u the key variance from x_t and from its token-specific part, phi_s^2 = 1 - 1/n_s
+        (a one-key row has no logit effect).  Without them the share was 40% low at r 0.26
+        (MC of one sublayer: value path alone with q = 0 matched it exactly).
+        When the gradient tokens are
+        correlated like the stream's (W ~ X ~ 1 1^T: collapse) the terms cancel (the
+        attention then averages a shared value, homogeneous of degree 1 in each token's
+        share); with rg = 0 the bracket is T3 ~ v_F / gamma_v, the old split's skip part.
+        Projection: g_t is orthogonal to z_t, whose direction carries the fraction
+        pi = b^2 v_F / (a^2 v_x S2 + b^2 v_F) of F_t; the token-shared (c2 and bias) vectors
+        that g pairs with lie along F (shared across tokens), so their part of the bracket
+        is multiplied by 1 - pi (exact in the collapsed limit r -> 1; the tau part, along
+        token-specific directions, is not).
+
+        Cross term (the analogue of _cross_log_factor).  With J_st = E_st x_t^T / |x_t|^2 +
+        (zero mean) and x_t . g_t = -(b/a) F_t . g_t: 2 a b g . (J^T g) at token t has
+        expectation -2 b^2 E[(sum_s g_s . E_st)(g_t . F_t)] / |x_t|^2 = -2 b^2 gamma_v T2 / (d S2)
+        per unit g2 (T2 above, the same projection).  Causal position 0 (F_0 = its own value,
+        A_00 = 1) keeps the full -2 b^2 v_F / (d v_x); bidirectional positions only ~ rg.
+
+        Approximations: (i) the query path is dropped and the key path kept to first order
+        in the logits beyond its exact mean (relative error O(logit variance^2)); (ii) attention weights of different rows
+        independent (E[A_st A_s't] = 1/(n_s n_s'), the rule's C2 = 1/L): error O(rho v) in the
+        rg-carried terms, v the row logit variance; (iii) E A_tt sum_j A_tj = E (sum A)^2 / n
+        (exchangeable keys); (iv) g isotropic within the complement of 1 and z_t and
+        independent of this sublayer's weights but for that orthogonality (as for the FFN);
+        (v) the key bias is taken as 0 (it does not cancel in a single-key logit change;
+        torch-default, dslm, normal have none); (vi) the cross term keeps the value path
+        only, and (iv) is where it is weakest: deep in a causal stack the gradient at the first
+        positions is also depleted along x_t and F_t (left by the LayerNorms above), so the
+        measured cross term is ~0 in layers 1-24 of 96 where this gives -1.2e-3.  Measured
+        share (MC, 96-layer Post-LN torch-default p 0, d 256, 12 draws, below attention,
+        layers 2-24/25-48/49-72/73-92/93-96): bidirectional 0.077/0.008/0.051/0.130/0.140,
+        this 0.073/0.008/0.050/0.130/0.141, the old split 0.24/0.28/0.24/0.18/0.17; causal
+        0.000/0.001/0.009/0.081/0.134, this 0.000/0.001/0.009/0.083/0.135, the split
+        0.24/0.29/0.31/0.25/0.18.  Cross term per attention sublayer (80 draws, causal, mean
+        over positions): MC 0.0/-2.2/-1.3/-0.6/-0.0 e-3 (block SE ~0.2e-3), this
+        -1.2/-1.2/-1.2/-0.6/-0.1 e-3."""
+        m = self.model
+        op = self._chain("attention", rec.layer - 1, True, 1.0)[0][0][1]
+        L, pa, ph = m.seq_len, m.dropout.attention, m.dropout.hidden
+        H, dh = op["n_heads"], op["d_head"]
+        gv = self.d * H * dh * op["v_std"] ** 2 * op["o_std"] ** 2
+        x = rec.x
+        S2, c2, tau = 1.0 + x.mean * x.mean, x.corr + x.mean * x.mean, 1.0 - x.corr
+        clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
+        vx = math.exp(clipped)
+        # query covariance per component (same token, different tokens) and the key's variance
+        # from x alone and from its token-varying part (no key bias: see (v) above)
+        Qd = self.d * op["q_std"] ** 2 * vx * S2 + op["q_bias_std"] ** 2
+        Qo = self.d * op["q_std"] ** 2 * vx * c2 + op["q_bias_std"] ** 2
+        Kx = self.d * op["k_std"] ** 2 * vx * S2
+        Ku = self.d * op["k_std"] ** 2 * vx * tau
+        gg, q = 1.0 / (1.0 - ph), pa / (1.0 - pa)
+        A2, m1 = np.asarray(rec.att_rows, dtype=float)
+        A2d, E1 = A2 / (1.0 - pa), 1.0 + q * A2
+        if W is None:                                  # every row has L keys, W flat
+            dg, nn = 1.0, float(L)
+            om = 1.0 + m1                              # n x the mean column weight of the u_t pairing
+            T1 = gg * A2d + rg * (L - 1) / L
+            T1u = (gg * A2d + rg * (L - 1) / L) * om * om
+            Lam = (gg * Qd + rg * (L - 1) * Qo) / L * (1.0 - 1.0 / L)
+            k = rg * (L - 1) / L                       # sum_{s != t} E A_st W_st
+            ku = k * om
+        else:
+            nn = np.arange(1.0, L + 1)
+            inv = 1.0 / nn
+            om = (1.0 + m1) * inv
+            dg = np.diag(W)
+            # k_t = sum_{s > t} W_st / n_s (W symmetric: row t right of the diagonal); the
+            # off-diagonal sums sum_{s != s' >= t} W_ss' f_s f_s' = 2 sum_{s >= t} f_s sum_{s' > s} W_ss' f_s'
+            C = np.cumsum(W * inv, axis=1)
+            k = C[:, -1] - np.diag(C)
+            C = np.cumsum(W * om, axis=1)
+            ku = C[:, -1] - np.diag(C)
+            off = 2.0 * _suffix_sum(k * inv)
+            T1 = gg * _suffix_sum(dg * A2d * inv) + off
+            T1u = gg * _suffix_sum(dg * A2d * (1.0 + m1) ** 2 * inv) + 2.0 * _suffix_sum(ku * om)
+            # the logit fluctuations of row s move F_s by (V_t - mean V), of squared size
+            # tau (1 - 1/n_s): weight phi_s = sqrt(1 - 1/n_s) (a one-key row has none)
+            wl = inv * np.sqrt(1.0 - inv)
+            C = np.cumsum(W * wl, axis=1)
+            kl = C[:, -1] - np.diag(C)
+            Lam = gg * Qd * _suffix_sum(dg * wl * wl) + Qo * 2.0 * _suffix_sum(kl * wl)
+        T2c = gg * dg * E1 / nn + k
+        T2t = gg * dg * A2d / nn + ku / nn
+        T3c, T3t = gg * dg * E1, gg * dg * A2d
+        bias = gg * dg * (H * dh * op["o_std"] ** 2 * op["v_bias_std"] ** 2 * E1 + op["o_bias_std"] ** 2) / vx
+        vF = float(rec.branch_out.var)
+        b2 = rec.b * rec.b
+        pi = b2 * vF / (rec.a * rec.a * vx * S2 + b2 * vF) if vF > 0 else 0.0
+        shared = gv * c2 * (T1 - 2 * T2c + T3c + Lam * Ku) + bias
+        own = gv * tau * (T1u - 2 * T2t + T3t + Lam * (Kx + 3 * Ku))
+        bracket = (1.0 - pi) * shared + own
+        log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
+        denom = S2 * _exp(_log_sum(log_a2, rec.log_branch_gain))
+        along = min(1.0, max(0.0, b2 * float(np.mean(bracket)) / denom)) if denom > 0 else 0.0
+        cross = -2.0 * b2 * gv * ((1.0 - pi) * c2 * T2c + tau * T2t) / (self.d * S2)
+        return along, (np.asarray(cross, dtype=float) if W is not None else float(cross))
 
     @staticmethod
     def _ln_log_adjust(log_var: float) -> float:

@@ -25,7 +25,9 @@ them over positions:
   attention matrix, U_ij = 1/n_i for j <= i; per-length terms from the rule):
   key j's variance ``sum_{i >= j} C_ii spread(n_i) / n_i`` (value and key paths, one row's
   keys exchangeable) + ``C_jj local(n_j)`` (query path) + the pair-of-rows part, the rule's
-  ``cross`` per unit correlation distributed as diag(U^T C' U) (C' = C off the diagonal);
+  ``cross`` per unit correlation, its value-path part distributed as diag(U^T C' U) (C' = C
+  off the diagonal) and its key-path part (``cross_k``) as diag(U^T (C' o M) U),
+  M_ii' = 1 - 1/min(n_i, n_i') (_key_pair_weights);
   covariance of keys j != j': ``sum_{i >= max(j, j')} C_ii same_c(n_i) / (n_i (n_i - 1))``
   (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
   ``qry_c`` C'_jj'.  Each kernel is normalised so that the flat covariance (diagonal 1,
@@ -33,7 +35,8 @@ them over positions:
   (flat) value times mean diag(out(C)) / mean diag(out(flat)), its covariance the rule's
   times the same ratio of the off-diagonal means;
 * a LayerNorm's backward divides the gradient at position i by that position's standard
-  deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input);
+  deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input; Post-LN: of its
+  harmonic per-token variance, layernorm_input);
 * position-wise maps (FFN, dropout, scales, LayerNorm) scale the diagonal by their
   variance gain and the off-diagonal by their covariance gain (the rules' own gains).
 """
@@ -45,6 +48,7 @@ import numpy as np
 from sigprop.backend import numeric
 from sigprop.model import store, tables
 from sigprop.rules import get
+from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
 from sigprop.state import Backward, Forward
 
 
@@ -53,7 +57,7 @@ def flat(L: int) -> np.ndarray:
 
 
 _KEYS = ("var", "spread", "local", "same_c")          # per row length (arrays of L)
-_SCALARS = ("cross", "cross_c", "qry_c")               # row-pair averages
+_SCALARS = ("cross", "cross_c", "qry_c", "cross_k")    # row-pair averages
 
 
 def _rows_direct(params: dict, x: Forward) -> dict:
@@ -97,7 +101,7 @@ class RowsTable:
         self.params, self.mean, self.var, self.lo = params, mean, var, lo
         self.L = int(params["L"])
         self.ok = False
-        key = store.key("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
+        key = store.key("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL, _SCALARS)
         arr = store.load(key)
         if arr is not None and self._unpack(arr):
             return
@@ -110,7 +114,7 @@ class RowsTable:
             # error relative to each quantity's largest value over the nodes (entries such as
             # the query path of a one-key row, or near r = 1, are zero up to rounding)
             size = np.concatenate([np.full(self.L, np.max(np.abs(vals[i * self.L:(i + 1) * self.L])))
-                                   for i in range(len(_KEYS))] + [np.max(np.abs(vals[-3:]), axis=1)])
+                                   for i in range(len(_KEYS))] + [np.max(np.abs(vals[-len(_SCALARS):]), axis=1)])
             err = 0.0
             for t in checks:
                 direct, approx = self._flat(t), tables._interp(t, th, w, vals)
@@ -138,7 +142,7 @@ class RowsTable:
             self.vals = arr[3:].reshape(-1, n)
         except ValueError:
             return False
-        if self.vals.shape[0] != 4 * self.L + 3:
+        if self.vals.shape[0] != len(_KEYS) * self.L + len(_SCALARS):
             return False
         self.nodes = tables._cheb(n, tables.TH_MIN, float(np.arccos(self.lo)))
         self.w, self.ok = tables._bary_weights(n), True
@@ -152,7 +156,7 @@ class RowsTable:
         v = tables._interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
         L = self.L
         out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
-        out.update({k: float(v[4 * L + i]) for i, k in enumerate(_SCALARS)})
+        out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})
         return out
 
 
@@ -250,12 +254,35 @@ def _UtDU_offmean(a: np.ndarray) -> float:
 _KF: dict = {}
 
 
-def _flat_kernel_means(L: int) -> tuple[float, float]:
-    """Diagonal and off-diagonal means of U^T (1 1^T - I) U (memoised per L)."""
+def _flat_kernel_means(L: int) -> tuple[float, float, float]:
+    """Diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of the key
+    path's U^T ((1 1^T - I) o M) U (:func:`_key_pair_weights`) (memoised per L)."""
     if L not in _KF:
         Kf = _UtXU(_offdiag(np.ones((L, L))))
-        _KF[L] = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / (L * (L - 1))))
+        Kk = _UtXU(_offdiag(_key_pair_weights(L)))
+        _KF[L] = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / (L * (L - 1))),
+                  float(np.trace(Kk) / L))
     return _KF[L]
+
+
+
+
+_KPW: dict = {}
+
+
+def _key_pair_weights(L: int) -> np.ndarray:
+    """M_ii' = 1 - 1/min(n_i, n_i'): the key path's pair-of-rows weight.  Through its logit,
+    key j of row i moves the row's output by A_ij (V_j - O_i) (O_i the row's output); two rows
+    i, i' >= j with correlated gradients pair these, and with (nearly) uniform weights the
+    token-specific part of E[(V_j - O_i) . (V_j - O_i')] is (1 - 1/min(n_i, n_i')) of that of
+    V_j alone (the shorter row's average shares the most with V_j; a one-key row, n = 1, has
+    V_j - O_i = 0: row 0 pairs with nothing through the keys).  The value path's pairs carry
+    weight 1 (U^T C' U)."""
+    M = _KPW.get(L)
+    if M is None:
+        n = np.arange(1.0, L + 1)
+        M = _KPW[L] = 1.0 - 1.0 / np.minimum.outer(n, n)
+    return M
 
 
 def _terms(r: dict, d: np.ndarray):
@@ -273,11 +300,15 @@ def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
     diag, a = _terms(r, np.diag(C).copy())
     Co = _offdiag(C)
     K = _UtXU(Co)
-    kf_diag, kf_off = _flat_kernel_means(L)
-    kd = float(r["cross"]) / kf_diag
+    kf_diag, kf_off, kk_diag = _flat_kernel_means(L)
+    # pair-of-rows variance: the value path's part with the uniform weights (U^T C' U), the
+    # key path's with its own pair weights, each normalised to the rule's flat value
+    kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
+    kk = float(r["cross_k"]) / kk_diag
+    pairs = kv * np.diag(K) + kk * np.diag(_UtXU(Co * _key_pair_weights(L)))
     ko = float(r["cross_c"]) / kf_off
     out = _UtDU(a) + ko * K + float(r["qry_c"]) * Co
-    np.fill_diagonal(out, diag + kd * np.diag(K))
+    np.fill_diagonal(out, diag + pairs)
     return out
 
 
@@ -324,6 +355,35 @@ def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
     out = C * (cov_gain / var_gain)
     np.fill_diagonal(out, np.diag(C))
     return out
+
+
+def layernorm_input(v1: np.ndarray, tok1: tuple, v2: np.ndarray, tok2: tuple, d: int) -> np.ndarray:
+    """Per-position gain profile of a LayerNorm whose input is the sum of two independent
+    signals with per-position variance contributions v1, v2 (arrays over positions, any common
+    unit) and per-token statistics tok1, tok2 = (centred, kappa): the LayerNorm divides the
+    gradient at position t by E[1/s_t^2]^-1 = harmonic_token_var at that position's own
+    variance *and* per-token statistics (combine_token_stats with that position's weights),
+    returned relative to the rule's value at the mean weights, for :func:`layernorm_backward`.
+
+    Why per position: a causal attention row 0 copies its own value (branch variance
+    gv v_x at every depth) while long rows average n values (~ gv (r + (1-r)/n)), so in the
+    first layers of a Post-LN stack (r 0.2-0.8) position 0's branch share is up to ~4x the
+    mean; its per-token variance then disperses more (kappa: the cross term 2 a b x.F/d) and
+    is less centred (c), an O(1/d) raise of E[1/s_0^2] beyond 1/E[s_0^2] (+0.7..1.4e-3 in
+    layers 2-20 of Post-LN torch-default, d 256) -- and the gradient of a deep causal stack
+    sits almost entirely at the first positions.  The mean-only statistics gave the positions
+    the mean's dispersion and centring (MC, 96 layers, per-token dispersion at the gradient's
+    positions, attention layers 1-24 / 25-48: +0.74 / +0.32 e-3 above that, SE 0.08).
+
+    Approximations: first order in delta (as the rule); the branch output Gaussian per token
+    (centred 0, kappa 1) as in the mean-field mixing; eps neglected against the variance
+    (a ratio of two values each ~1e-5 off)."""
+    v = v1 + v2
+    if not np.all(v > 0):
+        return v / np.mean(v) if np.mean(v) > 0 else np.ones_like(v)
+    c, k = combine_token_stats(v1, tok1[0], tok1[1], v2, tok2[0], tok2[1])
+    c0, k0 = combine_token_stats(float(np.mean(v1)), tok1[0], tok1[1], float(np.mean(v2)), tok2[0], tok2[1])
+    return harmonic_token_var(v, d, c, k) / harmonic_token_var(float(np.mean(v)), d, c0, k0)
 
 
 def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,

@@ -376,8 +376,9 @@ class Attention(Rule):
         * ``same_c``: the off-diagonal gradient covariance a row with unit gradient produces
           among its own keys, summed over its n (n - 1) ordered key pairs (value and key paths);
         * per unit gradient correlation rg (scalars: row-pair averages, the rule's own terms):
-          ``cross``: the pair-of-rows parts of the value and key paths' variance; ``cross_c``:
-          their covariance; ``qry_c``: the query path's covariance."""
+          ``cross``: the pair-of-rows parts of the value and key paths' variance (``cross_k``:
+          the key path's part of it); ``cross_c``: their covariance; ``qry_c``: the query
+          path's covariance."""
         c = _Ctx(m, x, p)
 
         def at_n(fn):
@@ -396,10 +397,29 @@ class Attention(Rule):
         t0, t1 = _backward_terms(m, c, p, g0, avg), _backward_terms(m, c, p, g1, avg)
         return {"var": var, "spread": t["val"] + t["key"], "local": t["qry"],
                 "same_c": (p.L - 1) * (t["val_c"] + t["key_c"]),
-                "cross": t1["val_x"] + t1["key_x"],
+                "cross": t1["val_x"] + t1["key_x"], "cross_k": t1["key_x"],
                 "cross_c": t1["val_c"] + t1["key_c"] - t0["val_c"] - t0["key_c"],
                 "qry_c": t1["qry_c"]}
 
+
+def row_moments(params: dict, x: Forward) -> np.ndarray:
+    """The rule's one-row statistics A2 = E sum_j P_ij^2 and m1 = E sum_j P_ij z_ij (z the row's
+    token-varying logits, so m1 / n = E[P_ij z_ij] per key), averaged over the row logit
+    variance exactly as in its forward and backward, at attention input ``x``: shape (2,)
+    bidirectional (every row has L keys), (2, L) causal (row lengths n = 1..L).  Before
+    attention dropout.  Used by the whole-model predictor's Post-LN gradient shares
+    (sigprop.model.predict, Predictor._attention_euler)."""
+    from sigprop.backend import numeric as m
+    p = _RULE.param_values(params)
+    xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        c = _Ctx(m, xx, p)
+        if not p.causal:
+            return np.array([float(c.row(lambda v, n: _row_value(m, nm, v, n))) for nm in ("A2", "m1")])
+        n = np.arange(1.0, int(p.L) + 1)
+        return np.stack([np.broadcast_to(np.asarray(
+            m.expect_gamma(lambda v: _row_value(m, nm, v, n), c.s_mean + 0 * n, c.relvar + 0 * n, n=_NS),
+            dtype=float), n.shape) for nm in ("A2", "m1")])
 
 def _forward_moments(m, c, p, st):
     """Output variance and covariance from the (row- and pair-averaged, or per-row) statistics."""
@@ -462,7 +482,8 @@ def _backward_terms(m, c, p, g, st):
             "key_x": hk * key_x, "val_c": hk * val_c, "qry_c": hk * qry_c, "key_c": hk * key_c}
 
 
-register(Attention())
+_RULE = Attention()
+register(_RULE)
 
 
 class AttentionPublished(Rule):

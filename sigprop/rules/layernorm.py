@@ -50,14 +50,19 @@ def _n(p):
     return p.d - 1
 
 
+def harmonic_token_var(var, d, centred, kappa):
+    """Harmonic-mean per-token variance, E[1/s_t^2] = 1/harmonic_token_var, written as
+    M (1 - delta): M = var (1 - (1 - c)/d) the mean per-token (centred) variance, c the
+    fraction of the variance already centred per token, and delta = 2 kappa/(d - 1) the
+    relative variance of the per-token variance (first order in delta).  For a Gaussian input
+    (c = 0, kappa = 1) this is the exact inverse chi-square value var (d-3)/d.  Plain
+    arithmetic: also evaluated per position (arrays) by sigprop.model.profile."""
+    mean_tok = var * (1 - (1 - centred) / d)
+    return mean_tok * (1 - 2 * kappa / (d - 1))
+
+
 def _s2_eff(x, p):
-    """Harmonic-mean per-token variance, E[1/s_t^2] = 1/_s2_eff, written as M (1 - delta):
-    M = var (1 - (1 - c)/d) the mean per-token (centred) variance, c the fraction of the
-    variance already centred per token, and delta = 2 kappa/(d - 1) the relative variance of
-    the per-token variance.  For a Gaussian input (c = 0, kappa = 1) this is the exact
-    inverse chi-square value var (d-3)/d."""
-    mean_tok = x.var * (1 - (1 - p.centred) / p.d)
-    return mean_tok * (1 - 2 * p.kappa / (p.d - 1))
+    return harmonic_token_var(x.var, p.d, p.centred, p.kappa)
 
 
 def corr_factor_forward(m, r, n):
@@ -81,9 +86,10 @@ def combine_token_stats(a2v1, c1, k1, a2v2, c2, k2):
     (v1^2 delta1 + v2^2 delta2 + 4 v1 v2/d) / (v1 + v2)^2 (the cross term x.y has variance
     d v1 v2 per token), i.e. in units of 2/(d-1), up to O(1/d):
     kappa = (v1^2 k1 + v2^2 k2 + 2 v1 v2)/(v1 + v2)^2.  Two Gaussians give a Gaussian
-    (kappa 1) exactly."""
+    (kappa 1) exactly.
+    Elementwise for arrays (sigprop.model.profile: per position), whose sums must be > 0."""
     v = a2v1 + a2v2
-    if v <= 0:
+    if getattr(v, "ndim", 0) == 0 and v <= 0:
         return 0.0, 1.0
     c = (a2v1 * c1 + a2v2 * c2) / v
     k = (a2v1**2 * k1 + a2v2**2 * k2 + 2 * a2v1 * a2v2) / v**2
