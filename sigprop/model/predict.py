@@ -319,57 +319,14 @@ def _suffix_sum(a: np.ndarray) -> np.ndarray:
 _A2_IGNORES = ("v_std", "o_std", "v_bias_std", "o_bias_std", "p")
 
 
-class _SquareTable:
+def _square_table(params: dict, x: Forward) -> tables.ThetaTable:
     """attention.row_moments as a function of the input correlation at one input mean and
-    variance (one q/k parameter set), interpolated in theta = arccos(r) on Chebyshev-Lobatto
-    nodes like profile.RowsTable (9 nodes, 17 if the check fails, else direct evaluation),
-    verified at the midpoints nearest both ends to TOL of its largest value."""
-
-    TOL = 1e-4
-
-    def __init__(self, params: dict, x: Forward):
-        self.params, self.mean, self.var = params, float(x.mean), float(x.var)
-        self.lo, self.ok = min(0.0, float(x.corr)), False
-        hi = float(np.arccos(self.lo))
-        # kept in the table store (sigprop.model.store) as [n, ok, 0, values...]: the build
-        # is ~11 evaluations of the rule, ~40 ms of a 768-layer Post-LN run
-        key = store.key("a2rows", tuple(sorted(params.items())), self.mean, self.var, self.lo, self.TOL)
-        arr = store.load(key)
-        if arr is not None:
-            n = int(arr[0])
-            if n == 0:
-                return                        # a stored failure: evaluate directly
-            try:
-                vals = arr[3:].reshape(-1, n)
-            except ValueError:
-                vals = None
-            if vals is not None:
-                self.nodes, self.w = tables._cheb(n, tables.TH_MIN, hi), tables._bary_weights(n)
-                self.vals, self.ok = vals, True
-                return
-        for n in (9, 17):
-            th = tables._cheb(n, tables.TH_MIN, hi)
-            vals = np.stack([self._direct(t) for t in th], axis=1)
-            w = tables._bary_weights(n)
-            size = float(np.max(np.abs(vals))) + 1e-300
-            err = max(float(np.max(np.abs(tables._interp(t, th, w, vals) - self._direct(t)))) / size
-                      for t in ((th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2))
-            if np.all(np.isfinite(vals)) and err < self.TOL:
-                self.nodes, self.w, self.vals, self.ok = th, w, vals, True
-                break
-        store.save(key, np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel()]) if self.ok
-                   else np.array([0.0, 0.0, 0.0]))
-
-    def _direct(self, th: float) -> np.ndarray:
-        return np.ravel(row_moments(self.params, Forward(self.mean, self.var, float(np.cos(th)))))
-
-    def covers(self, x: Forward) -> bool:
-        return (self.ok and float(x.mean) == self.mean and abs(float(x.var) / self.var - 1) <= tables.VAR_WINDOW
-                and self.lo <= float(x.corr) <= tables.R_MAX)
-
-    def at(self, corr: float):
-        v = tables._interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
-        return v.reshape(2, -1) if self.params.get("causal") else v
+    variance (one q/k parameter set), a tables.ThetaTable (verified to 1e-4 of its largest
+    value; stored: its build is ~11 evaluations of the rule, ~40 ms of a 768-layer Post-LN run)."""
+    mean, var, lo = float(x.mean), float(x.var), min(0.0, float(x.corr))
+    key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4)
+    return tables.ThetaTable(lambda th: np.ravel(row_moments(params, Forward(mean, var, float(np.cos(th))))),
+                             mean, var, lo, key, 1e-4)
 
 
 def _share(l1: float, l2: float) -> float:
@@ -429,7 +386,7 @@ class Predictor:
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._ln_params: dict = {}
-        self._a2_tables: dict = {}    # per q/k parameter set: _SquareTable's
+        self._a2_tables: dict = {}    # per q/k parameter set: _square_table's
 
     def _var_ranges(self) -> dict:
         """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a bidirectional
@@ -815,13 +772,18 @@ class Predictor:
             tabs = self._a2_tables.setdefault(key, [])
             for t in tabs:
                 if t.covers(x):
-                    return t.at(x.corr)
+                    return self._a2_at(t, params, x.corr)
             if len(tabs) < 4:
-                t = _SquareTable(params, x)
+                t = _square_table(params, x)
                 tabs.append(t)
                 if t.covers(x):
-                    return t.at(x.corr)
+                    return self._a2_at(t, params, x.corr)
         return row_moments(params, x)
+
+    @staticmethod
+    def _a2_at(t, params: dict, corr: float):
+        v = t.values(corr)
+        return v.reshape(2, -1) if params.get("causal") else v
 
     def _attention_euler(self, rec: SublayerRecord, rg: float, W: np.ndarray | None):
         """Post-LN attention, x' = LN(z), z = a x + b Dropout_h(F(x)): (the share along the

@@ -98,62 +98,28 @@ class RowsTable:
     ROWS_TOL = 1e-4
 
     def __init__(self, params: dict, mean: float, var: float, lo: float):
-        self.params, self.mean, self.var, self.lo = params, mean, var, lo
-        self.L = int(params["L"])
-        self.ok = False
-        key = store.key("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL, _SCALARS)
-        arr = store.load(key)
-        if arr is not None and self._unpack(arr):
-            return
-        th_hi = float(np.arccos(lo))
-        for n in (9, 17):
-            th = tables._cheb(n, tables.TH_MIN, th_hi)
-            vals = np.stack([self._flat(th_k) for th_k in th], axis=1)
-            w = tables._bary_weights(n)
-            checks = [(th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2]
-            # error relative to each quantity's largest value over the nodes (entries such as
-            # the query path of a one-key row, or near r = 1, are zero up to rounding)
-            size = np.concatenate([np.full(self.L, np.max(np.abs(vals[i * self.L:(i + 1) * self.L])))
-                                   for i in range(len(_KEYS))] + [np.max(np.abs(vals[-len(_SCALARS):]), axis=1)])
-            err = 0.0
-            for t in checks:
-                direct, approx = self._flat(t), tables._interp(t, th, w, vals)
-                scale = np.maximum(np.abs(direct), size + 1e-300)
-                err = max(err, float(np.max(np.abs(approx - direct) / scale)))
-            if np.all(np.isfinite(vals)) and err < self.ROWS_TOL:
-                self.nodes, self.w, self.vals, self.ok = th, w, vals, True
-                break
-        store.save(key, self._pack())
+        self.params, self.mean, self.var, self.L = params, mean, var, int(params["L"])
+        key = store.key("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
+        # error relative to each quantity's largest value over the nodes (entries such as the
+        # query path of a one-key row, or near r = 1, are zero up to rounding)
+        self._t = tables.ThetaTable(self._flat, mean, var, lo, key, self.ROWS_TOL, size=self._size,
+                                    n_values=len(_KEYS) * self.L + len(_SCALARS))
+        self.ok = self._t.ok
+
+    def _size(self, vals: np.ndarray) -> np.ndarray:
+        L = self.L
+        return np.concatenate([np.full(L, np.max(np.abs(vals[i * L:(i + 1) * L]))) for i in range(len(_KEYS))]
+                              + [np.max(np.abs(vals[-len(_SCALARS):]), axis=1)])
 
     def _flat(self, th: float) -> np.ndarray:
         r = _rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))))
         return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
 
-    def _pack(self) -> np.ndarray:
-        if not self.ok:
-            return np.array([0.0, 0.0, 0.0])
-        return np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel()])
-
-    def _unpack(self, arr: np.ndarray) -> bool:
-        n = int(arr[0])
-        if n == 0:
-            return True                      # a stored failure: evaluate directly
-        try:
-            self.vals = arr[3:].reshape(-1, n)
-        except ValueError:
-            return False
-        if self.vals.shape[0] != len(_KEYS) * self.L + len(_SCALARS):
-            return False
-        self.nodes = tables._cheb(n, tables.TH_MIN, float(np.arccos(self.lo)))
-        self.w, self.ok = tables._bary_weights(n), True
-        return True
-
     def covers(self, x: Forward) -> bool:
-        return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= tables.VAR_WINDOW
-                and self.lo <= x.corr <= tables.R_MAX)
+        return self._t.covers(x)
 
     def at(self, corr: float) -> dict:
-        v = tables._interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
+        v = self._t.values(corr)
         L = self.L
         out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
         out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})

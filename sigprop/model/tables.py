@@ -449,6 +449,61 @@ class _Prescaled:
     backward_of = staticmethod(Table.backward_of)
 
 
+class ThetaTable:
+    """A vector-valued function ``fn(theta)`` of the input correlation r = cos(theta), at one
+    input mean and variance, interpolated in theta (barycentric form through Chebyshev-Lobatto
+    nodes) for the predictor's per-layer attention statistics that are costly to evaluate
+    (the per-row terms of a causal position profile, profile.RowsTable; the row statistics of
+    Post-LN attention's gradient shares).  Built on 9 nodes (17 if that fails), verified at
+    the midpoints nearest both ends: every entry's error below ``tol`` of max(|direct value|,
+    ``size(vals)``), ``size`` giving each entry's scale from the node values (default: the
+    largest of them all).  Kept in the table store under ``store_key`` ([n, 1, 0, values...],
+    or [0, 0, 0] for a failure, which then evaluates directly)."""
+
+    def __init__(self, fn, mean: float, var: float, lo: float, store_key: str, tol: float,
+                 size=None, n_values: int | None = None):
+        self.mean, self.var, self.lo, self.ok = mean, var, lo, False
+        hi = float(np.arccos(lo))
+        arr = store.load(store_key)
+        if arr is not None and self._unpack(arr, hi, n_values):
+            return
+        for n in (9, 17):
+            th = _cheb(n, TH_MIN, hi)
+            vals = np.stack([fn(t) for t in th], axis=1)
+            w = _bary_weights(n)
+            scale = np.max(np.abs(vals)) if size is None else size(vals)
+            err = 0.0
+            for t in ((th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2):
+                direct = fn(t)
+                err = max(err, float(np.max(np.abs(_interp(t, th, w, vals) - direct)
+                                            / np.maximum(np.abs(direct), scale + 1e-300))))
+            if np.all(np.isfinite(vals)) and err < tol:
+                self.nodes, self.w, self.vals, self.ok = th, w, vals, True
+                break
+        store.save(store_key, np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel()]) if self.ok
+                   else np.array([0.0, 0.0, 0.0]))
+
+    def _unpack(self, arr: np.ndarray, hi: float, n_values: int | None) -> bool:
+        n = int(arr[0])
+        if n == 0:
+            return True                       # a stored failure: evaluate directly
+        try:
+            vals = arr[3:].reshape(-1, n)
+        except ValueError:
+            return False
+        if n_values is not None and vals.shape[0] != n_values:
+            return False
+        self.nodes, self.w, self.vals, self.ok = _cheb(n, TH_MIN, hi), _bary_weights(n), vals, True
+        return True
+
+    def covers(self, x: Forward) -> bool:
+        return (self.ok and float(x.mean) == self.mean and abs(float(x.var) / self.var - 1) <= VAR_WINDOW
+                and self.lo <= float(x.corr) <= R_MAX)
+
+    def values(self, corr: float) -> np.ndarray:
+        return _interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
+
+
 class _Scaled:
     """A table of a chain whose attention value/output weights were normalised: its outputs
     scale with s = (v_std o_std)^2 / reference (forward variance and covariance, every backward
