@@ -225,6 +225,17 @@ def test_huge_skip_and_branch_scales_stay_in_log_space():
     assert np.all(np.isfinite(lv)) and 397 < lv[-1] < 401
 
 
+@pytest.mark.parametrize("kw", [dict(branch_scale=1e200), dict(skip_scale=1e200, causal=True),
+                                dict(branch_scale=1e200, causal=True)], ids=["b", "a-causal", "b-causal"])
+def test_post_ln_attention_terms_stay_finite_at_huge_scales(kw):
+    """Post-LN attention's gradient share and cross term take b^2 and a^2 + gain as a ratio of
+    logarithms: with a or b squared beyond float64 the trace has no NaN (it had, exit 3)."""
+    m = resolve("postln", n_layers=3, d_model=64, n_heads=2, d_ff=256, seq_len=8, **kw)
+    pts = predict(m)
+    for name in ("log_var", "log_gvar", "corr", "gcorr"):
+        assert np.all(np.isfinite(_series(pts, name))), name
+
+
 def test_weights_beyond_float_range_fail_with_one_line():
     """Inside one branch sigprop does not carry logs: stds whose squares overflow are a
     numerical failure (exit 3), one line on stderr, no traceback."""

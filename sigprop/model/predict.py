@@ -310,9 +310,10 @@ def _log_squares(col: list) -> list:
     return [memo[w] for w in col]
 
 
-def _suffix_sum(a: np.ndarray) -> np.ndarray:
-    """sum_{s >= t} a_s for every t."""
-    return np.cumsum(a[::-1])[::-1]
+def _right_of_diagonal(W: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """sum_{s > t} W_ts f_s for every t (W symmetric: the row right of the diagonal)."""
+    C = np.cumsum(W * f, axis=1)
+    return C[:, -1] - np.diag(C)
 
 
 # attention parameters that do not enter the softmax weights' statistics
@@ -713,7 +714,7 @@ class Predictor:
             rec.branch_gain = _exp(rec.log_branch_gain)
             cross = None
             if rec.att_rows is not None and rec.b and math.isfinite(rec.log_branch_gain):
-                rec.att_along, cross = self._attention_euler(rec, gc, w)
+                rec.att_along, cross = self._attention_euler(rec, gc, w, relative=True)
             if w is not None:
                 log_a2 = rec.log_a2
                 w = profile.mix(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
@@ -724,14 +725,13 @@ class Predictor:
             if rec.euler_var is not None and rec.b and lsum > -math.inf:
                 lsum += self._cross_log_factor(rec, lsum)
             if cross is not None and lsum > -math.inf:
-                # per position (units of g_z's mean variance; the sum a^2 + gain is exp(lsum))
-                tot = _exp(lsum)
-                c = max(float(np.mean(cross)), -0.5 * tot)
+                # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
+                c = max(float(np.mean(cross)), -0.5)
                 if w is not None:
-                    dg = (np.diag(w) * tot + cross) / (tot + c)
+                    dg = (np.diag(w) + cross) / (1.0 + c)
                     w = w.copy()
                     w[np.diag_indices_from(w)] = np.maximum(dg, 0.0)
-                lsum += math.log1p(c / tot)
+                lsum += math.log1p(c)
             if w is not None:
                 rec.g_prof = np.diag(w).copy()
             lg, gc = lg + lsum, gsum.corr
@@ -785,11 +785,15 @@ class Predictor:
         v = t.values(corr)
         return v.reshape(2, -1) if params.get("causal") else v
 
-    def _attention_euler(self, rec: SublayerRecord, rg: float, W: np.ndarray | None):
+    def _attention_euler(self, rec: SublayerRecord, rg: float, W: np.ndarray | None,
+                         relative: bool = False):
         """Post-LN attention, x' = LN(z), z = a x + b Dropout_h(F(x)): (the share along the
         stream direction of the gradient handed below it, the skip-branch cross term per
         position), both per unit variance of g = g_z (the gradient below the LayerNorm, token
-        correlation ``rg``; causal: covariance over positions ``W``, mean diagonal 1).
+        correlation ``rg``; causal: covariance over positions ``W``, mean diagonal 1);
+        ``relative``: the cross term in units of a^2 + branch gain instead, b^2 and that sum
+        entering as one ratio of logarithms (either may lie beyond float64 when squared; the
+        backward pass uses this form).
 
         Share.  Per token t, g_z,t is orthogonal to z_t, so x_t . g_x,t = a x_t . g_t
         + b x_t . (J^T g)_t = b [sum_s g_s . E_st - g_t . F_t] exactly, with E_st = J_st x_t =
@@ -808,7 +812,7 @@ class Predictor:
         tau = 1 - r, S2 = 1 + mu^2), W~ = W with its diagonal over (1 - p_hidden) (the hidden
         dropout mask multiplies g).  The biases add W~_tt (H dh so^2 sbv^2 E sum A + sbo^2)
         / v_x to the bracket (they pair with g_t alone).  With E A_sj = 1/n_s, E sum_j A_sj^2
-        = A2/(1-p) (the rule's A2, ``rec.att_a2``) and E (sum_j A_sj)^2 = 1 + p A2/(1-p): the
+        = A2/(1-p) (the rule's A2, ``rec.att_rows``) and E (sum_j A_sj)^2 = 1 + p A2/(1-p): the
         share is b^2 gamma_v [..] / (S2 (a^2 + branch gain)).
         Key path.  Its mean: E[A_st w_s] = m1(n_s) / n_s (the rule's m1 = E sum_j P_j z_j, ~ the
         row logit variance), so in the pairing of g_s with x_t's token-specific part the column
@@ -886,33 +890,29 @@ class Predictor:
             dg = np.diag(W)
             # k_t = sum_{s > t} W_st / n_s (W symmetric: row t right of the diagonal); the
             # off-diagonal sums sum_{s != s' >= t} W_ss' f_s f_s' = 2 sum_{s >= t} f_s sum_{s' > s} W_ss' f_s'
-            C = np.cumsum(W * inv, axis=1)
-            k = C[:, -1] - np.diag(C)
-            C = np.cumsum(W * om, axis=1)
-            ku = C[:, -1] - np.diag(C)
-            off = 2.0 * _suffix_sum(k * inv)
-            T1 = gg * _suffix_sum(dg * A2d * inv) + off
-            T1u = gg * _suffix_sum(dg * A2d * (1.0 + m1) ** 2 * inv) + 2.0 * _suffix_sum(ku * om)
+            k, ku = _right_of_diagonal(W, inv), _right_of_diagonal(W, om)
+            off = 2.0 * profile.suffix(k * inv, 0)
+            T1 = gg * profile.suffix(dg * A2d * inv, 0) + off
+            T1u = gg * profile.suffix(dg * A2d * (1.0 + m1) ** 2 * inv, 0) + 2.0 * profile.suffix(ku * om, 0)
             # the logit fluctuations of row s move F_s by (V_t - mean V), of squared size
             # tau (1 - 1/n_s): weight phi_s = sqrt(1 - 1/n_s) (a one-key row has none)
             wl = inv * np.sqrt(1.0 - inv)
-            C = np.cumsum(W * wl, axis=1)
-            kl = C[:, -1] - np.diag(C)
-            Lam = gg * Qd * _suffix_sum(dg * wl * wl) + Qo * 2.0 * _suffix_sum(kl * wl)
+            kl = _right_of_diagonal(W, wl)
+            Lam = gg * Qd * profile.suffix(dg * wl * wl, 0) + Qo * 2.0 * profile.suffix(kl * wl, 0)
         T2c = gg * dg * E1 / nn + k
         T2t = gg * dg * A2d / nn + ku / nn
         T3c, T3t = gg * dg * E1, gg * dg * A2d
         bias = gg * dg * (H * dh * op["o_std"] ** 2 * op["v_bias_std"] ** 2 * E1 + op["o_bias_std"] ** 2) / vx
         vF = float(rec.branch_out.var)
-        b2 = rec.b * rec.b
-        pi = b2 * vF / (rec.a * rec.a * vx * S2 + b2 * vF) if vF > 0 else 0.0
+        # pi = b^2 v_F / (a^2 v_x S2 + b^2 v_F), and b^2 / (a^2 + branch gain), from logarithms
+        pi = _share(rec.log_b2 + math.log(vF), rec.log_a2 + clipped + math.log(S2)) if vF > 0 else 0.0
+        b2_rel = _exp(rec.log_b2 - _log_sum(rec.log_a2, rec.log_branch_gain))
         shared = gv * c2 * (T1 - 2 * T2c + T3c + Lam * Ku) + bias
         own = gv * tau * (T1u - 2 * T2t + T3t + Lam * (Kx + 3 * Ku))
         bracket = (1.0 - pi) * shared + own
-        log_a2 = 2 * math.log(abs(rec.a)) if rec.a else -math.inf
-        denom = S2 * _exp(_log_sum(log_a2, rec.log_branch_gain))
-        along = min(1.0, max(0.0, b2 * float(np.mean(bracket)) / denom)) if denom > 0 else 0.0
-        cross = -2.0 * b2 * gv * ((1.0 - pi) * c2 * T2c + tau * T2t) / (self.d * S2)
+        along = min(1.0, max(0.0, b2_rel * float(np.mean(bracket)) / S2))
+        b2_cross = b2_rel if relative else _exp(rec.log_b2)
+        cross = -2.0 * b2_cross * gv * ((1.0 - pi) * c2 * T2c + tau * T2t) / (self.d * S2)
         return along, (np.asarray(cross, dtype=float) if W is not None else float(cross))
 
     @staticmethod

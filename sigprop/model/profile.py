@@ -178,7 +178,7 @@ def _offdiag(C: np.ndarray) -> np.ndarray:
     return out
 
 
-def _suffix(A: np.ndarray, axis: int) -> np.ndarray:
+def suffix(A: np.ndarray, axis: int) -> np.ndarray:
     """Reversed cumulative sum along ``axis`` (sum over the entries from here to the end),
     as total - prefix + entry: contiguous passes instead of reversed views."""
     c = np.cumsum(A, axis=axis)
@@ -190,7 +190,7 @@ def _UtXU(X: np.ndarray) -> np.ndarray:
     (X U)_ik = sum_{j >= k} X_ij / n_j and (U^T Y)_kl = sum_{i >= k} Y_il / n_i are reversed
     cumulative sums (the dense products cost O(L^3), ~10 ms per attention layer at L 256)."""
     n = np.arange(1.0, len(X) + 1)
-    return _suffix(_suffix(X / n[None, :], 1) / n[:, None], 0)
+    return suffix(suffix(X / n[None, :], 1) / n[:, None], 0)
 
 
 _MAXIDX: dict = {}
@@ -200,7 +200,7 @@ def _UtDU(a: np.ndarray) -> np.ndarray:
     """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
     L = len(a)
     n = np.arange(1.0, L + 1)
-    s = _suffix(a / n**2, 0)
+    s = suffix(a / n**2, 0)
     idx = _MAXIDX.get(L)
     if idx is None:
         i = np.arange(L)
@@ -213,7 +213,7 @@ def _UtDU_offmean(a: np.ndarray) -> float:
     max(k, l) = m (0-based) number 2m."""
     L = len(a)
     n = np.arange(1.0, L + 1)
-    s = _suffix(a / n**2, 0)
+    s = suffix(a / n**2, 0)
     return float(np.sum(2.0 * np.arange(L) * s) / (L * (L - 1)))
 
 
@@ -254,7 +254,7 @@ def _key_pair_weights(L: int) -> np.ndarray:
 def _terms(r: dict, d: np.ndarray):
     n = np.arange(1.0, len(d) + 1)
     spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
-    diag = _suffix(d * spread / n, 0) + d * local
+    diag = suffix(d * spread / n, 0) + d * local
     a = np.where(n > 1, d * same_c * n / np.maximum(n - 1, 1), 0.0)
     return diag, a
 

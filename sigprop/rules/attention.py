@@ -421,6 +421,7 @@ def row_moments(params: dict, x: Forward) -> np.ndarray:
             m.expect_gamma(lambda v: _row_value(m, nm, v, n), c.s_mean + 0 * n, c.relvar + 0 * n, n=_NS),
             dtype=float), n.shape) for nm in ("A2", "m1")])
 
+
 def _forward_moments(m, c, p, st):
     """Output variance and covariance from the (row- and pair-averaged, or per-row) statistics."""
     q = p.p / (1 - p.p)
