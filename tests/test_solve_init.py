@@ -170,7 +170,7 @@ def test_unit_variance_solves_the_forward_and_reports_the_gradient():
             sp.latex(s.expr)
     strict = solve("unit-variance", arch="preln", n_layers=3, strict=True, **TINY)
     assert not strict.feasible
-    assert "--strict" in strict.reason and "attention Gamma/V" in strict.reason
+    assert "--strict" in strict.reason and "attention $Gamma/V$" in strict.reason
     np.testing.assert_array_equal(strict.model.attention.std["v"], sol.model.attention.std["v"])
     assert steps(strict)[-1].text.startswith("infeasible")
     with pytest.raises(DomainError):

@@ -68,7 +68,7 @@ def solution_json(sol, steps=None) -> dict:
     from sigprop.solve.explain import latex as to_latex
 
     obj = {"schema": "sigprop.solve/1", "version": __version__, "target": sol.target, "arch": sol.arch,
-           "feasible": bool(sol.feasible), "reason": sol.reason}
+           "feasible": bool(sol.feasible), "reason": None if sol.reason is None else sol.reason.replace("$", "")}
     if sol.target == "max-depth":
         obj.update({
             "init": sol.init, "max_grad_ratio": sol.max_ratio, "max_layers": sol.n_max,

@@ -91,5 +91,7 @@ def solve_init_cmd(
     else:
         render(sol, steps, latex)
     if not sol.feasible:
-        sys.stderr.write(f"sigprop: infeasible: {sol.reason}\n")
+        from sigprop.solve.prose import plain
+
+        sys.stderr.write(f"sigprop: infeasible: {plain(sol.reason or '')}\n")
         raise typer.Exit(1)

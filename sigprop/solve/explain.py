@@ -182,9 +182,9 @@ def _unit_steps(sol) -> list[Step]:
         for j, i in enumerate(picks):
             a = att_subs[i]
             dv = float(dslm.subs({E.p_h: g.p_hid, r_sym: a.x.corr, E.d: g.d, E.width: g.width}))
-            why = (": the solved V-hat adds the rule's 1/L terms (each token's own share of its attention average, "
+            why = (": the solved $V-hat$ adds the rule's $1/L$ terms (each token's own share of its attention average, "
                    "amplified by the softmax's non-uniformity $exp((1-r) ell)$ and by the attention dropout) and the "
-                   "LayerNorm's finite-d correlation factor, both of which the simplified form drops") if j == 0 else ""
+                   "LayerNorm's finite-$d$ correlation factor, both of which the simplified form drops") if j == 0 else ""
             out.append(Step(f"layer {a.layer} with the stream correlation $r = {a.x.corr:.6g}$: DeepScaleLM {dv:.6g}, "
                             f"solved {a.stds['v']:.6g} ({100 * (a.stds['v'] / dv - 1):+.2f}%){why}"))
         if grad_target and sol.points:

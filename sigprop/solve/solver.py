@@ -50,7 +50,8 @@ DEFAULT_LOGIT_VAR = 1.0
 
 
 class Infeasible(Exception):
-    """A target with no solution; ``str(e)`` is the reason (one line)."""
+    """A target with no solution; ``str(e)`` is the reason (one line, in the prose markup of
+    :mod:`sigprop.solve.prose`: :func:`~sigprop.solve.prose.plain` for a terminal)."""
 
 
 @dataclass
@@ -207,7 +208,7 @@ def _forward_solve(base: Model, g: Geometry, eqs, logit_var: float, tables: dict
                 xb = Forward(0.0, float(y.var) * n * n, float(y.corr))
             required = (1.0 - a * a * x.var) / (b * b)
             if not required > 0:
-                raise Infeasible(f"{where}: the skip path alone carries variance a^2 sigma^2 = "
+                raise Infeasible(f"{where}: the skip path alone carries variance $a^2 sigma^2$ = "
                                  f"{a * a * x.var:.6g} >= 1, so no branch variance can make the "
                                  f"{'LayerNorm input' if post else 'stream'} variance 1 "
                                  f"(stream variance entering: {x.var:.6g})")
@@ -365,7 +366,7 @@ def _verdict(sol: Solution) -> None:
         i = max(range(1, len(sol.points)), key=lambda j: abs(sol.points[j].var - 1))
         p = sol.points[i]
         sol.feasible = False
-        sol.reason = (f"forward variance {p.var:.6g} at layer {p.layer} {p.sublayer} is outside 1 +- {tol:g} "
+        sol.reason = (f"forward variance {p.var:.6g} at layer {p.layer} {p.sublayer} is outside $1 +- {tol:g}$ "
                       "in the prediction of the solved model")
         return
     if sol.target != "unit-variance":
@@ -381,12 +382,12 @@ def _verdict(sol: Solution) -> None:
     for kind in ("attention", "ffn"):
         rk = grad.get(f"{kind}_gain_ratio")
         if rk and max(abs(rk["min"] - 1), abs(rk["max"] - 1)) > 1e-3:
-            parts.append(f"{kind} Gamma/V = {rk['min']:.4g} .. {rk['max']:.4g}")
+            parts.append(f"{kind} $Gamma/V$ = {rk['min']:.4g} .. {rk['max']:.4g}")
     sol.feasible = False
     sol.reason = ("unit-variance --strict: the forward variance is conserved, but the gradient is not within "
-                  f"{tol:g} of 1 (input/output {grad['ratio_input_output']:.4g}, max |g/g_top - 1| = "
-                  f"{grad['max_dev']:.3g}): each branch would need Gamma = V (backward gain equal to forward "
-                  "variance) and has " + ("; ".join(parts) or "Gamma/V within 1e-3 of 1")
+                  f"{tol:g} of 1 (input/output {grad['ratio_input_output']:.4g}, $max |g/g_N - 1|$ = "
+                  f"{grad['max_dev']:.3g}): each branch would need $Gamma = V$ (backward gain equal to forward "
+                  "variance) and has " + ("; ".join(parts) or "$Gamma/V$ within 1e-3 of 1")
                   + ". Without --strict the same solution is accepted with this gradient")
 
 
