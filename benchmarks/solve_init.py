@@ -1,5 +1,5 @@
 """Benchmark: `sigprop solve-init` for 1,000 layers against `sigprop predict` of the same
-(solved) model.  Goal (the issue): solving takes at most 3x as long as predicting.
+(solved) model.  Goal: solving takes at most 3x as long as predicting.
 
 Each figure is the median wall time of fresh processes (start-up and imports included, as a
 user sees them), on the default DeepScaleLM figure model (d 1024, 16 heads, d_ff 4096,

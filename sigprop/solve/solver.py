@@ -144,7 +144,7 @@ def solve_unit(arch: str, target: str = "unit-variance", logit_var: float = DEFA
     :func:`sigprop.model.presets.resolve` (n_layers, d_model, ..., beta_k).
 
     Both targets solve the forward equation exactly.  unit-variance then reports the gradient
-    the solved model has (:meth:`Solution.gradient`) and is feasible when the forward variance
+    the solved model has (``extra["gradient"]``, :func:`gradient_summary`; ``note``) and is feasible when the forward variance
     is within ``tol``; with ``strict`` the gradient must also stay within ``tol`` of its top
     value at every sublayer."""
     from sigprop.solve.equations import for_geometry
@@ -351,7 +351,8 @@ def gradient_note(sol: Solution, grad: dict) -> str:
                  + (f" (FFN {ffn['mean']:.4g})" if ffn else ""))
     text += ("; no weight std changes $Gamma/V$ with the forward held (V and O, and a ReLU FFN's in and out, "
              "enter both as one product; only the logit variance, --logit-var, does). With $beta^2 = k/N$ "
-             f"the losses add up to $g_0/g_N ~ exp(-k * mean(1 - Gamma/V))$ = {grad['ratio_estimate']:.3g} "
+             "the factors $1 - beta^2 (1 - Gamma/V)$ multiply to $g_0/g_N ~ exp(-k * mean(1 - Gamma/V))$ = "
+             f"{grad['ratio_estimate']:.3g} "
              f"($k = {k:g}$), which does not grow with the depth.")
     if m.activation == "gelu":
         text += (" A GeLU FFN's backward gain slightly exceeds its forward gain ($E[gelu^2] < s^2 E[gelu'^2]$), "
