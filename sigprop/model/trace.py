@@ -208,16 +208,16 @@ def trace(model, points: list, every: int = 1) -> dict:
     }
 
 
-def trace_text(model, points: list, every: int = 1) -> str:
+def trace_text(model, points: list, every: int = 1, extra: dict | None = None) -> str:
     """``json.dumps(trace(model, points, every))``, the same text, built faster (`sigprop
     predict --json`): the points are written straight to text (:func:`point_text`) instead
     of through dicts, and the model's layers are serialised once per run of identical
-    layers (Model.layer_runs)."""
+    layers (Model.layer_runs).  ``extra``: more top-level fields, after "summary"."""
     kept = thin(points, every)
     with_log = _with_log(points)
     model_head = {**model.json_head(), "layers": _LAYERS}
     head = {"schema": "sigprop.trace/1", "version": __version__, "model": model_head,
-            "points": _POINTS, "summary": summary(points)}
+            "points": _POINTS, "summary": summary(points), **(extra or {})}
     texts = []
     runs = model.layer_runs()
     for start, end in zip(runs[:-1], runs[1:]):          # one text per run of identical layers
