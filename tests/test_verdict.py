@@ -138,3 +138,10 @@ def test_summary_keys_stay():
             "grad_ratio_input_output", "log10_grad_ratio_input_output", "grad_law", "corr_top",
             "max_logit_var", "verdict"} <= set(s)
     assert s["verdict_class"] in CLASSES and s["n_layers"] == 3
+
+
+def test_verdict_words_for_a_vanished_series():
+    """A variance that reaches 0 (log -inf) is written x0, not an error."""
+    v = verdict(_g("constant", 0.0), _g("constant", 0.0)._replace(law="exponential", log_ratio=-math.inf),
+                _s(grad_log=math.inf))
+    assert v.startswith("unstable: ") and "xinf" in v

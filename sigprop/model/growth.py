@@ -84,6 +84,8 @@ class Growth(NamedTuple):
 
 def _times(log_value: float, digits: int = 3) -> str:
     """'x<value>' for exp(log_value), in scientific notation beyond a double's range."""
+    if not math.isfinite(log_value):
+        return "xinf" if log_value > 0 else "x0" if log_value < 0 else "x?"
     if abs(log_value) < 700:
         return f"x{np.exp(log_value):.{digits}g}"
     return "x" + sci_log10(log_value / np.log(10.0), digits)

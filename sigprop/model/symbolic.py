@@ -289,10 +289,14 @@ def _log_eval(expr, values: dict) -> float:
     return float(sp.log(v).evalf(30))
 
 
+#: the deepest stack the Post-LN asymptote is read off (about 0.5 s of prediction)
+ASYMPTOTE_MAX_DEPTH = 4096
+
+
 def _asymptote(model) -> tuple[float, float, bool, int] | None:
     """For a stack of identical layers: (log rho, log C, settled, depth) of the gradient's
     asymptotic form g2(0)/g2(N) ~ C rho^N, read off the layer-by-layer prediction of a deeper
-    stack of the same layer (max(4 N, 512) layers): rho the per-layer factor at its middle,
+    stack of the same layer (4 N layers, at least 512 and at most ASYMPTOTE_MAX_DEPTH): rho the per-layer factor at its middle,
     C the product of every layer's factor over rho.  ``settled``: the factor at the middle
     and an eighth of the depth below it agree to 1e-6 (relative).  None when the layers differ."""
     from sigprop.model.predict import run
@@ -300,7 +304,7 @@ def _asymptote(model) -> tuple[float, float, bool, int] | None:
 
     if len(model.layer_runs()) != 2:
         return None
-    depth = max(4 * model.n_layers, 512)
+    depth = max(min(4 * model.n_layers, ASYMPTOTE_MAX_DEPTH), 512)
     obj = model.to_json()
     obj["layers"] = [obj["layers"][-1]] * depth
     obj["n_layers"] = depth
