@@ -289,14 +289,19 @@ def _log_eval(expr, values: dict) -> float:
     return float(sp.log(v).evalf(30))
 
 
-#: the deepest stack the Post-LN asymptote is read off (about 0.5 s of prediction)
+#: the deepest stack the Post-LN asymptote is read off (about 0.5 s of prediction), and the
+#: shallowest (causal models pay O(L^2) per sublayer: 512 causal layers at 256 tokens take
+#: about 4 s, so they get 128 and the line says when rho has not settled there)
 ASYMPTOTE_MAX_DEPTH = 4096
+ASYMPTOTE_MIN_DEPTH = 512
+ASYMPTOTE_MIN_DEPTH_CAUSAL = 128
 
 
 def _asymptote(model) -> tuple[float, float, bool, int] | None:
     """For a stack of identical layers: (log rho, log C, settled, depth) of the gradient's
     asymptotic form g2(0)/g2(N) ~ C rho^N, read off the layer-by-layer prediction of a deeper
-    stack of the same layer (4 N layers, at least 512 and at most ASYMPTOTE_MAX_DEPTH): rho the per-layer factor at its middle,
+    stack of the same layer (4 N layers, at least ASYMPTOTE_MIN_DEPTH(_CAUSAL), at most
+    ASYMPTOTE_MAX_DEPTH): rho the per-layer factor at its middle,
     C the product of every layer's factor over rho.  ``settled``: the factor at the middle
     and an eighth of the depth below it agree to 1e-6 (relative).  None when the layers differ."""
     from sigprop.model.predict import run
@@ -304,7 +309,8 @@ def _asymptote(model) -> tuple[float, float, bool, int] | None:
 
     if len(model.layer_runs()) != 2:
         return None
-    depth = max(min(4 * model.n_layers, ASYMPTOTE_MAX_DEPTH), 512)
+    least = ASYMPTOTE_MIN_DEPTH_CAUSAL if model.causal else ASYMPTOTE_MIN_DEPTH
+    depth = max(min(4 * model.n_layers, ASYMPTOTE_MAX_DEPTH), least)
     obj = model.to_json()
     obj["layers"] = [obj["layers"][-1]] * depth
     obj["n_layers"] = depth
