@@ -300,14 +300,16 @@ def test_components_fragment_compiles_when_input(tmp_path):
     assert len(_scales(log)) > 0
 
 
-@pytest.mark.parametrize("arch", ["postln", "mixln"])      # mixln has Pre-LN and Post-LN sublayers
+@pytest.mark.parametrize("arch", ["postln", "mixln", "preln", "dslm", "lns"])  # mixln: Pre-LN and Post-LN sublayers
 def test_model_document_compiles(arch, tmp_path):
     from sigprop.model import presets
 
     model = presets.resolve(arch=arch, n_layers=4, d_model=64, n_heads=4, seq_len=16)
     doc = model_latex(model)
-    assert (r"\subsection*{Pre-LN" in doc) == (arch == "mixln")
-    assert r"\subsection*{Post-LN" in doc
+    assert (r"\subsection*{Pre-LN" in doc) == (arch in ("mixln", "preln", "dslm", "lns"))
+    assert (r"\subsection*{Post-LN" in doc) == (arch in ("mixln", "postln"))
+    # every closed form with its error against the layer-by-layer value (none for Mix-LN)
+    assert ("relative error" in doc) == (arch != "mixln")
     problems, log, _ = compile_tex(doc, tmp_path)
     assert problems == [], problems
     assert _scales(log) == []

@@ -37,18 +37,22 @@ def render_trace(model, tr: dict) -> None:
     c.print(f"[bold]verdict[/]: {s['verdict']}")
 
 
-def render_symbolic(model) -> None:  # filled in by the symbolic whole-model derivation
+def render_symbolic(model) -> None:
+    """The derivation's blocks; a closed form's comparison line in red when it is an
+    approximation outside its range.  Lines are printed as text (their [notes] are not markup)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from sigprop.model.symbolic import derive
 
     c = Console()
     for block in derive(model):
-        c.print(f"[bold]{block.title}[/]")
+        c.print(f"[bold]{escape(block.title)}[/]")
+        off = {f.text(model.n_layers) for f in block.forms if not f.within_range}
         for line in block.lines:
-            c.print("  " + line)
+            c.print(("  [red]" + escape(line) + "[/]") if line in off else "  " + escape(line))
         if block.assumption:
-            c.print(f"  [dim]assumes: {block.assumption}[/]")
+            c.print(f"  [dim]assumes: {escape(block.assumption)}[/]")
 
 
 def render_check(model, res, meas, every: int) -> None:

@@ -13,12 +13,12 @@ from sigprop.cli._model_options import build_model, model_options
 def predict_cmd(
     every: int = typer.Option(1, min=1, help="Show only every K-th layer (and the first and last)."),
     as_json: bool = typer.Option(False, "--json", help="Print the contract's trace object."),
-    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms."),
+    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms, each closed form with its relative error against the layer-by-layer prediction (with --json: the trace plus a \"symbolic\" object)."),
     model_opts: dict = None,
 ) -> None:
     """Predict forward variance, token correlation, logit variance and gradient variance, layer by layer."""
     model = build_model(model_opts, default_layers=24)
-    if symbolic:
+    if symbolic and not as_json:
         from sigprop.cli._render_model import render_symbolic
 
         render_symbolic(model)
@@ -28,7 +28,12 @@ def predict_cmd(
 
     points = predict(model)
     if as_json:
-        print(trace_text(model, points, every))
+        extra = None
+        if symbolic:
+            from sigprop.model import symbolic as sym
+
+            extra = {"symbolic": sym.to_json(sym.derive(model))}
+        print(trace_text(model, points, every, extra))
         return
     tr = trace(model, points, every)
     from sigprop.cli._render_model import render_trace
