@@ -66,7 +66,7 @@ def row(model, points=None) -> Row:
     from sigprop.model.predict import predict
     from sigprop.model.trace import summary
 
-    pts = predict(model) if points is None else points
+    pts = predict(model, stop_at_saturation=True) if points is None else points
     return Row(model.arch, model, pts, summary(pts))
 
 

@@ -69,6 +69,10 @@ def summary(points: list) -> dict:
         "grad_law": bw.law,
         "corr_top": num(last.corr),
         "max_logit_var": num(max(logits)) if logits else None,
+        # where the prediction stopped because the model left the rules' domain (a softmax
+        # saturated beyond the attention rule's range), and why; None for a complete trace
+        "saturation_layer": getattr(points, "saturation_layer", None),
+        "domain_note": getattr(points, "domain_note", None),
     }
     out["verdict"] = verdict(fw, bw, out)
     return out
@@ -79,6 +83,8 @@ def _exp(v: float) -> float:
 
 
 def verdict(fw, bw, s: dict) -> str:
+    if s.get("saturation_layer") is not None:
+        return f"unstable: softmax saturates at layer {s['saturation_layer']} ({s['domain_note']})"
     parts = [fw.describe("forward variance"), _grad_words(bw, s)]
     corr = s["corr_top"]
     if isinstance(corr, float) and corr > 0.9:
