@@ -263,3 +263,21 @@ def test_spec_degenerate_values_are_bad_input(tmp_path, path, value, word):
     r = _sigprop("predict", "--spec", str(spec))
     _one_line_exit_2(r)
     assert word in r.stderr
+
+
+def test_truncated_model_and_plot_data_of_a_saturated_row():
+    from sigprop.compare import row
+    from sigprop.plot import figure_data
+
+    m = _saturating()
+    cut = m.truncated(2)
+    assert cut.n_layers == 2 and cut.to_json()["layers"] == m.to_json()["layers"][:2]
+    assert cut.grad == m.grad and cut.input == m.input
+    with pytest.raises(DomainError):
+        m.truncated(0)
+    r = row(m)
+    data = figure_data([r], [simulate(cut, batch=1, trials=2, seed=0)])
+    (curve,) = data.lines["forward_var"]
+    assert curve.label.endswith("(saturates at layer 3)") and curve.x.max() == 2
+    (marks,) = data.markers["forward_var"]
+    assert marks.x.max() == 2

@@ -392,6 +392,16 @@ class Model(_Frozen):
         with _no_gc():
             return _parse_model(obj, where)
 
+    def truncated(self, n_layers: int) -> "Model":
+        """The model's first ``n_layers`` layers (1 <= n_layers <= self.n_layers), the same
+        input and upstream gradient (now given at the output of layer ``n_layers``): the model
+        a prediction that stops early (a saturated softmax) describes."""
+        if not 1 <= n_layers <= self.n_layers:
+            raise DomainError(f"n_layers must lie in [1, {self.n_layers}], got {n_layers}")
+        obj = self.to_json()
+        obj["n_layers"], obj["layers"] = n_layers, obj["layers"][:n_layers]
+        return Model.from_json(obj)
+
     @classmethod
     def load(cls, path) -> "Model":
         """Read a JSON file holding either the model object or an object with key "model"
