@@ -281,3 +281,13 @@ def test_truncated_model_and_plot_data_of_a_saturated_row():
     assert curve.label.endswith("(saturates at layer 3)") and curve.x.max() == 2
     (marks,) = data.markers["forward_var"]
     assert marks.x.max() == 2
+
+
+@pytest.mark.parametrize("arch", ["preln", "postln"])
+def test_two_token_causal_model_predicts_and_matches_monte_carlo(arch):
+    """seq_len 2 (the fewest tokens a correlation needs), causal: row 0 has one key, so no
+    two rows share a key's logit path (the position profile used to divide 0 by 0: exit 3)."""
+    m = resolve(arch, n_layers=2, causal=True, **{**TINY, "seq_len": 2})
+    pts = predict(m)
+    res = check_points(pts, simulate(m, batch=16, trials=8, seed=3))
+    assert res.passed, res.failures[:3]
