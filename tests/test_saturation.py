@@ -291,3 +291,14 @@ def test_two_token_causal_model_predicts_and_matches_monte_carlo(arch):
     pts = predict(m)
     res = check_points(pts, simulate(m, batch=64, trials=8, seed=3))
     assert res.passed, res.failures[:3]
+
+
+def test_saturation_met_inside_a_sublayer_ends_the_trace_too(monkeypatch):
+    """The rule's own refusal inside the sublayer (here with the predictor's check disabled)
+    ends the pass at the same layer, with the rule's words as the note."""
+    import sigprop.model.predict as pr
+
+    monkeypatch.setattr(pr, "row_logit_var", lambda p, x: 0.0)
+    pts = predict(_saturating(), stop_at_saturation=True)
+    assert pts.saturation_layer == 3 and len(pts) == 5
+    assert pts.domain_note.startswith("attention row logit variance") and pts.domain_note.endswith("at layer 3")
