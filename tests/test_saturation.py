@@ -137,7 +137,9 @@ def test_predict_and_compare_cli_with_a_spec_saturating_mid_model(tmp_path):
     r = _sigprop("compare", "--spec", str(spec))
     assert r.returncode == 0 and "preln*" in r.stdout
     # check cannot compare beyond the prediction: one line, exit 2
-    _one_line_exit_2(_sigprop("check", "--spec", str(spec), "--trials", "2", "--batch", "1"))
+    r = _sigprop("check", "--spec", str(spec), "--trials", "2", "--batch", "1")
+    _one_line_exit_2(r)
+    assert "stops before layer 3" in r.stderr
 
 
 def test_compare_row_label_names_the_saturation():
