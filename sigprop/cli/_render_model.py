@@ -30,6 +30,11 @@ def render_trace(model, tr: dict) -> None:
     c = Console()
     c.print(t)
     s = tr["summary"]
+    sat = s.get("saturation_layer")
+    if sat is not None:
+        last, at = ("the input", "at the input") if sat == 1 else (f"layer {sat - 1}", f"at the output of layer {sat - 1}")
+        c.print(f"[bold red]trace stops[/] after {last}: layer {sat}'s attention leaves the rules' domain "
+                f"({s['domain_note']}); the gradient at the top (--grad-var, --grad-corr) is given {at}")
     c.print(f"[bold]forward variance[/]: final {_f(s['forward_var_final'])}, growth x{_f(s['forward_var_growth'])} ({s['forward_law']})")
     c.print(f"[bold]gradient[/]: input/output ratio {_f(s['grad_ratio_input_output'])} ({s['grad_law']})")
     c.print(f"[bold]token correlation at the top[/]: {_f(s['corr_top'], '.4f')}; "

@@ -46,11 +46,14 @@ def _render(rows) -> None:
         t.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=None if left else 8)
     for r in rows:
         s = r.summary
-        t.add_row(r.arch, _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
+        t.add_row(r.arch + ("*" if r.saturation_layer is not None else ""), _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
                   _f(s["max_logit_var"]), s["forward_law"], s["grad_law"])
     c = Console()
     c.print(model_title(rows[0].model, tex=False))
     c.print(t)
+    if any(r.saturation_layer is not None for r in rows):
+        c.print("* the prediction stops before the layer whose softmax saturates (see the verdict); "
+                "the row's values describe the layers before it")
     c.print()
     for r in rows:
         c.print(f"[bold]{r.arch}[/] (init {r.init or 'from --spec'}): {r.summary['verdict']}")

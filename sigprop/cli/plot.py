@@ -51,8 +51,14 @@ def plot_cmd(
 
         measurements = []
         for r in rows:
-            meas = simulate(r.model, batch=batch, trials=trials, seed=seed,
-                            dtype=np.float32 if dtype is DType.float32 else np.float64)
+            sat = r.saturation_layer
+            if sat == 1:                 # the prediction is the input point alone
+                measurements.append(None)
+                continue
+            # a prediction that stops before a saturated softmax is that of the model cut off
+            # there (the upstream gradient given at its top): simulate that model
+            meas = simulate(r.model if sat is None else r.model.truncated(sat - 1), batch=batch, trials=trials,
+                            seed=seed, dtype=np.float32 if dtype is DType.float32 else np.float64)
             measurements.append(meas)
             res = check_points(r.points, meas)
             e = res.errors

@@ -26,7 +26,7 @@ def predict_cmd(
     from sigprop.model.predict import predict
     from sigprop.model.trace import trace, trace_text
 
-    points = predict(model)
+    points = predict(model, stop_at_saturation=True)
     if as_json:
         extra = None
         if symbolic:

@@ -97,7 +97,7 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         if lv is not None and p.logit_var is not None:
             checks.append(("logit var", p.logit_var, lv[0], lv[1], tol["logit_var"], False, "logit_var_relerr"))
         for name, pr, me, se, t, absolute, key in checks:
-            err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else math.inf
+            err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else (0.0 if pr == me else math.inf)
             e[key].append(err)
             if not _ok(pr, me, se, t, tol["z"], absolute):
                 fails.append(f"layer {p.layer} {p.sublayer}: {name} predicted {pr:.5g}, measured {me:.5g} ± {se:.2g}")

@@ -74,6 +74,10 @@ def summary(points: list) -> dict:
         "corr_top": num(last.corr),
         "max_logit_var": num(max(logits)) if logits else None,
         "n_layers": int(last.layer),
+        # where the prediction stopped because the model left the rules' domain (a softmax
+        # saturated beyond the attention rule's range), and why; None for a complete trace
+        "saturation_layer": getattr(points, "saturation_layer", None),
+        "domain_note": getattr(points, "domain_note", None),
     }
     out["verdict"] = verdict(fw, bw, out)
     out["verdict_class"] = out["verdict"].split(":", 1)[0]
@@ -119,6 +123,8 @@ def verdict(fw, bw, s: dict) -> str:
     * bounded: every total factor within x10, or a settling series (bounded law) within x1000;
     * stable: every total factor within x2 and no flag.
     """
+    if s.get("saturation_layer") is not None:
+        return f"unstable: softmax saturates at layer {s['saturation_layer']} ({s['domain_note']})"
     n_layers = max(int(s.get("n_layers") or 1), 1)
     # (name, growth, log of the factor as reported, sign from the law's direction to it)
     series = (("forward variance", fw, fw.log_ratio, 1.0), ("gradient input/output", bw, -bw.log_ratio, -1.0))
