@@ -89,7 +89,7 @@ def check_cmd(
         print(json.dumps({
             "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,
             "dtype": meas.dtype, "trials": trials, "batch": batch,
-            "backend": bk.name, "device": bk.device_name, "rng": rng.value if not bk.is_numpy else "host",
+            "backend": meas.backend, "device": meas.device, "rng": meas.rng, "dask_workers": meas.workers,
             "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
             "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
             "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
@@ -97,6 +97,10 @@ def check_cmd(
     else:
         from sigprop.cli._render_model import render_check
 
+        where = f"{meas.backend} on {meas.device}, random numbers: {meas.rng}"
+        if meas.workers is not None:
+            where += f", trials on {meas.workers} Dask workers"
+        print(where)
         render_check(model, res, meas, every)
     raise typer.Exit(0 if res.passed else 1)
 

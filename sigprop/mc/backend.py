@@ -270,8 +270,8 @@ class Rng:
         self.stream = "host" if self.backend.is_numpy else stream
         self._dev = None
         if self.stream == "device":
-            entropy = int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] >> np.uint64(1)) \
-                if not isinstance(seed, np.random.SeedSequence) else int(seed.generate_state(1, np.uint64)[0] >> np.uint64(1))
+            ss = seed if isinstance(seed, np.random.SeedSequence) else np.random.SeedSequence(seed)
+            entropy = int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))      # a 63-bit seed
             bk = self.backend
             if bk.name == "torch":
                 self._dev = bk.native.Generator(device=bk.device).manual_seed(entropy)

@@ -44,6 +44,11 @@ class ModelMeasurement:
     #: per draw and point, (mean, second moment) of the attention logits (NaN at points
     #: without attention): what logit_var was computed from, kept for re-analysis
     logit_draws: np.ndarray | None = None
+    #: where it ran: array library, device, random stream (sigprop.mc.backend), Dask workers
+    backend: str = "numpy"
+    device: str = "cpu"
+    rng: str = "host"
+    workers: int | None = None
 
 
 def _ln_params(m):
@@ -263,7 +268,7 @@ def run_trial(model, batch: int, rng, dtype=np.float32):
 def _trial_task(model, batch: int, seed, dtype, backend: str, device: str, stream: str):
     """One trial from its own seed on a named backend (what a Dask worker runs)."""
     bk = get_backend(backend, device)
-    if bk.is_numpy or bk.device_name == "cpu":
+    if bk.device_name == "cpu":
         _reuse_freed_memory()
     return run_trial(model, batch, Rng(seed, bk, stream), dtype)
 
@@ -283,7 +288,7 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     seeds = trial_seeds(seed, trials)
     t0 = time.perf_counter()
     if distributor is None:
-        if bk.is_numpy or bk.device_name == "cpu":
+        if bk.device_name == "cpu":
             _reuse_freed_memory()
         out = []
         for t in range(trials):
@@ -302,7 +307,8 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     backward = [pool(bw[:, k], centred=False) for k in range(n_points)]
     logit = logit_stats(lg)
     return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(np_dtype(dtype)).name, sim_s,
-                            gflop, lg)
+                            gflop, lg, bk.name, bk.device_name, "host" if bk.is_numpy else stream,
+                            distributor.n_workers if distributor is not None else None)
 
 
 #: logit-variance SE: the relative spread of the draws is pooled over this many attention
