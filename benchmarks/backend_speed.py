@@ -20,7 +20,7 @@ start and the end.
     LLaMA-7B-sized model (d_model 4096, 32 heads, d_ff 11008, 32 layers, seq 4096, batch 1).
 
     python benchmarks/backend_speed.py torch [--repeats 7] [--threads N] [--layers 4]
-    python benchmarks/backend_speed.py dask [--repeats 5] [--workers 2] [--trials 2] [--batch 2]
+    python benchmarks/backend_speed.py dask [--repeats 5] [--workers 2] [--trials 2] [--batch 2] [--threads N]
     python benchmarks/backend_speed.py gpu [--backend torch|cupy] [--repeats 5] [--llama] [--rng host|device]
 """
 
@@ -35,7 +35,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from check_speed import REFERENCE, blas_threads, load_note, set_blas_threads  # noqa: E402
+from check_speed import (REFERENCE, BareGemm, blas_threads, gemm_flop, gemm_shapes, load_note,  # noqa: E402
+                         set_blas_threads, torch_bare)
 
 med = statistics.median
 
@@ -55,15 +56,25 @@ def bench_torch(args) -> None:
     models = {a: resolve(a, n_layers=args.layers, **REFERENCE) for a in args.arch}
     print(f"torch CPU backend vs NumPy backend: {args.layers} layers, d_model 256, seq 128, batch {args.batch}, "
           f"float32; {threads} BLAS thread(s), torch {torch.__version__}; {load_note()} (start)")
+    shapes = gemm_shapes(next(iter(models.values())), args.batch)
+    gf = gemm_flop(shapes) / 1e9
+    np_bare, t_bare = BareGemm(shapes), torch_bare(torch, shapes)
     for m in models.values():                                   # warm-up
         simulate(m, batch=args.batch, trials=1, seed=0)
         simulate(m, batch=args.batch, trials=1, seed=0, backend=tb)
+    np_bare.run(), t_bare()
     t = {(a, b): [] for a in models for b in ("numpy", "torch")}
+    bare = {"numpy": [], "torch": []}
     for r in range(args.repeats):
+        bare["numpy"].append(np_bare.run())
+        bare["torch"].append(t_bare())
         for a, m in models.items():
             t[a, "numpy"].append(simulate(m, batch=args.batch, trials=1, seed=r + 1).simulate_s)
             t[a, "torch"].append(simulate(m, batch=args.batch, trials=1, seed=r + 1, backend=tb).simulate_s)
     print(f"median of {args.repeats} (one trial each):")
+    bn, bt = med(bare["numpy"]), med(bare["torch"])
+    print(f"  bare float32 products of the trial's shapes: np.matmul {bn * 1e3:8.1f} ms ({gf / bn:.1f} GFLOP/s), "
+          f"torch.matmul {bt * 1e3:8.1f} ms ({gf / bt:.1f} GFLOP/s); torch / numpy time {bt / bn:.2f}")
     for a in models:
         n, tt = med(t[a, "numpy"]), med(t[a, "torch"])
         print(f"  {a:7s} numpy {n * 1e3:8.1f} ms   torch {tt * 1e3:8.1f} ms   torch / numpy time {tt / n:.2f}")
@@ -78,6 +89,8 @@ def bench_dask(args) -> None:
     from sigprop.mc.distributed import connect
     from sigprop.mc.floor import run_one
 
+    if args.threads is not None and not set_blas_threads(args.threads):
+        print("could not set OpenBLAS threads (set OPENBLAS_NUM_THREADS instead)")
     tasks = [(*cfg, args.trials, args.batch, 0) for cfg in FLOOR_SLICE]
     print(f"floor slice of {len(tasks)} configurations (d_model 256, seq 128, {args.trials} trials x batch "
           f"{args.batch}): one process ({blas_threads()} BLAS thread(s)) vs a LocalCluster of {args.workers} "
@@ -171,6 +184,8 @@ def main(argv=None) -> int:
     d.add_argument("--workers", type=int, default=2)
     d.add_argument("--trials", type=int, default=2)
     d.add_argument("--batch", type=int, default=2)
+    d.add_argument("--threads", type=int, default=None,
+                   help="BLAS threads of the one process (default: NumPy's own setting); the workers use 1")
     g = sub.add_parser("gpu")
     g.add_argument("--backend", default="torch", choices=["torch", "cupy"])
     g.add_argument("--repeats", type=int, default=5)
