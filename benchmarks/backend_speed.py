@@ -102,20 +102,23 @@ def bench_dask(args) -> None:
         dist.map(run_one, tasks[:args.workers])                 # warm-up: imports, first-call costs
         for t in tasks[:1]:
             run_one(*t)
-        serial, par, same = [], [], True
+        serial, par, share, same = [], [], [], True
         for _ in range(args.repeats):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             a = [run_one(*t) for t in tasks]
             serial.append(time.perf_counter() - t0)
+            share.append((time.process_time() - c0) / serial[-1])
             t0 = time.perf_counter()
             b = dist.map(run_one, tasks)
             par.append(time.perf_counter() - t0)
             same &= all(_judged(x) == _judged(y) for x, y in zip(a, b))
-            print(f"  repetition: one process {serial[-1]:.1f} s, cluster {par[-1]:.1f} s ({load_note()})", flush=True)
+            print(f"  repetition: one process {serial[-1]:.1f} s (it got {share[-1]:.2f} of a core), cluster "
+                  f"{par[-1]:.1f} s ({load_note()})", flush=True)
     s, p = med(serial), med(par)
     print(f"median of {args.repeats}: one process {s:.2f} s, {args.workers} workers {p:.2f} s: speed-up "
           f"{s / p:.2f}x (goal >= 1.7x with 2 workers: {'met' if s / p >= 1.7 else 'NOT met'}); "
-          f"verdicts and errors identical: {same}")
+          f"verdicts and errors identical: {same}; the one process got {med(share):.2f} of a core (CPU time / wall)"
+          + (": the machine's other load leaves no second core to gain" if med(share) < 0.8 else ""))
     print(f"  ({load_note()} at the end)")
 
 
