@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
 from sigprop.mc.backend import backend_of
 from sigprop.mc.component import Component
