@@ -20,13 +20,16 @@ from sigprop.model import resolve
 DIMS = dict(d_model=32, n_heads=2, d_ff=64, seq_len=12)
 
 
-def _need_distributed():
+def _need(module: str = "distributed"):
     try:
-        import distributed  # noqa: F401
+        __import__(module)
     except ImportError:
         if os.environ.get("SIGPROP_REQUIRE_TORCH") == "1":
-            pytest.fail("dask.distributed is not installed but SIGPROP_REQUIRE_TORCH=1 (make test-deps installs it)")
-        pytest.skip("dask.distributed not installed")
+            pytest.fail(f"{module} is not installed but SIGPROP_REQUIRE_TORCH=1 (make test-deps installs it)")
+        pytest.skip(f"{module} not installed")
+
+
+_need_distributed = _need
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +61,7 @@ def test_trials_on_two_workers_equal_the_serial_run(dist):
 
 
 def test_torch_trials_on_workers_equal_the_serial_run(dist):
-    pytest.importorskip("torch")
+    _need("torch")
     from sigprop.mc.backend import get_backend
     from sigprop.mc.model import simulate
 
