@@ -81,6 +81,29 @@ def bench_torch(args) -> None:
     print(f"  ({load_note()} at the end)")
 
 
+def _burn(seconds, q):
+    t0, c0 = time.perf_counter(), time.process_time()
+    x = 0
+    while time.perf_counter() - t0 < seconds:
+        x += 1
+    q.put(time.process_time() - c0)
+
+
+def cpu_capacity(n: int, seconds: float = 2.0) -> float:
+    """Cores that ``n`` busy-looping processes get together (CPU seconds / wall seconds): on an
+    idle machine about min(n, cores); where this process tree is held to a CPU share, the same
+    figure for every n."""
+    import multiprocessing as mp
+
+    q = mp.Queue()
+    ps = [mp.Process(target=_burn, args=(seconds, q)) for _ in range(n)]
+    for p in ps:
+        p.start()
+    for p in ps:
+        p.join()
+    return sum(q.get() for _ in ps) / seconds
+
+
 FLOOR_SLICE = [("preln", "normal", 12, 0.0, False), ("preln", "normal", 12, 0.1, False),
                ("postln", "normal", 12, 0.0, False), ("postln", "normal", 12, 0.1, False)]
 
@@ -95,6 +118,9 @@ def bench_dask(args) -> None:
     print(f"floor slice of {len(tasks)} configurations (d_model 256, seq 128, {args.trials} trials x batch "
           f"{args.batch}): one process ({blas_threads()} BLAS thread(s)) vs a LocalCluster of {args.workers} "
           f"single-threaded workers; {load_note()} (start)")
+    c1, cn = cpu_capacity(1), cpu_capacity(args.workers)
+    print(f"  CPU available: 1 busy process gets {c1:.2f} cores, {args.workers} get {cn:.2f} together "
+          f"(the most a {args.workers}-worker cluster can gain here: {cn / c1:.2f}x)")
     t0 = time.perf_counter()
     dist = connect("local", args.workers)
     print(f"  LocalCluster start-up {time.perf_counter() - t0:.1f} s (not in the timings below)")
