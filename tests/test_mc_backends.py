@@ -319,3 +319,26 @@ def test_numpy_backend_needs_no_optional_package():
             "print(sorted(m for m in ('torch', 'dask', 'distributed', 'cupy') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr
+
+
+def test_numpy_only_component_is_refused_on_other_backends(other):
+    """A component not marked array_api (NumPy code) gets one clear error, not a crash inside."""
+    from sigprop.errors import DomainError
+    from sigprop.mc.component import Component
+
+    class NumpyOnly(Component):
+        name = "numpy-only"
+
+        def dims(self, params):
+            return 4, 3, 3
+
+        def forward(self, X, W, params, rng):
+            return np.tanh(X), None
+
+        def backward(self, GY, cache):
+            return GY
+
+    comp = NumpyOnly()
+    measure(comp, {}, Forward(0.0, 1.0, 0.0), Backward(1.0, 0.0), runs=2, batch=1)      # NumPy: fine
+    with pytest.raises(DomainError, match="numpy backend only"):
+        measure(comp, {}, Forward(0.0, 1.0, 0.0), Backward(1.0, 0.0), runs=2, batch=1, backend=other)
