@@ -303,7 +303,9 @@ def test_solved_model_passes_a_monte_carlo_check():
     from sigprop.model.checking import compare
 
     sol = solve("unit-forward", arch="preln", n_layers=3, **TINY)
-    meas = simulate(sol.model, batch=4, trials=4, seed=1)
+    # 8 draws (check's default): with 4, the standard errors from 4 draws put ~20% of seeds
+    # outside z = 4 (measured over 60 seeds, with this and the former random stream alike)
+    meas = simulate(sol.model, batch=4, trials=8, seed=1)
     res = compare(sol.points, meas)
     assert res.passed, res.failures
     fw = np.array([f.var for f in meas.forward[1:]])

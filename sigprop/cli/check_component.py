@@ -8,6 +8,8 @@ from enum import Enum
 import typer
 
 from sigprop.cli._app import app
+from sigprop.cli.check import (BACKEND_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, Stream,
+                               open_distributor)
 
 
 class DType(str, Enum):
@@ -44,6 +46,12 @@ def check_component_cmd(
     batch: int = typer.Option(8, min=1, help="Sequences per draw (single configuration)."),
     seed: int = typer.Option(0, min=0, help="Random seed (reported)."),
     dtype: DType = typer.Option(DType.float32, help="Simulation precision."),
+    backend: ArrayBackend = typer.Option(ArrayBackend.numpy, help=BACKEND_HELP),
+    device: Device = typer.Option(Device.cpu, help=DEVICE_HELP),
+    rng: Stream = typer.Option(Stream.host, "--rng", help=RNG_HELP),
+    dask: str = typer.Option(None, "--dask", help="With --sweep: run the grid points on a Dask cluster: a "
+                                                   "scheduler address or 'local'."),
+    workers: int = typer.Option(None, "--workers", help=WORKERS_HELP),
     tol: float = typer.Option(0.05, min=0.0, help="Relative tolerance for means and variances."),
     tol_corr: float = typer.Option(0.03, min=0.0, help="Absolute tolerance for correlations."),
     z: float = typer.Option(4.0, min=0.0, help="Also pass when within z standard errors."),
@@ -60,9 +68,16 @@ def check_component_cmd(
     from sigprop.mc import components as C
     from sigprop.errors import DomainError
 
+    from sigprop.mc.backend import get_backend
+
     rule = R.get(name)
     comp = C.get(name)
     np_dtype = np.float32 if dtype is DType.float32 else np.float64
+    bk = get_backend(backend.value, device.value)
+    if not (bk.is_numpy or comp.array_api):
+        raise DomainError(f"component {name} runs on the numpy backend only")
+    if (dask is not None or workers is not None) and not sweep:
+        raise DomainError("--dask and --workers apply to --sweep (one configuration is one process)")
     if sweep:
         from sigprop.cli._render import render_sweep
         from sigprop.mc.sweep import run_sweep
@@ -72,8 +87,21 @@ def check_component_cmd(
             raise DomainError(f"{name} has no grid {grid!r}; known: published"
                               + "".join(f", {k}" for k in spec.variants))
         g = None if grid == "published" else spec.variants[grid]["grid"]
-        with _progress(not as_json) as tick:
-            res = run_sweep(spec, rule, n=None if full else n, seed=seed, dtype=np_dtype, grid=g, progress=tick)
+        dist = open_distributor(dask, workers)
+        try:
+            if dist is not None:
+                from sigprop.mc.distributed import stderr_progress
+
+                res = run_sweep(spec, rule, n=None if full else n, seed=seed, dtype=np_dtype, grid=g,
+                                progress=stderr_progress("points", every_s=5.0), backend=bk, stream=rng.value,
+                                distributor=dist)
+            else:
+                with _progress(not as_json) as tick:
+                    res = run_sweep(spec, rule, n=None if full else n, seed=seed, dtype=np_dtype, grid=g,
+                                    progress=tick, backend=bk, stream=rng.value)
+        finally:
+            if dist is not None:
+                dist.close()
         render_sweep(res, spec, grid, as_json, dtype.value)
         return
 
@@ -92,7 +120,7 @@ def check_component_cmd(
     px, pg = rule.evaluate(x, gs, **{k: v for k, v in params.items() if k in rule_names})
     sim = {q.name: q.default for q in rule.params if q.default is not None}
     sim.update(params)
-    meas = measure(comp, sim, x, gs, runs=runs, batch=batch, seed=seed, dtype=np_dtype)
+    meas = measure(comp, sim, x, gs, runs=runs, batch=batch, seed=seed, dtype=np_dtype, backend=bk, stream=rng.value)
     ok = render_single(name, sim, seed, dtype.value, px, pg, meas, tol, tol_corr, z, as_json)
     raise typer.Exit(0 if ok else 1)
 

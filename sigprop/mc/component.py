@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sigprop.errors import DomainError
+from sigprop.mc.backend import Backend, Rng, numpy_backend
 from sigprop.mc.sampling import correlated
 from sigprop.mc.stats import Moments, pool, raw_moments
 from sigprop.state import Backward, Forward
@@ -30,16 +32,21 @@ class Component:
     rule: str = ""
     #: simulation-only parameters accepted besides the rule's (e.g. sequence length L)
     sim_params: tuple[str, ...] = ("L",)
+    #: written against the array API (runs on every backend of :mod:`sigprop.mc.backend`);
+    #: False: NumPy arrays only
+    array_api: bool = False
 
     def dims(self, params: dict) -> tuple[int, int, int]:
         """(L, d_in, d_out) of one sample."""
         raise NotImplementedError
 
-    def sample_weights(self, rng: np.random.Generator, params: dict, dtype) -> dict:
+    def sample_weights(self, rng, params: dict, dtype) -> dict:
+        """Weights drawn from ``rng`` (a :class:`sigprop.mc.backend.Rng` or a NumPy Generator),
+        arrays of its backend; ``dtype`` a NumPy float dtype."""
         return {}
 
-    def forward(self, X: np.ndarray, W: dict, params: dict, rng: np.random.Generator):
-        """Return (Y, cache)."""
+    def forward(self, X, W: dict, params: dict, rng):
+        """Return (Y, cache); X an array of any backend (see :attr:`array_api`)."""
         raise NotImplementedError
 
     def backward(self, GY: np.ndarray, cache) -> np.ndarray:
@@ -64,8 +71,14 @@ class Measurement:
 
 
 def measure(component: Component, params: dict, x: Forward, g: Backward, *, runs: int = 8,
-            batch: int = 8, seed: int = 0, dtype=np.float32) -> Measurement:
-    rng = np.random.default_rng(seed)
+            batch: int = 8, seed: int = 0, dtype=np.float32, backend: Backend | None = None,
+            stream: str = "host") -> Measurement:
+    """``backend``: where the arrays live (default NumPy); ``stream``: the random stream
+    (:class:`sigprop.mc.backend.Rng`: 'host', the same numbers on every backend, or 'device')."""
+    bk = backend or numpy_backend()
+    if not (bk.is_numpy or component.array_api):
+        raise DomainError(f"component {component.name} runs on the numpy backend only")
+    rng = Rng(seed, bk, stream)
     L, din, dout = component.dims(params)
     xs, gs = [], []
     t0 = time.perf_counter()

@@ -12,12 +12,13 @@ class DropoutMC(Component):
     name = "dropout"
     rule = "dropout"
     sim_params = ("L", "d")
+    array_api = True
 
     def dims(self, params):
         return params.get("L", 16), params.get("d", 64), params.get("d", 64)
 
     def forward(self, X, W, params, rng):
-        mask = dropout_mask(rng, X.shape, params["p"], X.dtype.type)
+        mask = dropout_mask(rng, X.shape, params["p"], X.dtype)
         return (X if mask is None else X * mask), mask
 
     def backward(self, GY, mask):

@@ -17,12 +17,13 @@ class ResidualMC(Component):
     name = "residual"
     rule = "residual"
     sim_params = ("L", "d")
+    array_api = True
 
     def dims(self, params):
         return params.get("L", 16), params.get("d", 64), params.get("d", 64)
 
     def forward(self, X, W, params, rng):
-        Y = correlated(rng, X.shape, params["y_mean"], params["y_var"], params["y_corr"], X.dtype.type)
+        Y = correlated(rng, X.shape, params["y_mean"], params["y_var"], params["y_corr"], X.dtype)
         return params["a"] * X + params["b"] * Y, params["a"]
 
     def backward(self, GY, a):
