@@ -104,6 +104,11 @@ KEYWORDS: dict[str, Keyword] = {
     "tol_corr": Keyword("corr", (_C,), 0.03, float, 0.0),
     "tol_logit": Keyword("logit_var", (_C,), 0.05, float, 0.0),
     "z": Keyword("z", (_C,), 4.0, float, 0.0),
+    "backend": Keyword("backend", (_C,), "numpy", str, choices=("numpy", "torch", "cupy")),
+    "device": Keyword("device", (_C,), "cpu", str, choices=("cpu", "cuda")),
+    "rng": Keyword("rng", (_C,), "host", str, choices=("host", "device")),
+    "dask": Keyword("dask", (_C,), None, str),
+    "workers": Keyword("workers", (_C,), None, int),
     # solve_init (arguments of sigprop.solve.solve)
     "target": Keyword("target", (_S,), "unit-variance", str,
                       choices=("unit-variance", "unit-forward", "logit-var", "max-depth")),
@@ -113,11 +118,12 @@ KEYWORDS: dict[str, Keyword] = {
     "max_layers": Keyword("n_max", (_S,), None, int, 1),
     "tol": Keyword("tol", (_S,), 0.01, float),
     "verify": Keyword("verify", (_S,), True, bool),
+    "strict": Keyword("strict", (_S,), False, bool),
     "explain": Keyword("explain", (_S,), False, bool),
 }
 
-#: the number of layers when none is given (solve_init: required for its unit and logit-var targets)
-DEFAULT_LAYERS = {_B: 24, _P: 24, _C: 12, _X: 24, _S: None}
+#: the number of layers when none is given
+DEFAULT_LAYERS = {_B: 24, _P: 24, _C: 12, _X: 24, _S: 24}
 
 
 def flag(keyword: str) -> str:
@@ -361,16 +367,9 @@ class CheckResult:
 
     def to_dict(self) -> dict:
         """The check object (schema ``sigprop.check/1``)."""
-        from sigprop import __version__
+        from sigprop.model.checking import check_object
 
-        res, meas = self.result, self.measurement
-        return {
-            "schema": "sigprop.check/1", "version": __version__, "model": self.model.to_json(), "seed": self.seed,
-            "dtype": meas.dtype, "trials": self.trials, "batch": self.batch,
-            "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
-            "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
-            "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
-        }
+        return check_object(self.model, self.result, self.measurement, self.seed, self.trials, self.batch)
 
     def to_json(self) -> str:
         """The check object as JSON text, as ``sigprop check --json`` prints it."""
@@ -491,17 +490,27 @@ def check(spec=None, **options) -> CheckResult:
     outside tolerance returns a result with ``passed`` False.  Returns a :class:`CheckResult`."""
     import numpy as np
 
+    from sigprop.mc.backend import get_backend
+    from sigprop.mc.distributed import from_options
     from sigprop.mc.model import simulate
     from sigprop.model.checking import compare as judge
-    from sigprop.model.checking import tolerances
+    from sigprop.model.checking import require_complete, tolerances
     from sigprop.model.predict import predict as run
 
     opts = _options(_C, spec, options)
     tol = tolerances({KEYWORDS[k].name: opts[k] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")})
     model = _model(opts, DEFAULT_LAYERS[_C])
-    points = run(model)
-    meas = simulate(model, batch=opts["batch"], trials=opts["trials"], seed=opts["seed"],
-                    dtype=np.float32 if opts["dtype"] == "float32" else np.float64)
+    backend = get_backend(opts["backend"], opts["device"])
+    points = run(model, stop_at_saturation=True)
+    require_complete(points)
+    dist = from_options(opts.get("dask"), opts.get("workers"))
+    try:
+        meas = simulate(model, batch=opts["batch"], trials=opts["trials"], seed=opts["seed"],
+                        dtype=np.float32 if opts["dtype"] == "float32" else np.float64,
+                        backend=backend, stream=opts["rng"], distributor=dist)
+    finally:
+        if dist is not None:
+            dist.close()
     return CheckResult(model, points, meas, judge(points, meas, tol), opts["seed"], opts["trials"], opts["batch"])
 
 
@@ -513,8 +522,7 @@ def solve_init(**options) -> SolveResult:
     "max-depth" (needs ``max_grad_ratio``; ``max_layers`` caps the search); ``logit_var``
     (unit targets, default 1), ``tol`` (0.01), ``verify`` (True: predict the solved model and
     judge the target on it), ``explain`` (keep the derivation steps).  The model options as
-    for :func:`predict` except ``spec`` (the solve builds the model); ``layers`` is required
-    except for max-depth.  An infeasible target returns a result with ``feasible`` False.
+    for :func:`predict` except ``spec`` (the solve builds the model); ``layers`` defaults to 24.  An infeasible target returns a result with ``feasible`` False.
     Returns a :class:`SolveResult`."""
     from sigprop.solve import solve
     from sigprop.solve import steps as get_steps
@@ -529,12 +537,10 @@ def solve_init(**options) -> SolveResult:
     arch, init = merged.pop("arch", None), merged.pop("init", None)
     target = opts["target"]
     if target in ("unit-variance", "unit-forward", "logit-var") and merged.get("n_layers") is None:
-        if DEFAULT_LAYERS[_S] is None:
-            raise DomainError(f"{flag('layers')} is required")
         merged["n_layers"] = DEFAULT_LAYERS[_S]
     sol = solve(target, arch=arch or "preln", init=init,
                 **{KEYWORDS[k].name: opts.get(k) for k in ("logit_var", "value", "max_grad_ratio", "max_layers",
-                                                            "tol", "verify")},
+                                                            "tol", "verify", "strict")},
                 **merged)
     return SolveResult(sol, get_steps(sol) if opts["explain"] else None)
 

@@ -154,7 +154,7 @@ JSON_CASES = [
     ("solve_init", dict(target="unit-forward", layers=3, explain=True, **TINY)),
     ("solve_init", dict(target="logit-var", value=2.0, arch="postln", layers=2, **TINY)),
     ("solve_init", dict(target="max-depth", max_grad_ratio=4.0, max_layers=16, **TINY)),
-    ("solve_init", dict(target="unit-variance", layers=2, **TINY)),       # infeasible (exit 1)
+    ("solve_init", dict(target="unit-variance", layers=2, strict=True, **TINY)),   # gradient not within 1% (exit 1)
 ]
 
 RUNNER = r"""
@@ -307,7 +307,6 @@ BAD = [
     ("check", dict(tol_var=-1.0)),
     ("compare", dict(arch="preln,foo")),
     ("compare", dict(arch="preln,preln")),
-    ("solve_init", dict(target="unit-forward")),
     ("solve_init", dict(target="x")),
     ("solve_init", dict(target="unit-forward", layers=2, init="normal")),
     ("solve_init", dict(target="unit-forward", layers=2, spec="m.json")),

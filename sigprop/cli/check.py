@@ -65,41 +65,29 @@ def check_cmd(
     cluster with --dask) and compare every point with the prediction (exit 1 on failure)."""
     import numpy as np
 
-    from sigprop import __version__
     from sigprop.mc.backend import get_backend
     from sigprop.mc.model import simulate
-    from sigprop.model.checking import compare, tolerances
+    from sigprop.mc.distributed import from_options, stderr_progress
+    from sigprop.model.checking import check_object, compare, require_complete, tolerances
     from sigprop.model.predict import predict
 
     tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
     model = build_model(model_opts, default_layers=12)
     bk = get_backend(backend.value, device.value)
     points = predict(model, stop_at_saturation=True)
-    if points.saturation_layer is not None:
-        from sigprop.errors import DomainError
-
-        raise DomainError(f"the prediction stops before layer {points.saturation_layer}, where the softmax saturates "
-                          f"({points.domain_note}): check compares complete predictions only (predict shows the "
-                          "trace up to there)")
-    dist = open_distributor(dask, workers)
+    require_complete(points)
+    dist = from_options(dask, workers)
     try:
         meas = simulate(model, batch=batch, trials=trials, seed=seed,
                         dtype=np.float32 if dtype is DType.float32 else np.float64,
                         backend=bk, stream=rng.value, distributor=dist,
-                        progress=_stderr_progress("trials") if dist is not None else None)
+                        progress=stderr_progress("trials") if dist is not None else None)
     finally:
         if dist is not None:
             dist.close()
     res = compare(points, meas, tol)
     if as_json:
-        print(json.dumps({
-            "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,
-            "dtype": meas.dtype, "trials": trials, "batch": batch,
-            "backend": meas.backend, "device": meas.device, "rng": meas.rng, "dask_workers": meas.workers,
-            "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
-            "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
-            "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
-        }))
+        print(json.dumps(check_object(model, res, meas, seed, trials, batch)))
     else:
         from sigprop.cli._render_model import render_check
 
@@ -109,18 +97,3 @@ def check_cmd(
         print(where)
         render_check(model, res, meas, every)
     raise typer.Exit(0 if res.passed else 1)
-
-
-def open_distributor(dask: str | None, workers: int | None):
-    """The Dask distributor of --dask / --workers (None when neither is given)."""
-    if dask is None and workers is None:
-        return None
-    from sigprop.mc.distributed import connect
-
-    return connect(dask or "local", workers)
-
-
-def _stderr_progress(what: str):
-    from sigprop.mc.distributed import stderr_progress
-
-    return stderr_progress(what)

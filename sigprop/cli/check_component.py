@@ -8,8 +8,7 @@ from enum import Enum
 import typer
 
 from sigprop.cli._app import app
-from sigprop.cli.check import (BACKEND_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, Stream,
-                               open_distributor)
+from sigprop.cli.check import BACKEND_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, Stream
 
 
 class DType(str, Enum):
@@ -87,7 +86,9 @@ def check_component_cmd(
             raise DomainError(f"{name} has no grid {grid!r}; known: published"
                               + "".join(f", {k}" for k in spec.variants))
         g = None if grid == "published" else spec.variants[grid]["grid"]
-        dist = open_distributor(dask, workers)
+        from sigprop.mc.distributed import from_options
+
+        dist = from_options(dask, workers)
         try:
             if dist is not None:
                 from sigprop.mc.distributed import stderr_progress

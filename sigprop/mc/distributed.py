@@ -101,6 +101,14 @@ def connect(address: str, workers: int | None = None, timeout: float = 10.0) -> 
     return Distributor(client)
 
 
+def from_options(dask: str | None, workers: int | None) -> Distributor | None:
+    """The distributor of the options --dask ADDRESS / --workers N (None when neither is given;
+    --workers alone means a local cluster)."""
+    if dask is None and workers is None:
+        return None
+    return connect(dask or "local", workers)
+
+
 def stderr_progress(what: str, every_s: float = 0.0) -> Callable[[int, int], None]:
     """A progress callback that writes 'sigprop: WHAT done/total' lines to stderr."""
     last = [0.0]

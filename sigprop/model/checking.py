@@ -104,3 +104,27 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
     r2 = {"forward_var": r2_log(pv, mv), "grad_var": r2_log(pg, mg)}
     return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails)
+
+
+def require_complete(points) -> None:
+    """Refuse a prediction that stopped early (a softmax saturated beyond the rules' domain):
+    a check compares complete predictions only."""
+    if getattr(points, "saturation_layer", None) is not None:
+        raise DomainError(f"the prediction stops before layer {points.saturation_layer}, where the softmax saturates "
+                          f"({points.domain_note}): check compares complete predictions only (predict shows the "
+                          "trace up to there)")
+
+
+def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: int) -> dict:
+    """The check object (schema ``sigprop.check/1``, docs/formats.md) of a comparison ``res``
+    of the prediction with the measurement ``meas``."""
+    from sigprop import __version__
+
+    return {
+        "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,
+        "dtype": meas.dtype, "trials": trials, "batch": batch,
+        "backend": meas.backend, "device": meas.device, "rng": meas.rng, "dask_workers": meas.workers,
+        "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
+        "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
+        "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
+    }
