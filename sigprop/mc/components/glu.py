@@ -116,6 +116,8 @@ GRID = {
 SWEEPS = {c.name: SweepSpec(
     component=c, grid=GRID, make_case=_case,
     published={m: None for m in ("x_mean", "x_var", "x_corr", "g_var", "g_corr")},
-    note=("Own grid (no published one); d_ff = round(8 d_in/3), L = 2 tokens, "
-          f"{RUNS} weight draws x {SHARED:.0e}/({RUNS} d_in) sequences."),
+    note=("Own grid (no published one); d_ff = round(8 d_in/3), L = 2 tokens; weight draws sized for "
+          "the per-feature offsets of an input mean or bias (see sigprop.mc.components.glu). The rule "
+          "is the wide limit in d_in: its 1/d_in terms (about 2/d_in on the second moments of this "
+          "Gaussian input) are inside these errors."),
 ) for c in COMPONENTS}
