@@ -11,6 +11,8 @@ tokens and 6e5 token-shared draws per configuration.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from sigprop.mc.component import Component
@@ -53,4 +55,7 @@ class SiLUMC(Component):
 
 COMPONENT = SiLUMC()
 
-SWEEP = activation_sweep(COMPONENT, 600_000, {m: None for m in ("x_mean", "x_var", "x_corr", "g_var", "g_corr")})
+SWEEP = dataclasses.replace(
+    activation_sweep(COMPONENT, 600_000, {m: None for m in ("x_mean", "x_var", "x_corr", "g_var", "g_corr")}),
+    note=("ReLU/GeLU's published 450-point grid (no SiLU figures are published), width d {100, 1000}; "
+          "L = 2 tokens, 6e+05 token-shared draws per configuration"))
