@@ -396,10 +396,13 @@ def test_cli_lists_and_checks():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["silu", "rmsnorm", *GLUS])
-def test_sweep_p99_within_target(name):
+@pytest.mark.parametrize("name,limit", [("silu", 1.0), ("rmsnorm", 1.0), *((g, 2.5) for g in GLUS)])
+def test_sweep_p99_within_target(name, limit):
+    """p99 of a 40-point seeded subset of each grid.  Measured at seed 0 (docs/validation.md):
+    SiLU <= 0.60%, RMSNorm <= 0.35%; the gated FFN cores up to 1.97% on the output variance,
+    of which about 0.8% at d_in 256 is the rule's 1/d_in bias (sigprop.rules.glu), hence 2.5%."""
     from sigprop.mc.sweep import run_sweep
 
     res = run_sweep(C.SWEEPS[name], get(name), n=40, seed=1)
     for mom, pct in res.percentiles.items():
-        assert pct["p99"] <= 2.0, (name, mom, pct)
+        assert pct["p99"] <= limit, (name, mom, pct)
