@@ -541,3 +541,39 @@ def _interp_batch(F, x0, x):
     f0, f1, f2, f3 = flat[base - 1], flat[base], flat[base + 1], flat[base + 2]
     return (f1 + s * (0.5 * (f2 - f0) + s * (f0 - 2.5 * f1 + 2 * f2 - 0.5 * f3
                                               + s * (1.5 * (f1 - f2) + 0.5 * (f3 - f0)))))
+
+
+# --- Gaussian expectations of functions with poles near the real axis ------------------
+@lru_cache(maxsize=None)
+def _strip_nodes(n_half: int):
+    z = (9.5 / n_half) * np.arange(-n_half, n_half + 1)
+    return z, (9.5 / n_half) * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)
+
+
+def expect_normal_strip(f, var, mean=0.0, strip=np.pi, max_nodes: int = 1601):
+    """E[f(X)], X ~ N(mean, var), for f analytic in the strip |Im x| < ``strip`` (the
+    logistic sigmoid and SiLU: strip = pi), by the trapezoid rule in z = (X - mean)/sd over
+    |z| <= 9.5 (Gaussian tail beyond: < 1e-20).
+
+    Gauss-Hermite (:func:`expect_normal`) converges slowly for such f once sd is large
+    (measured for SiLU: relative error 2e-3 on E[silu'(X)^2] at var 100 with 256 nodes).
+    For the trapezoid rule the error is about exp(tau^2/2 - 2 pi tau/h) with tau = strip/sd
+    the pole distance in z and h the node spacing (and exp(-2 pi^2/h^2) without poles);
+    h = min(0.5, tau/6.5) keeps it below ~1e-15.  Nodes are capped at ``max_nodes`` (enough
+    for that spacing up to sd ~ 40 at strip pi; beyond it the spacing is coarser and the
+    error grows: 1.5e-6 relative on E[silu'(X)^2] at var 1e4, measured).  One node set
+    serves all configurations (the smallest spacing any of them needs); quadrature axis
+    first, like :func:`expect_normal`, so calls nest (pass the outer node array through
+    ``mean``)."""
+    var = np.asarray(var, dtype=float)
+    mean = np.asarray(mean, dtype=float)
+    shape = np.broadcast_shapes(var.shape, mean.shape)
+    sd = np.sqrt(var)
+    sd_max = float(np.max(sd)) if sd.size else 0.0
+    h = 0.5 if sd_max * 6.5 * 0.5 <= strip else strip / (6.5 * sd_max)
+    n_half = int(min(np.ceil(9.5 / h), (max_nodes - 1) // 2))
+    z, w = _strip_nodes(max(n_half, 1))
+    xs = z.reshape((-1,) + (1,) * len(shape)) * sd + mean
+    vals = f(xs)
+    vals = np.broadcast_to(vals, np.broadcast_shapes(np.shape(vals), xs.shape))
+    return np.tensordot(w, vals, axes=(0, 0))
