@@ -35,7 +35,7 @@ def cache_dir(tmp_path, monkeypatch):
 def test_loaded_tables_give_identical_predictions(cache_dir):
     model = presets.resolve("preln", n_layers=6, d_model=64, n_heads=2, d_ff=256, seq_len=16)
     built = _values(_fresh_predict(model))
-    files = sorted(cache_dir.glob("*.npy"))
+    files = sorted(cache_dir.glob("*.tbl"))
     assert files, "building the tables should have stored them"
     stamps = [f.stat().st_mtime_ns for f in files]
     loaded = _values(_fresh_predict(model))
@@ -54,10 +54,10 @@ def test_disabled_store_gives_the_same_numbers(cache_dir, monkeypatch):
 def test_corrupt_entries_are_rebuilt(cache_dir):
     model = presets.resolve("preln", n_layers=4, d_model=64, n_heads=2, d_ff=256, seq_len=16)
     good = _values(_fresh_predict(model))
-    for f in cache_dir.glob("*.npy"):
+    for f in cache_dir.glob("*.tbl"):
         f.write_bytes(b"not a table")
     assert np.array_equal(_values(_fresh_predict(model)), good)
-    for f in cache_dir.glob("*.npy"):
+    for f in cache_dir.glob("*.tbl"):
         assert store.load(f.stem) is not None                      # rewritten
 
 
