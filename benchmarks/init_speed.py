@@ -12,7 +12,7 @@ is printed as well: beyond the attention rule's domain (row logit variance 100; 
 Run on demand (not a unit test):
 
     python benchmarks/init_speed.py [--repeats 3] [--stds 0.02,0.05,0.08,0.1,0.2]
-                                    [--layers 2,4,12,48] [--archs preln,postln]
+                                    [--layers 2,4,12,48] [--archs preln,postln] [--timeout 600]
 """
 
 from __future__ import annotations
@@ -26,9 +26,13 @@ import tempfile
 import time
 
 
-def _run(cmd: list[str], env: dict) -> tuple[float, int]:
+def _run(cmd: list[str], env: dict, timeout: float | None = None) -> tuple[float, int]:
+    """Wall seconds and exit code of one run (124 where it ran past ``timeout``)."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, capture_output=True, env=env)
+    try:
+        r = subprocess.run(cmd, capture_output=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return time.perf_counter() - t0, 124
     return time.perf_counter() - t0, r.returncode
 
 
@@ -39,6 +43,7 @@ def main() -> None:
     ap.add_argument("--layers", default="2,4,12,48")
     ap.add_argument("--archs", default="preln,postln")
     ap.add_argument("--python", default=sys.executable)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds before a run is stopped (exit 124)")
     a = ap.parse_args()
     py = a.python
     base_env = {**os.environ, "SIGPROP_PROGRESS": "0"}
@@ -54,10 +59,10 @@ def main() -> None:
                 for _ in range(a.repeats):
                     numpy_times.append(_run([py, "-c", "import numpy"], base_env)[0])
                     env = {**base_env, "SIGPROP_CACHE_DIR": tempfile.mkdtemp(prefix="sigprop-bench-")}
-                    t, rc = _run(cmd, env)
+                    t, rc = _run(cmd, env, a.timeout)
                     cold.append(t)
                     codes.add(rc)
-                    t, rc = _run(cmd, env)
+                    t, rc = _run(cmd, env, a.timeout)
                     warm.append(t)
                     codes.add(rc)
                 np_med = statistics.median(numpy_times)

@@ -5,7 +5,8 @@ The numerical code reports through :func:`task`, a context manager yielding an o
 imported, and it draws a transient spinner with the elapsed time on **stderr** (erased when
 the task ends; stdout, where ``--json`` writes, is never touched).
 
-Shown when ``SIGPROP_PROGRESS`` is ``1`` (or ``on``, ``yes``, ``true``, ``always``), never
+Shown when ``SIGPROP_PROGRESS`` is ``1`` (or ``on``, ``yes``, ``true``, ``always``; then drawn
+with terminal control codes even where stderr is a file or pipe), never
 when it is ``0`` (or ``off``, ``no``, ``false``, ``never``), and otherwise only when stderr
 is a terminal.  Nested tasks share one display.
 """
@@ -17,6 +18,10 @@ import sys
 
 _ON = {"1", "on", "yes", "true", "always"}
 _OFF = {"0", "off", "no", "false", "never"}
+
+
+def _forced() -> bool:
+    return os.environ.get("SIGPROP_PROGRESS", "").strip().lower() in _ON
 
 
 def enabled() -> bool:
@@ -61,7 +66,8 @@ class _Shown:
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
             _display = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                TimeElapsedColumn(), console=Console(stderr=True), transient=True)
+                                TimeElapsedColumn(), console=Console(stderr=True, force_terminal=_forced()),
+                                transient=True)
             _display.start()
         _depth += 1
         self.id = _display.add_task(self.description, total=self.total)

@@ -393,9 +393,10 @@ def integrate_smoothed2(outer, inner, var, rho, args=(), window=(-40.0, 40.0)):
     node array (they may share work, memoised on its identity, as in :func:`integrate_smoothed`).
 
     Method: e = b eta + c xi, e' = +-b eta + c xi' (b^2 = |rho| var, c^2 = (1-|rho|) var):
-    each f is smoothed over xi on a lattice (spacing 0.1; convolution, or Gauss-Hermite for
-    narrow c), interpolated (cubic) at u + b eta_k, and the eta expectation (Gauss-Hermite,
-    8 + 6 b nodes) is a matrix product.  Trapezoid rule in u and w (spacing 0.3).  Every
+    each f is smoothed over xi on a lattice (spacing 0.1; convolution, summed every third
+    lattice step for c >= 2, or Gauss-Hermite for narrow c), interpolated (cubic) at
+    u + b eta_k, and the eta expectation (Gauss-Hermite, 8 + 6 b nodes) is one matrix product
+    per configuration over every pair.  Trapezoid rule in u and w (spacing 0.3).  Every
     configuration keeps its own grids; configurations are batched (padded to common sizes).
     """
     var = np.asarray(var, dtype=float)

@@ -65,6 +65,8 @@ def table_logit_var(ops, x: Forward) -> float:
     """The largest mean row logit variance an attention op of chain ``ops`` meets over a table
     at input ``x``'s mean and variance (its correlation range starts at min(0, corr); the
     variance falls as the correlation rises); 0 for chains without attention."""
+    if all(name != "attention" for name, _ in ops):
+        return 0.0
     x = Forward(float(x.mean), float(x.var), min(0.0, float(x.corr)))
     for name, params in ops:
         if name == "attention":
