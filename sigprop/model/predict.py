@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sigprop import progress
 from sigprop.backend import numeric
 from sigprop.model import profile, store
 from sigprop.errors import DomainError
@@ -931,7 +932,7 @@ def run(model) -> tuple[list[SublayerRecord], list]:
     if model.n_layers > MAX_LAYERS:
         raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
-    with _no_gc():
+    with _no_gc(), progress.task("sigprop: predicting"):
         pr = Predictor(model)
         try:
             records = pr.forward()
