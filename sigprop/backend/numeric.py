@@ -452,6 +452,7 @@ def integrate_smoothed2(outer, inner, var, rho, args=(), window=(-40.0, 40.0)):
 
 
 _S2_CHUNK = 1_000_000     # max elements of one (configurations x n x n) work array
+_S2_STACK_N = 160         # from this u-grid size the pair products are one stacked product
 
 
 def _smoothed2_batch(outer, inner, funcs, b, sd, sg, lo, nu, K, args):
@@ -477,14 +478,19 @@ def _smoothed2_batch(outer, inner, funcs, b, sd, sg, lo, nu, K, args):
     for f, lat in zip(funcs, lats):
         Fu[f] = _interp_batch(lat, x0, pu)
         Fw[f] = _interp_batch(lat, x0, pw) if neg.any() else Fu[f]
-    # every product E_eta[F_f(u + b eta) F_g(w + sg b eta)] of the pairs: one matrix product
-    # per configuration over all the f's and g's stacked ([F_f1; F_f2; ...] (rows) against
-    # [F_g1; F_g2; ...] (columns)), blocks picked out after: a few large products run far
-    # faster than many small ones (BLAS thread start-up dominated those on a busy machine)
-    left = [f for f, g in inner if f is not None and g is not None]
+    # every product E_eta[F_f(u + b eta) F_g(w + sg b eta)] of the pairs.  Large grids (large
+    # logit variances): one matrix product per configuration over all the f's and g's stacked
+    # ([F_f1; F_f2; ...] (rows) against [F_g1; F_g2; ...] (columns)), blocks picked out after:
+    # there each pair's product is big enough for BLAS to thread it, and seven thread
+    # start-ups per configuration dominated on a busy machine (attention at logit variance
+    # 43: 6.6-7.4 s -> 2.0-2.3 s).  Small grids: one product per pair (stacked, the products
+    # grew past BLAS's threading threshold and ran ~10x slower on a busy machine).
+    stacked = n >= _S2_STACK_N
+    left = [f for f, g in inner if f is not None and g is not None] if stacked else []
     right = [g for f, g in inner if f is not None and g is not None]
     left = [f for i, f in enumerate(left) if all(f is not h for h in left[:i])]
     right = [g for i, g in enumerate(right) if all(g is not h for h in right[:i])]
+    FwT = {}                                                    # (C, kmax, n), contiguous for BLAS
     if left:
         A = np.concatenate([Fu[f] * we[:, None, :] for f in left], axis=1)            # (C, a n, kmax)
         B = np.ascontiguousarray(np.swapaxes(np.concatenate([Fw[g] for g in right], axis=1), 1, 2))
@@ -497,10 +503,14 @@ def _smoothed2_batch(outer, inner, funcs, b, sd, sg, lo, nu, K, args):
             S.append(np.broadcast_to(np.einsum("cik,ck->ci", Fu[f], we)[:, :, None], (C, n, n)))
         elif f is None:
             S.append(np.broadcast_to(np.einsum("cik,ck->ci", Fw[g], we)[:, None, :], (C, n, n)))
-        else:
+        elif stacked:
             i = next(k for k, h in enumerate(left) if h is f)
             j = next(k for k, h in enumerate(right) if h is g)
             S.append(P[:, i * n:(i + 1) * n, j * n:(j + 1) * n])
+        else:
+            if g not in FwT:
+                FwT[g] = np.ascontiguousarray(np.swapaxes(Fw[g], 1, 2))
+            S.append(np.matmul(Fu[f] * we[:, None, :], FwT[g]))
     out = outer(u[:, :, None], u[:, None, :], S, *args)
     inside = np.arange(n)[None, :] < nu[:, None]                # (C, n)
     mask = inside[:, :, None] & inside[:, None, :]
