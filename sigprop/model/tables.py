@@ -50,15 +50,17 @@ NODES = (17, 33, 65)
 ROWS = ("mean", "var", "cov", "A", "B", "C", "D")
 
 
-#: building a table costs tens of evaluations of its chain (17 nodes and 16 midpoints, more if
-#: that fails), against one per sublayer evaluated directly, and the attention rule's cost
-#: grows with the row logit variance (its quadrature grids widen with the logit scale: one
-#: evaluation at 43 costs ~30x one at 0.2, ~1 s).  So a chain whose attention op sees a mean
-#: row logit variance above COSTLY_LOGIT_VAR somewhere in the table's correlation range is
-#: tabulated only where at least COSTLY_USES sublayers share it; cheaper chains from
+#: building a table costs tens of evaluations of its chain (17 nodes and 16 midpoints; 33 and
+#: 32 more where that fails, and 33 for the variance derivative), against one per sublayer
+#: evaluated directly, and the attention rule's cost grows with the row logit variance (its
+#: quadrature grids widen with the logit scale).  Where the mean row logit variance exceeds
+#: COSTLY_LOGIT_VAR somewhere in the table's correlation range, builds also fail their first
+#: node count (measured at 6.5: 33 nodes; a 4-layer Pre-LN prediction took 56 s cold on a busy
+#: 2-core machine and 1.05 s evaluated directly), so such a chain is tabulated only where at
+#: least COSTLY_USES sublayers share it; ordinary inits (logit variance ~0.1-1) from
 #: BUILD_AFTER uses (:func:`worth_tabulating`).
-COSTLY_LOGIT_VAR = 10.0
-COSTLY_USES = 32
+COSTLY_LOGIT_VAR = 2.0
+COSTLY_USES = 96
 
 
 def table_logit_var(ops, x: Forward) -> float:
