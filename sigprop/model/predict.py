@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sigprop import progress
 from sigprop.backend import numeric
 from sigprop.model import profile, store
 from sigprop.errors import DomainError
@@ -526,7 +527,7 @@ class Predictor:
                     rec.logit_var = self._logit_var(chain[-2][1], h_att)
                 h_in = h
                 if post and kind == "attention":
-                    rec.att_rows = self._row_moments(chain[-2][1], h, self.repeats[kind][l] >= BUILD_AFTER)
+                    rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
                 h = self._branch_forward(rec, chain, handle, h, prof is not None and kind == "attention")
                 if dev is not None and not h.var > 0:
                     # a branch that adds nothing (all-zero output weights and biases): no
@@ -670,7 +671,8 @@ class Predictor:
         available (see sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal
         model's position profile needs the attention op's own input and gradient), the
         attention op through a table of its own where one is available."""
-        eager = self.repeats[rec.kind][rec.layer - 1] >= BUILD_AFTER
+        uses = self.repeats[rec.kind][rec.layer - 1]
+        eager = tables.worth_tabulating(chain, h, uses)
         var_range = self.var_ranges.get(rec.layer - 1) if rec.kind == "attention" else None
         if split:
             table = None
@@ -684,7 +686,7 @@ class Predictor:
             if table is not None:
                 table = _Prescaled(table, chain[0])
         else:
-            table = _TABLES.get(chain, h, eager=eager, handle=handle)
+            table = _TABLES.get(chain, h, eager=eager, handle=handle, uses=uses)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
             return table.forward_of(rec.chain_x)
@@ -695,7 +697,7 @@ class Predictor:
                 # (no VarTable here: the causal attention rule costs ~40 ms per (corr, var)
                 # point even at seq 16, so a 545-point build took ~20 s, and the position
                 # profile's per-layer rows, evaluated directly, dominate a causal LNS model)
-                t = _TABLES.get(((op.rule, op.params),), h, eager=eager)
+                t = _TABLES.get(((op.rule, op.params),), h, eager=eager, uses=uses)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)
@@ -984,7 +986,7 @@ def _run(model, stop_at_saturation: bool):
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
     # (a branch that adds nothing evaluates 0/0 for its correlation, which the rules report as
     # 0: NumPy's warnings about it are silenced)
-    with _no_gc(), np.errstate(divide="ignore", invalid="ignore"):
+    with _no_gc(), np.errstate(divide="ignore", invalid="ignore"), progress.task("sigprop: predicting"):
         pr = Predictor(model, stop_at_saturation)
         try:
             records = pr.forward()
