@@ -178,7 +178,7 @@ def _cli(*args):
 def test_cli_solve_needs_layers():
     r = _cli("--what", "solve")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == "sigprop: error: --layers is required"
+    assert r.stderr.strip() == "sigprop export latex: error: --layers is required"
 
 
 @pytest.mark.parametrize("args", [["--what", "nope"], ["--layers", "3"], ["--value", "1"]])

@@ -12,7 +12,7 @@ from sigprop.cli._model_options import build_models, model_options
 
 
 @app.command("compare")
-@model_options(multi_arch=True)
+@model_options(multi_arch=True, default_layers=24)
 def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the sigprop.compare/1 object."),
     model_opts: dict = None,

@@ -19,7 +19,7 @@ class DType(str, Enum):
 
 
 @app.command("plot")
-@model_options(multi_arch=True)
+@model_options(multi_arch=True, default_layers=24)
 def plot_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Figure file: .png, .svg or .pdf."),
     check: bool = typer.Option(False, "--check", help="Overlay a whole-model Monte Carlo measurement as markers."),

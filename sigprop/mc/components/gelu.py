@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from sigprop.backend.numeric import _ERFC_C, Phi
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -60,9 +60,13 @@ def _forward_f32(xf, yf, df):
 class GeLUMC(Component):
     name = "gelu"
     rule = "gelu"
+    weights = False
+
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         # f(x) = x Phi(x) and f'(x) = Phi(x) + x phi(x) (kept for the backward).  Phi works in

@@ -18,6 +18,7 @@ class LayerNormMC(Component):
 
     name = "layernorm"
     rule = "layernorm"
+    weights = False
 
     def dims(self, params):
         return params.get("L", 16), params["d"], params["d"]

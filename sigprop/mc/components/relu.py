@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 
 class ReLUMC(Component):
     name = "relu"
     rule = "relu"
+    weights = False
+
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         mask = X > 0

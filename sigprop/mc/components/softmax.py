@@ -32,6 +32,7 @@ from sigprop.state import Backward, Forward
 class SoftmaxMC(Component):
     name = "softmax"
     rule = "softmax"
+    weights = False
 
     def dims(self, params):
         return params["L"], 1, 1
