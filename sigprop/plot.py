@@ -353,7 +353,7 @@ def check_size(path, width: float, height: float, dpi: int) -> None:
             raise DomainError(f"{name} must be a positive number, got {v!r}")
     if output_format(path) == "png" and width * height * dpi * dpi > MAX_PIXELS:
         raise DomainError(f"a {width:g} x {height:g} inch PNG at {dpi} dpi has {width * height * dpi * dpi:.3g} "
-                          f"pixels, beyond the {MAX_PIXELS:.0e} drawn: lower --dpi or the size")
+                          f"pixels, more than the {MAX_PIXELS / 1e6:g} million sigprop draws: lower --dpi or the size")
 
 
 def save(fig, path, dpi: int = DPI) -> None:

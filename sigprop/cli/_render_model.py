@@ -82,8 +82,22 @@ def render_symbolic(model) -> None:  # filled in by the symbolic whole-model der
             c.print(f"  [dim]assumes: {block.assumption}[/]")
 
 
+def _c(v, digits: int = 4) -> str:
+    """A number in a few characters: ``digits`` significant digits from 0.01 up to where
+    Python switches to exponents, else one digit fewer in scientific notation without the
+    exponent's '+' and leading zeros (1.026e6, 9.15e-6)."""
+    if v is None or isinstance(v, str) or v != v or v in (float("inf"), float("-inf")):
+        return _f(v)
+    s = format(v, f".{digits}g")
+    if "e" in s or (v != 0 and abs(v) < 0.01):
+        m, e = format(v, f".{max(digits - 1, 1)}e").split("e")
+        m = m.rstrip("0").rstrip(".") if "." in m else m
+        return f"{m}e{int(e)}"
+    return s
+
+
 def _pm(v, se) -> str:
-    return f"{_f(v)}±{_f(se, '.2g')}" if se is not None else _f(v)
+    return f"{_c(v, 3)}±{_c(se, 2)}" if se is not None else _c(v, 3)
 
 
 _SUB = {"input": "in", "attention": "att", "ffn": "ffn", "block": "blk"}
@@ -105,7 +119,7 @@ def render_check(model, res, meas, every: int) -> None:
     c.print(f"Monte Carlo: {meas.trials} trials x batch {meas.batch}, seed {meas.seed}, {meas.dtype} "
             "(x: outside tolerance)", highlight=False)
     c.print()
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, padding=(0, 1))
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
     for col in ("layer", "var", "meas ± SE", "corr", "meas", "grad var", "meas ± SE", "gcorr", "meas", ""):
         t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=True)
     last = res.predicted[-1]["layer"]
@@ -113,10 +127,10 @@ def render_check(model, res, meas, every: int) -> None:
     for p, m, bad in zip(res.predicted, res.measured, failed):
         if every > 1 and not (p["layer"] in (0, last) or p["layer"] % every == 0):
             continue
-        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _f(p["forward"]["var"]),
+        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _c(p["forward"]["var"]),
                   _pm(m["forward"]["var"], m["se"]["forward"]["var"]),
                   _f(p["forward"]["corr"], ".3f"), _f(m["forward"]["corr"], ".3f"),
-                  _f(p["backward"]["var"]), _pm(m["backward"]["var"], m["se"]["backward"]["var"]),
+                  _c(p["backward"]["var"]), _pm(m["backward"]["var"], m["se"]["backward"]["var"]),
                   _f(p["backward"]["corr"], ".3f"), _f(m["backward"]["corr"], ".3f"),
                   "[red]x[/]" if bad else "")
     c.print(t)

@@ -46,10 +46,9 @@ def rules_cmd(
         console.print(Panel(t, title=f"[bold]{rule.name}[/]: {escape(rule.title)}", expand=False))
         f = printing.formulas(rule)
         nodes = {k: sum(1 for _ in sp.preorder_traversal(e)) for k, e in f.items()}
-        pointer = f"`sigprop rules {rule.name} --latex`"
         if sum(nodes.values()) > MAX_NODES:
-            console.print(f"  formulas: {sum(nodes.values()):,} terms, too long to print here: {pointer}",
-                          highlight=False)
+            console.print(f"  formulas: {sum(nodes.values()):,} terms, too long to print here "
+                          "(--latex prints them)", highlight=False)
             console.print()
             continue
         for key, expr in f.items():
@@ -57,7 +56,7 @@ def rules_cmd(
             text = sp.pretty(expr, use_unicode=True, wrap_line=True, num_columns=width)
             lines = text.splitlines()
             if len(lines) > MAX_LINES:
-                console.print(f"  [bold]{label}[/]: {len(lines)} lines long: {pointer}", highlight=False)
+                console.print(f"  [bold]{label}[/]: {len(lines)} lines long (--latex prints it)", highlight=False)
                 continue
             console.print(f"  [bold]{label}[/] =", highlight=False)
             for line in lines:
