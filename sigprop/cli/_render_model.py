@@ -24,17 +24,19 @@ def _span(values) -> str:
 
 def model_header(model, arch: bool = True) -> list[str]:
     """The model a table describes, in plain lines: shape, init, dropout, and what is
-    assumed of the input stream and of the gradient arriving at the top."""
+    assumed of the input stream and of the gradient arriving at the top.  ``arch=False``
+    (several architectures under the same options): without the preset's name, init and
+    residual scales."""
     m, d, x, g = model, model.dropout, model.input, model.grad
     subs = (m.attention, m.ffn)
     init = (m.notes or {}).get("init")
     stds = _span([s.std[w] for s in subs for w in s.std])
     biases = _span([s.bias_std[w] for s in subs for w in s.bias_std])
-    lines = []
+    lines = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
+                       f"d_ff {m.d_ff}, {m.activation}"),
+             ("attention", f"{m.n_heads} heads x {m.d_head}, {m.seq_len} tokens, "
+                           f"{'causal' if m.causal else 'bidirectional'}")]
     if arch:
-        lines.append(("model", f"{m.arch}, {m.n_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, {m.activation}"))
-        lines.append(("attention", f"{m.n_heads} heads x {m.d_head}, {m.seq_len} tokens, "
-                                   f"{'causal' if m.causal else 'bidirectional'}"))
         lines.append(("init", f"{init or '(from the model file)'}: weight std {stds}, bias std {biases}"))
         lines.append(("residual", f"skip scale {_span([s.skip_scale for s in subs])}, branch scale "
                                   f"{_span([s.branch_scale for s in subs])}"))
