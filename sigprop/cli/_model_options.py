@@ -11,14 +11,13 @@ comma-separated list; the command calls :func:`build_models` for one model per a
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 from pathlib import Path
 from typing import Optional
 
 import typer
-
-import enum
 
 from sigprop.model.presets import OPTIONS as _PRESET_OPTIONS
 
@@ -27,8 +26,8 @@ from sigprop.model.presets import OPTIONS as _PRESET_OPTIONS
 #: underscores: ``layers``, ``d_model``) -> that option.
 OPTIONS = {(o.cli or o.name): o for o in _PRESET_OPTIONS.values()}
 
-_MULTI_ARCH_HELP = ("Comma-separated architecture presets, each of {choices} (default: all but dslm-post); "
-                    "each uses its own default init unless --init is given.")
+_MULTI_ARCH_HELP = ("Comma-separated architecture presets, each of {choices} (default: {default}); each uses "
+                    "its own default init unless --init is given.")
 
 
 def _help(o, default_layers: int | None) -> str:
@@ -57,7 +56,9 @@ def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | No
         help_ = _help(o, default_layers)
         typ = o.type
         if o.choices and multi_arch and name == "arch":
-            help_ = _MULTI_ARCH_HELP.format(choices=", ".join(o.choices))
+            from sigprop.compare import DEFAULT_ARCHS
+
+            help_ = _MULTI_ARCH_HELP.format(choices=", ".join(o.choices), default=",".join(DEFAULT_ARCHS))
         elif o.choices:
             typ = _choice_type(o)
         if typ is bool:
