@@ -147,9 +147,10 @@ def one_error_line(r, command: str):
     # click's own usage errors (were boxed, several lines)
     ("predict", ["predict", "--nope"], "no such option: --nope"),
     ("predict", ["predict", "--layers", "abc"], "'abc' is not a valid int"),
-    ("predict", ["predict", "--arch", "nope"], "'nope' is not one of 'preln'"),
-    ("predict", ["predict", "--init", "nope"], "'nope' is not one of 'normal'"),
-    ("predict", ["predict", "--activation", "tanh"], "is not one of 'relu', 'gelu'"),
+    ("predict", ["predict", "--arch", "nope"], "unknown arch 'nope'; known: preln, postln,"),
+    ("predict", ["predict", "--init", "nope"], "unknown init 'nope'; known: normal, xavier,"),
+    ("predict", ["predict", "--activation", "tanh"], "unknown activation 'tanh'; known: relu, gelu"),
+    ("compare", ["compare", "--arch", "preln,nope"], "unknown arch 'nope'"),
     ("", ["no-such-command"], "no such command 'no-such-command'"),
     ("check", ["check", "--trials", "1"], "--trials"),
     ("plot", ["plot", "--dpi", "100000", "-o", "x.png"], "--dpi"),
@@ -208,8 +209,9 @@ def test_help_shows_choices_and_defaults():
     r = subprocess.run([sys.executable, "-m", "sigprop", "predict", "-h"], capture_output=True, text=True,
                        timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
     out = r.stdout
-    assert "preln|postln|dslm|dslm-post|deepnorm|lns|mixln" in out
-    assert "normal|xavier|torch-default|scaled|dslm|deepnorm" in out and "relu|gelu" in out
+    assert "Architecture preset: preln, postln, dslm, dslm-post, deepnorm, lns, mixln (default preln)" in out
+    assert "scheme: normal, xavier, torch-default, scaled, dslm, deepnorm" in out
+    assert "FFN activation: relu, gelu (default relu)" in out
     assert "(default 24)" in out          # --layers, predict's own default
 
 

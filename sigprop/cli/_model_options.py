@@ -11,7 +11,6 @@ comma-separated list; the command calls :func:`build_models` for one model per a
 
 from __future__ import annotations
 
-import enum
 import functools
 import inspect
 from pathlib import Path
@@ -32,15 +31,13 @@ _MULTI_ARCH_HELP = ("Comma-separated architecture presets, each of {choices} (de
 
 def _help(o, default_layers: int | None) -> str:
     text = o.doc[0].upper() + o.doc[1:]
+    if o.choices:                                   # "Initialisation scheme: normal, ... (default: ...)"
+        head, sep, tail = text.partition(" (")
+        text = f"{head}: {', '.join(o.choices)}" + (f" ({tail}" if sep else "")
     default = default_layers if o.name == "n_layers" else o.default
     if default is not None and o.type is not bool:
         text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
     return text + "."
-
-
-def _choice_type(o):
-    """An Enum of the option's choices (typer shows them in the help and rejects others)."""
-    return enum.Enum(o.name.title().replace("_", ""), [(c, c) for c in o.choices], type=str)
 
 
 def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | None = None):
@@ -54,18 +51,19 @@ def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | No
     extra = []
     for name, o in OPTIONS.items():
         help_ = _help(o, default_layers)
-        typ = o.type
+        # choices: listed in the help; checked with the other values by presets (an Enum type
+        # per option would cost start-up time for every command)
+        metavar = "NAME" if o.choices else None
         if o.choices and multi_arch and name == "arch":
             from sigprop.compare import DEFAULT_ARCHS
 
             help_ = _MULTI_ARCH_HELP.format(choices=", ".join(o.choices), default=",".join(DEFAULT_ARCHS))
-        elif o.choices:
-            typ = _choice_type(o)
-        if typ is bool:
+            metavar = "A,B,..."
+        if o.type is bool:
             opt = typer.Option(None, f"{o.flag}/--no-{o.flag[2:]}", help=help_, rich_help_panel="Model")
         else:
-            opt = typer.Option(None, o.flag, help=help_, rich_help_panel="Model")
-        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[typ]))
+            opt = typer.Option(None, o.flag, help=help_, metavar=metavar, rich_help_panel="Model")
+        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[o.type]))
     extra.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
                                    default=typer.Option(None, "--config", help="TOML file with the same keys (names "
                                                         "without the leading --); flags override it.",
@@ -77,8 +75,7 @@ def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | No
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         opts = {k: kwargs.pop(k) for k in list(OPTIONS) + ["config", "spec"]}
-        given = {k: (v.value if isinstance(v, enum.Enum) else v) for k, v in opts.items() if v is not None}
-        return fn(*args, model_opts=given, **kwargs)
+        return fn(*args, model_opts={k: v for k, v in opts.items() if v is not None}, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=[*params, *extra])
     return wrapper
@@ -107,7 +104,8 @@ def build_model(opts: dict, default_layers: int | None = None):
         merged.update({k: (k, v) for k, v in load_config(config).items()})
     for k, v in opts.items():
         o = OPTIONS[k]
-        merged[o.name] = (o.name if o.name in ("arch", "init") else o.flag, v)   # (resolve's own arguments)
+        # (arch and init are resolve's own arguments; a choice reads "unknown activation 'x'")
+        merged[o.name] = (o.name if o.choices else o.flag, v)
     if "n_layers" not in merged and default_layers is not None:
         merged["n_layers"] = ("n_layers", default_layers)
     return presets.resolve(**{label: v for label, v in merged.values()})
