@@ -1,5 +1,5 @@
 """Rendering of `sigprop solve-init` results: a rich table, the derivation steps (text or
-LaTeX), and the JSON solution object (schema sigprop.solve/1, with the contract's model
+LaTeX), and the JSON solution object (schema sigprop.solve/1, with the resolved model
 under key "model" so that `predict --spec` / `check --spec` read the file unchanged)."""
 
 from __future__ import annotations

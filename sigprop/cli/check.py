@@ -41,7 +41,7 @@ WORKERS_HELP = "With --dask local (implied when given alone): worker processes o
 
 
 @app.command("check")
-@model_options
+@model_options(default_layers=12)
 def check_cmd(
     trials: int = typer.Option(8, min=2, help="Independent weight draws."),
     batch: int = typer.Option(8, min=1, help="Sequences per draw."),
@@ -58,7 +58,7 @@ def check_cmd(
     tol_logit: float = typer.Option(0.05, "--tol-logit", min=0.0, help="Relative tolerance, logit variance."),
     z: float = typer.Option(4.0, "--z", min=0.0, help="Also pass within z standard errors."),
     every: int = typer.Option(1, min=1, help="Show only every K-th layer in the table."),
-    as_json: bool = typer.Option(False, "--json", help="Print the contract's check object."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (schema sigprop.check/1)."),
     model_opts: dict = None,
 ) -> None:
     """Simulate the whole model (NumPy by default; PyTorch or CuPy on a CPU or GPU; trials on a Dask

@@ -8,11 +8,16 @@ from typing import Optional
 
 import typer
 
-from sigprop.cli._app import app
+from sigprop.cli._app import SigpropTyper, _version_option, app
 from sigprop.cli._model_options import build_model, model_options, solve_options
 
-export_app = typer.Typer(name="export", help="Export formulas and derivations.", no_args_is_help=True)
+export_app = SigpropTyper(name="export", help="Export formulas and derivations.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
+
+
+@export_app.callback()
+def _export(_version: bool = _version_option()) -> None:
+    """Export formulas and derivations."""
 
 WHAT = ("components", "model", "solve")
 

@@ -9,10 +9,10 @@ from sigprop.cli._model_options import build_model, model_options
 
 
 @app.command("predict")
-@model_options
+@model_options(default_layers=24)
 def predict_cmd(
     every: int = typer.Option(1, min=1, help="Show only every K-th layer (and the first and last)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the contract's trace object."),
+    as_json: bool = typer.Option(False, "--json", help="Print the trace as JSON (schema sigprop.trace/1)."),
     symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms, each closed form with its relative error against the layer-by-layer prediction (with --json: the trace plus a \"symbolic\" object)."),
     model_opts: dict = None,
 ) -> None:

@@ -50,7 +50,7 @@ def solve_init_cmd(
                                      "sublayer (exit 1 otherwise)."),
     explain: bool = typer.Option(False, "--explain", help="Print the equations and every solving step."),
     latex: bool = typer.Option(False, "--latex", help="With --explain: LaTeX instead of text."),
-    as_json: bool = typer.Option(False, "--json", help="Print the solution object (with the model object)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the solution object as JSON (with the resolved model)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="Write the solution object (JSON, with key \"model\") to FILE; "
                                                "`sigprop predict --spec FILE` reads it."),

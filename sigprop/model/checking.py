@@ -31,6 +31,7 @@ class CheckResult:
     tolerance: dict
     passed: bool
     failures: list[str]
+    failed_points: list[bool] = None   # per point: is any of its moments outside tolerance
 
 
 def _ok(pred, meas, se, tol, z, absolute=False):
@@ -71,7 +72,7 @@ def tolerances(tol: dict | None = None) -> dict:
 
 def compare(points, meas, tol: dict | None = None) -> CheckResult:
     tol = tolerances(tol)
-    pred_json, meas_json, fails = [], [], []
+    pred_json, meas_json, fails, failed = [], [], [], []
     e = {"forward_var_relerr": [], "grad_var_relerr": [], "forward_corr_abserr": [], "grad_corr_abserr": [],
          "logit_var_relerr": []}
     pv, mv, pg, mg = [], [], [], []
@@ -96,14 +97,18 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         ]
         if lv is not None and p.logit_var is not None:
             checks.append(("logit var", p.logit_var, lv[0], lv[1], tol["logit_var"], False, "logit_var_relerr"))
+        n_fails = len(fails)
         for name, pr, me, se, t, absolute, key in checks:
             err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else (0.0 if pr == me else math.inf)
             e[key].append(err)
             if not _ok(pr, me, se, t, tol["z"], absolute):
                 fails.append(f"layer {p.layer} {p.sublayer}: {name} predicted {pr:.5g}, measured {me:.5g} ± {se:.2g}")
+        failed.append(len(fails) > n_fails)
         pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
     r2 = {"forward_var": r2_log(pv, mv), "grad_var": r2_log(pg, mg)}
-    return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails)
+    return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails,
+                       failed)
+
 
 
 def require_complete(points) -> None:

@@ -93,7 +93,9 @@ def _times(log_value: float, digits: int = 3) -> str:
 
 def sci_log10(l10: float, digits: int = 3) -> str:
     """10**l10 in scientific notation, also beyond a double's range ('1e+2400', not
-    '10e+2399' when the mantissa rounds up to 10)."""
+    '10e+2399' when the mantissa rounds up to 10); 10**-inf is '0', 10**inf 'inf'."""
+    if not math.isfinite(l10):
+        return "0" if l10 < 0 else "inf"
     k = math.floor(l10)
     mant = f"{10 ** (l10 - k):.{digits}g}"
     if float(mant) >= 10:

@@ -759,7 +759,8 @@ class Predictor:
                 lg_branch_extra += self._ln_log_adjust(rec.x_log_var)
             if w is not None:
                 g = Backward(g.var * ku, g.corr * kc / ku)
-            rec.log_branch_gain = (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra
+            # a zero gradient stays zero whatever the norm's factor (b = 0, or a zero stream)
+            rec.log_branch_gain = math.log(g.var) + lg_branch_extra if g.var > 0 else -math.inf
             rec.branch_gain = _exp(rec.log_branch_gain)
             cross = None
             if rec.att_rows is not None and rec.b and math.isfinite(rec.log_branch_gain):
@@ -1037,6 +1038,8 @@ def _points(model, records, grads) -> list[StreamPoint]:
             lg, gc = grads[i + 1]
         else:
             lg, gc = (math.log(m.grad.var) if m.grad.var > 0 else -math.inf), m.grad.corr
-        mean = rec.out.mean * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 else math.copysign(math.inf, rec.out.mean)
+        mm = rec.out.mean   # in stream standard deviations: a zero mean stays 0 (never 0 x inf)
+        mean = mm * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 \
+            else math.copysign(_exp(math.log(abs(mm)) + rec.out_log_var / 2), mm) if mm else 0.0
         pts.append(StreamPoint(rec.layer, rec.kind, rec.out_log_var, mean, rec.out.corr, lg, gc, rec.logit_var))
     return pts

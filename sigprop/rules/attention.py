@@ -143,7 +143,7 @@ class _Ctx:
                     f"attention: row logit variance {worst:.4g} is beyond the {ROW_LOGIT_VAR_MAX:g} this rule "
                     "evaluates (softmax saturated; validated by Monte Carlo up to ~13): smaller "
                     "Q/K weight stds or input variance")
-        kap = (x.var**2 + 2 * x.var * x.mean**2) / self.S2**2
+        kap = (x.var**2 + 2 * x.var * x.mean**2) / _floor(m, self.S2)**2
         self.relvar = 2 / p.d + 2 * (vx**2 + 2 * vx * p.q_bias_std**2) / (p.d_head * vqf**2) \
             + self.fx**2 * 2 * kap / p.d
         self.ra = (p.d * sq2 * self.c2 + p.q_bias_std**2) / vqf

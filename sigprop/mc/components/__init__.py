@@ -31,7 +31,16 @@ COMPONENTS, SWEEPS = _load()
 
 
 def get(name: str):
+    """The Monte Carlo component ``name``; DomainError naming the known ones otherwise (a rule
+    without a component of its own, e.g. an alternative softmax rule, is named as such)."""
     try:
         return COMPONENTS[name]
     except KeyError:
-        raise DomainError(f"unknown component {name!r}; known: {', '.join(sorted(COMPONENTS))}") from None
+        pass
+    from sigprop.rules import REGISTRY
+
+    known = ", ".join(sorted(COMPONENTS))
+    if name in REGISTRY:
+        raise DomainError(f"{name!r} is a rule without a Monte Carlo component of its own (`sigprop rules "
+                          f"{name}` shows it); components: {known}")
+    raise DomainError(f"unknown component {name!r}; known: {known}")

@@ -62,6 +62,14 @@ class AttentionMC(Component):
     def dims(self, params):
         return params["L"], params["d"], params["d"]
 
+    def memory(self, params, batch):
+        """The weights (4 d H dh, with copies), the (B, L, 3 H dh) projections and their
+        gradients, and about four (B, H, L, L) arrays (logits/probabilities, dropout mask,
+        dropped-out weights, their gradient)."""
+        L, d, _ = self.dims(params)
+        hd = params.get("n_heads", 1) * params["d_head"]
+        return 8.0 * d * hd + batch * L * (4.0 * d + 8.0 * hd) + 4.0 * batch * params.get("n_heads", 1) * L * L
+
     def sample_weights(self, rng, params, dtype):
         """Wq, Wk, Wv side by side in one (d, 3 H dh) matrix (one GEMM each way)."""
         d, H, dh = params["d"], params.get("n_heads", 1), params["d_head"]

@@ -23,7 +23,8 @@ from functools import lru_cache
 import numpy as np
 
 from sigprop.mc.backend import backend_of, np_dtype
-from sigprop.mc.component import Component
+from sigprop.mc.component import WIDTH, Component
+from sigprop.rules.base import Param
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.rules.embedding import zipf_frequencies
 from sigprop.state import Backward, Forward
@@ -64,9 +65,27 @@ class EmbeddingMC(Component):
     name = "embedding"
     rule = "embedding"
     array_api = True
+    weights = False
+    #: L is the rule's; the simulation draws token ids from Zipf(zipf_s, V), segment ids from
+    #: SEGMENT_FREQS
+    sim_params = (WIDTH, Param("V", "vocabulary size of the simulation", 30000, lo=1, integer=True),
+                  Param("zipf_s", "Zipf exponent of the simulated token frequencies", 1.0, lo=0.0))
 
     def dims(self, params):
         return params["L"], 1, params["d"]
+
+    def memory(self, params, batch):
+        """The token distribution's cumulative frequencies (V doubles) and a few (B, L, d)
+        arrays (rows drawn lazily: at most B L of the V)."""
+        return 2.0 * params["V"] + 6.0 * batch * params["L"] * params["d"]
+
+    derives = ("word_collision",)
+
+    def derived(self, rule_params, sim):
+        """The rule's collision probabilities from the simulated distributions."""
+        cw = _power_sums(float(sim["zipf_s"]), int(sim["V"]))[0]
+        q = np.asarray(SEGMENT_FREQS) / sum(SEGMENT_FREQS)
+        return {"word_collision": cw, "segment_collision": float(q @ q)}
 
     def forward(self, X, W, params, rng):
         """Token and segment ids and their grouping are drawn and computed on the host (NumPy);

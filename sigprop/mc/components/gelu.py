@@ -18,7 +18,7 @@ import numpy as np
 
 from sigprop.backend.numeric import _ERFC_C, Phi
 from sigprop.mc.backend import backend_of
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -64,9 +64,13 @@ class GeLUMC(Component):
     name = "gelu"
     rule = "gelu"
     array_api = True
+    weights = False
+
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         bk = backend_of(X)

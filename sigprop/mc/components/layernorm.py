@@ -19,6 +19,7 @@ class LayerNormMC(Component):
     name = "layernorm"
     rule = "layernorm"
     array_api = True
+    weights = False
 
     def dims(self, params):
         return params.get("L", 16), params["d"], params["d"]

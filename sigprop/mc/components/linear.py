@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from sigprop.mc.backend import backend_of
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, Component
 from sigprop.mc.components._util import batch_for, grid_std
 from sigprop.mc.sampling import standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
@@ -18,7 +18,7 @@ class LinearMC(Component):
     array_api = True
 
     def dims(self, params):
-        return params.get("L", 16), params["d_in"], params["d_out"]
+        return params.get("L", SEQ.default), params["d_in"], params["d_out"]
 
     def sample_weights(self, rng, params, dtype):
         W = standard_normal(rng, (params["d_in"], params["d_out"]), dtype)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from sigprop.mc.backend import backend_of
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 
@@ -29,9 +29,13 @@ class ReLUMC(Component):
     name = "relu"
     rule = "relu"
     array_api = True
+    weights = False
+
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         bk = backend_of(X)

@@ -34,6 +34,7 @@ class SoftmaxMC(Component):
     name = "softmax"
     rule = "softmax"
     array_api = True
+    weights = False
 
     def dims(self, params):
         return params["L"], 1, 1
