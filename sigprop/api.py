@@ -150,7 +150,7 @@ def _options(fn_name: str, spec, options: dict) -> dict:
     known = [k for k, kw in KEYWORDS.items() if fn_name in kw.takes]
     for key in options:
         if key not in known:
-            msg = f"No such option: {flag(key)}"
+            msg = f"no such option: {flag(key)}"
             close = difflib.get_close_matches(flag(key), [flag(k) for k in known])
             if close:
                 msg += f" (Possible options: {', '.join(sorted(close))})"
@@ -167,10 +167,10 @@ def _check(key: str, value):
     kw = KEYWORDS[key]
     if kw.type is None:
         return value
-    bad = f"Invalid value for '{flag(key)}': "
+    bad = f"invalid value for '{flag(key)}': "
     if kw.type is bool:
         if not (isinstance(value, bool) or type(value).__name__ == "bool_"):
-            raise DomainError(f"{bad}{value!r} is not a valid boolean.")
+            raise DomainError(f"{bad}{value!r} is not a valid boolean")
         return bool(value)
     if kw.type is str:
         if hasattr(value, "value") and isinstance(value.value, str):        # an Enum member
@@ -179,19 +179,19 @@ def _check(key: str, value):
             value = getattr(value, "__name__", None) or getattr(value, "name", value)  # np.float32, np.dtype
         if not isinstance(value, str) or (kw.choices and value not in kw.choices):
             choices = ", ".join(repr(c) for c in kw.choices)
-            raise DomainError(f"{bad}{value!r} is not one of {choices}.")
+            raise DomainError(f"{bad}{value!r} is not one of {choices}")
         return value
     number = isinstance(value, (int, float)) or type(value).__module__ == "numpy"
     if isinstance(value, bool) or not number or type(value).__name__ == "bool_":
-        raise DomainError(f"{bad}{value!r} is not a valid {'integer' if kw.type is int else 'float'}.")
+        raise DomainError(f"{bad}{value!r} is not a valid {'integer' if kw.type is int else 'float'}")
     if kw.type is int:
         if not float(value).is_integer():
-            raise DomainError(f"{bad}{value!r} is not a valid integer.")
+            raise DomainError(f"{bad}{value!r} is not a valid integer")
         value = int(value)
     else:
         value = float(value)
     if kw.lo is not None and value < kw.lo:
-        raise DomainError(f"{bad}{value} is not in the range x>={kw.type(kw.lo)}.")
+        raise DomainError(f"{bad}{value} is not in the range x>={kw.type(kw.lo)}")
     return value
 
 
@@ -220,54 +220,29 @@ def load_spec(spec):
                       f"got {type(spec).__name__}")
 
 
-def _config(config) -> dict:
-    """A ``config`` keyword: a TOML file's path, or a dict with the same keys."""
-    from sigprop.model.config import check_config, load_config
-
-    if isinstance(config, dict):
-        return check_config(config)
-    if isinstance(config, (str, os.PathLike)):
-        return load_config(config)
-    raise DomainError(f"config must be a TOML file's path or a dict, got {type(config).__name__}")
-
-
 def _model(opts: dict, default_layers: int | None):
     """One model from the model keywords in ``opts`` (those of :data:`KEYWORDS` with a model
-    option's name): defaults < config < keywords, or ``spec`` alone."""
-    from sigprop.model import presets
+    option's name): defaults < config < keywords, or ``spec`` alone (the commands' resolution,
+    :func:`sigprop.model.options.build_model`)."""
+    from sigprop.model.options import build_model as resolve
 
-    opts = {k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL}
-    spec = opts.pop("spec", None)
-    config = opts.pop("config", None)
-    if spec is not None:
-        if opts or config is not None:
-            raise DomainError("--spec gives a fully resolved model: drop the other model options "
-                              f"({', '.join(flag(k) for k in opts) or '--config'})")
-        return load_spec(spec)
-    merged = _config(config) if config is not None else {}
-    merged.update({KEYWORDS[k].name: v for k, v in opts.items()})
-    if "n_layers" not in merged and default_layers is not None:
-        merged["n_layers"] = default_layers
-    return presets.resolve(**merged)
+    return resolve(_model_opts(opts), default_layers)
+
+
+def _model_opts(opts: dict) -> dict:
+    out = {k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL}
+    if out.get("spec") is not None and len(out) == 1:    # (with other options: refused by the resolution)
+        out["spec"] = load_spec(out["spec"])
+    return out
 
 
 def _models(opts: dict, default_layers: int | None) -> list:
-    from sigprop.compare import DEFAULT_ARCHS, parse_archs
+    from sigprop.model.options import build_models as resolve
 
-    if opts.get("spec") is not None:
-        return [_model(opts, default_layers)]
-    if "arch" in opts:
-        arch = opts["arch"]
-        if isinstance(arch, (list, tuple)) and all(isinstance(a, str) for a in arch):
-            arch = ",".join(arch)
-        archs = parse_archs(arch)
-    else:
-        archs = DEFAULT_ARCHS
-        if opts.get("config") is not None:
-            named = _config(opts["config"]).get("arch")
-            if named is not None:
-                archs = (named,)
-    return [_model({**opts, "arch": a}, default_layers) for a in archs]
+    opts = _model_opts(opts)
+    if isinstance(opts.get("arch"), (list, tuple)):
+        opts["arch"] = ",".join(map(str, opts["arch"]))
+    return resolve(opts, default_layers)
 
 
 def build_model(spec=None, **options):
@@ -527,14 +502,10 @@ def solve_init(**options) -> SolveResult:
     from sigprop.solve import solve
     from sigprop.solve import steps as get_steps
 
+    from sigprop.model.options import solve_options
+
     opts = _options(_S, None, options)
-    if opts.get("spec") is not None:
-        raise DomainError("solve-init builds the model itself: --spec does not apply (give the model options)")
-    merged = _config(opts["config"]) if opts.get("config") is not None else {}
-    for k, v in opts.items():
-        if KEYWORDS[k].takes is _MODEL and k != "config":
-            merged[KEYWORDS[k].name] = v
-    arch, init = merged.pop("arch", None), merged.pop("init", None)
+    arch, init, merged = solve_options({k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL})
     target = opts["target"]
     if target in ("unit-variance", "unit-forward", "logit-var") and merged.get("n_layers") is None:
         merged["n_layers"] = DEFAULT_LAYERS[_S]

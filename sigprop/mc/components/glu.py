@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, Component
 from sigprop.mc.components import gelu as _gelu, relu as _relu, silu as _silu
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.sampling import standard_normal
@@ -40,7 +40,7 @@ class GLUMC(Component):
         self.activation = activation
 
     def dims(self, params):
-        return params.get("L", 16), params["d_in"], params["d_ff"]
+        return params.get("L", SEQ.default), params["d_in"], params["d_ff"]
 
     def sample_weights(self, rng, params, dtype):
         din, dff = params["d_in"], params["d_ff"]

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, Component
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.components.layernorm import MAX_RUN_ELEMENTS, MIN_RUNS, _sequences
 from sigprop.mc.sweep import Case, SweepSpec
@@ -26,8 +26,10 @@ class RMSNormMC(Component):
     name = "rmsnorm"
     rule = "rmsnorm"
 
+    weights = False
+
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        return params.get("L", SEQ.default), params["d"], params["d"]
 
     def forward(self, X, W, params, rng):
         dt = X.dtype.type

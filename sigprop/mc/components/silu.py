@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 _CHUNK = 65536
@@ -25,8 +25,12 @@ class SiLUMC(Component):
     name = "silu"
     rule = "silu"
 
+    weights = False
+    sim_params = (SEQ, WIDTH)
+
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         X = np.ascontiguousarray(X)
