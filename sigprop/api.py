@@ -113,11 +113,12 @@ KEYWORDS: dict[str, Keyword] = {
     "max_layers": Keyword("n_max", (_S,), None, int, 1),
     "tol": Keyword("tol", (_S,), 0.01, float),
     "verify": Keyword("verify", (_S,), True, bool),
+    "strict": Keyword("strict", (_S,), False, bool),
     "explain": Keyword("explain", (_S,), False, bool),
 }
 
-#: the number of layers when none is given (solve_init: required for its unit and logit-var targets)
-DEFAULT_LAYERS = {_B: 24, _P: 24, _C: 12, _X: 24, _S: None}
+#: the number of layers when none is given (solve_init's max-depth target searches it instead)
+DEFAULT_LAYERS = {_B: 24, _P: 24, _C: 12, _X: 24, _S: 24}
 
 
 def flag(keyword: str) -> str:
@@ -512,9 +513,11 @@ def solve_init(**options) -> SolveResult:
     ``target``: "unit-variance" (default), "unit-forward", "logit-var" (needs ``value``) or
     "max-depth" (needs ``max_grad_ratio``; ``max_layers`` caps the search); ``logit_var``
     (unit targets, default 1), ``tol`` (0.01), ``verify`` (True: predict the solved model and
-    judge the target on it), ``explain`` (keep the derivation steps).  The model options as
-    for :func:`predict` except ``spec`` (the solve builds the model); ``layers`` is required
-    except for max-depth.  An infeasible target returns a result with ``feasible`` False.
+    judge the target on it), ``strict`` (unit-variance: the gradient must also be within
+    ``tol`` of 1), ``explain`` (keep the derivation steps).  The model options as for
+    :func:`predict` except ``spec`` (the solve builds the model); ``layers`` defaults to 24
+    except for max-depth, which searches it.  An infeasible target returns a result with
+    ``feasible`` False.
     Returns a :class:`SolveResult`."""
     from sigprop.solve import solve
     from sigprop.solve import steps as get_steps
@@ -528,13 +531,11 @@ def solve_init(**options) -> SolveResult:
             merged[KEYWORDS[k].name] = v
     arch, init = merged.pop("arch", None), merged.pop("init", None)
     target = opts["target"]
-    if target in ("unit-variance", "unit-forward", "logit-var") and merged.get("n_layers") is None:
-        if DEFAULT_LAYERS[_S] is None:
-            raise DomainError(f"{flag('layers')} is required")
+    if target != "max-depth" and merged.get("n_layers") is None:
         merged["n_layers"] = DEFAULT_LAYERS[_S]
     sol = solve(target, arch=arch or "preln", init=init,
                 **{KEYWORDS[k].name: opts.get(k) for k in ("logit_var", "value", "max_grad_ratio", "max_layers",
-                                                            "tol", "verify")},
+                                                            "tol", "verify", "strict")},
                 **merged)
     return SolveResult(sol, get_steps(sol) if opts["explain"] else None)
 

@@ -154,7 +154,9 @@ JSON_CASES = [
     ("solve_init", dict(target="unit-forward", layers=3, explain=True, **TINY)),
     ("solve_init", dict(target="logit-var", value=2.0, arch="postln", layers=2, **TINY)),
     ("solve_init", dict(target="max-depth", max_grad_ratio=4.0, max_layers=16, **TINY)),
-    ("solve_init", dict(target="unit-variance", layers=2, **TINY)),       # infeasible (exit 1)
+    ("solve_init", dict(target="unit-variance", layers=2, **TINY)),       # feasible, gradient reported
+    ("solve_init", dict(target="unit-variance", layers=2, strict=True, **TINY)),   # infeasible (exit 1)
+    ("solve_init", dict(**TINY)),                                         # layers: the default (24)
 ]
 
 RUNNER = r"""
@@ -237,6 +239,9 @@ def test_json_is_the_commands_stdout(json_runs, i):
     if fn == "solve_init":
         assert extra["steps"] == kw.get("explain", False) == ("steps" in obj)
         assert obj["feasible"] == (code == 0)
+        assert obj["feasible"] == (not kw.get("strict", False))
+        if kw.get("target", "unit-variance") != "max-depth":
+            assert obj["model"]["n_layers"] == kw.get("layers", 24)
     if fn == "compare":
         assert len(obj["rows"]) == (len(kw["arch"]) if isinstance(kw.get("arch"), list)
                                     else len(kw["arch"].split(",")) if "arch" in kw else 6)
@@ -307,7 +312,8 @@ BAD = [
     ("check", dict(tol_var=-1.0)),
     ("compare", dict(arch="preln,foo")),
     ("compare", dict(arch="preln,preln")),
-    ("solve_init", dict(target="unit-forward")),
+    ("solve_init", dict(target="unit-forward", strict=True)),
+    ("solve_init", dict(target="max-depth", max_grad_ratio=4.0, strict=True)),
     ("solve_init", dict(target="x")),
     ("solve_init", dict(target="unit-forward", layers=2, init="normal")),
     ("solve_init", dict(target="unit-forward", layers=2, spec="m.json")),
