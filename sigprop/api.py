@@ -473,12 +473,14 @@ def predict(spec=None, **options) -> Prediction:
     Takes a model: the model options (``arch``, ``init``, ``layers`` (default 24), ``d_model``,
     ``heads``, ... as in :data:`KEYWORDS`; ``config``: a TOML file or dict of them), or
     ``spec`` (positional or keyword): a resolved model, see :func:`load_spec`.  ``every``:
-    keep every K-th layer in ``to_json()``.  Returns a :class:`Prediction`."""
+    keep every K-th layer in ``to_json()``.  A model whose softmax saturates beyond the
+    attention rule's domain is predicted up to the layer before it (``summary["saturation_layer"]``,
+    verdict "unstable"), as by the command.  Returns a :class:`Prediction`."""
     from sigprop.model.predict import predict as run
 
     opts = _options(_P, spec, options)
     model = _model(opts, DEFAULT_LAYERS[_P])
-    return Prediction(model, run(model), opts["every"])
+    return Prediction(model, run(model, stop_at_saturation=True), opts["every"])
 
 
 def check(spec=None, **options) -> CheckResult:
@@ -489,18 +491,18 @@ def check(spec=None, **options) -> CheckResult:
     ``batch`` (8), ``seed`` (0), ``dtype`` ("float32" or "float64"); tolerances ``tol_var``
     and ``tol_grad`` (relative, 0.05), ``tol_corr`` (absolute, 0.03), ``tol_logit``
     (relative, 0.05) and ``z`` (4: a point also passes within z standard errors).  A check
-    outside tolerance returns a result with ``passed`` False.  Returns a :class:`CheckResult`."""
+    outside tolerance returns a result with ``passed`` False; a model whose softmax saturates
+    (its prediction incomplete) is bad input, as for the command.  Returns a :class:`CheckResult`."""
     import numpy as np
 
     from sigprop.mc.model import simulate
     from sigprop.model.checking import compare as judge
-    from sigprop.model.checking import tolerances
-    from sigprop.model.predict import predict as run
+    from sigprop.model.checking import complete_prediction, tolerances
 
     opts = _options(_C, spec, options)
     tol = tolerances({KEYWORDS[k].name: opts[k] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")})
     model = _model(opts, DEFAULT_LAYERS[_C])
-    points = run(model)
+    points = complete_prediction(model)
     meas = simulate(model, batch=opts["batch"], trials=opts["trials"], seed=opts["seed"],
                     dtype=np.float32 if opts["dtype"] == "float32" else np.float64)
     return CheckResult(model, points, meas, judge(points, meas, tol), opts["seed"], opts["trials"], opts["batch"])

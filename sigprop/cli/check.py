@@ -37,18 +37,11 @@ def check_cmd(
 
     from sigprop import __version__
     from sigprop.mc.model import simulate
-    from sigprop.model.checking import compare, tolerances
-    from sigprop.model.predict import predict
+    from sigprop.model.checking import compare, complete_prediction, tolerances
 
     tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
     model = build_model(model_opts, default_layers=12)
-    points = predict(model, stop_at_saturation=True)
-    if points.saturation_layer is not None:
-        from sigprop.errors import DomainError
-
-        raise DomainError(f"the prediction stops before layer {points.saturation_layer}, where the softmax saturates "
-                          f"({points.domain_note}): check compares complete predictions only (predict shows the "
-                          "trace up to there)")
+    points = complete_prediction(model)
     meas = simulate(model, batch=batch, trials=trials, seed=seed,
                     dtype=np.float32 if dtype is DType.float32 else np.float64)
     res = compare(points, meas, tol)

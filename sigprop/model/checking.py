@@ -22,6 +22,20 @@ from sigprop.model.trace import num, point_json
 DEFAULT_TOL = {"forward_var": 0.05, "grad_var": 0.05, "corr": 0.03, "logit_var": 0.05, "z": 4.0}
 
 
+def complete_prediction(model):
+    """The prediction a check compares with (:func:`sigprop.model.predict.predict`); a model
+    whose softmax saturates beyond the attention rule's domain is refused (DomainError): its
+    prediction stops before that layer, and a check compares complete predictions only."""
+    from sigprop.model.predict import predict
+
+    points = predict(model, stop_at_saturation=True)
+    if points.saturation_layer is not None:
+        raise DomainError(f"the prediction stops before layer {points.saturation_layer}, where the softmax saturates "
+                          f"({points.domain_note}): check compares complete predictions only (predict shows the "
+                          "trace up to there)")
+    return points
+
+
 @dataclass
 class CheckResult:
     predicted: list[dict]
