@@ -166,6 +166,11 @@ class Table:
             return False
         try:
             n, ok, has_d = int(arr[0]), bool(arr[1]), bool(arr[2])
+            if n == 0:              # a table whose build failed: its header alone (see save)
+                if arr.size != 3 or ok:
+                    return False
+                self.ok = False
+                return True
             k = (arr.size - 3) // (n * (2 if has_d else 1))
             vals = arr[3:3 + k * n].reshape(k, n)
             dvals = arr[3 + k * n:].reshape(k, n) if has_d else None
