@@ -122,7 +122,7 @@ KEYWORDS: dict[str, Keyword] = {
     "explain": Keyword("explain", (_S,), False, bool),
 }
 
-#: the number of layers when none is given
+#: the number of layers when none is given (solve_init's max-depth target searches it instead)
 DEFAULT_LAYERS = {_B: 24, _P: 24, _C: 12, _X: 24, _S: 24}
 
 
@@ -446,12 +446,14 @@ def predict(spec=None, **options) -> Prediction:
     Takes a model: the model options (``arch``, ``init``, ``layers`` (default 24), ``d_model``,
     ``heads``, ... as in :data:`KEYWORDS`; ``config``: a TOML file or dict of them), or
     ``spec`` (positional or keyword): a resolved model, see :func:`load_spec`.  ``every``:
-    keep every K-th layer in ``to_json()``.  Returns a :class:`Prediction`."""
+    keep every K-th layer in ``to_json()``.  A model whose softmax saturates beyond the
+    attention rule's domain is predicted up to the layer before it (``summary["saturation_layer"]``,
+    verdict "unstable"), as by the command.  Returns a :class:`Prediction`."""
     from sigprop.model.predict import predict as run
 
     opts = _options(_P, spec, options)
     model = _model(opts, DEFAULT_LAYERS[_P])
-    return Prediction(model, run(model), opts["every"])
+    return Prediction(model, run(model, stop_at_saturation=True), opts["every"])
 
 
 def check(spec=None, **options) -> CheckResult:
@@ -462,7 +464,8 @@ def check(spec=None, **options) -> CheckResult:
     ``batch`` (8), ``seed`` (0), ``dtype`` ("float32" or "float64"); tolerances ``tol_var``
     and ``tol_grad`` (relative, 0.05), ``tol_corr`` (absolute, 0.03), ``tol_logit``
     (relative, 0.05) and ``z`` (4: a point also passes within z standard errors).  A check
-    outside tolerance returns a result with ``passed`` False.  Returns a :class:`CheckResult`."""
+    outside tolerance returns a result with ``passed`` False; a model whose softmax saturates
+    (its prediction incomplete) is bad input, as for the command.  Returns a :class:`CheckResult`."""
     import numpy as np
 
     from sigprop.mc.backend import get_backend
@@ -496,8 +499,11 @@ def solve_init(**options) -> SolveResult:
     ``target``: "unit-variance" (default), "unit-forward", "logit-var" (needs ``value``) or
     "max-depth" (needs ``max_grad_ratio``; ``max_layers`` caps the search); ``logit_var``
     (unit targets, default 1), ``tol`` (0.01), ``verify`` (True: predict the solved model and
-    judge the target on it), ``explain`` (keep the derivation steps).  The model options as
-    for :func:`predict` except ``spec`` (the solve builds the model); ``layers`` defaults to 24.  An infeasible target returns a result with ``feasible`` False.
+    judge the target on it), ``strict`` (unit-variance: the gradient must also be within
+    ``tol`` of 1), ``explain`` (keep the derivation steps).  The model options as for
+    :func:`predict` except ``spec`` (the solve builds the model); ``layers`` defaults to 24
+    except for max-depth, which searches it.  An infeasible target returns a result with
+    ``feasible`` False.
     Returns a :class:`SolveResult`."""
     from sigprop.solve import solve
     from sigprop.solve import steps as get_steps
@@ -507,7 +513,7 @@ def solve_init(**options) -> SolveResult:
     opts = _options(_S, None, options)
     arch, init, merged = solve_options({k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL})
     target = opts["target"]
-    if target in ("unit-variance", "unit-forward", "logit-var") and merged.get("n_layers") is None:
+    if target != "max-depth" and merged.get("n_layers") is None:
         merged["n_layers"] = DEFAULT_LAYERS[_S]
     sol = solve(target, arch=arch or "preln", init=init,
                 **{KEYWORDS[k].name: opts.get(k) for k in ("logit_var", "value", "max_grad_ratio", "max_layers",

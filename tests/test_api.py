@@ -140,6 +140,8 @@ JSON_CASES = [
     ("predict", dict(arch="lns", **TINY)),                                # layers: the default (24)
     ("predict", dict(config="CONFIG", layers=4)),
     ("predict", dict(spec="SPEC")),
+    ("predict", dict(init_std=1.0, layers=3, **TINY)),                   # the softmax saturates at layer 1
+    ("predict", dict(arch="postln", init_std=1.0, layers=4, **TINY)),
     ("check", dict(layers=3, seed=5, trials=2, batch=2, **TINY)),
     ("check", dict(arch="postln", layers=2, seed=1, trials=3, batch=1, dtype="float64", **TINY)),
     ("check", dict(d_model=16, heads=2, seq_len=4, trials=2, batch=1)),   # layers: the default (12)
@@ -151,7 +153,9 @@ JSON_CASES = [
     ("solve_init", dict(target="unit-forward", layers=3, explain=True, **TINY)),
     ("solve_init", dict(target="logit-var", value=2.0, arch="postln", layers=2, **TINY)),
     ("solve_init", dict(target="max-depth", max_grad_ratio=4.0, max_layers=16, **TINY)),
-    ("solve_init", dict(target="unit-variance", layers=2, strict=True, **TINY)),   # gradient not within 1% (exit 1)
+    ("solve_init", dict(target="unit-variance", layers=2, **TINY)),       # feasible, gradient reported
+    ("solve_init", dict(target="unit-variance", layers=2, strict=True, **TINY)),   # infeasible (exit 1)
+    ("solve_init", dict(**TINY)),                                         # layers: the default (24)
 ]
 
 RUNNER = r"""
@@ -224,7 +228,9 @@ def test_json_is_the_commands_stdout(json_runs, i):
     obj = json.loads(out)
     if fn == "predict":
         assert extra["summary"] == obj["summary"]
-        assert extra["n_points"] == 1 + 2 * obj["model"]["n_layers"]
+        sat = obj["summary"]["saturation_layer"]
+        assert extra["n_points"] == 1 + 2 * (obj["model"]["n_layers"] if sat is None else sat - 1)
+        assert (sat is not None) == ("init_std" in kw)
     if fn == "check":
         assert extra["seed"] == kw.get("seed", 0) == obj["seed"]
         assert extra["passed"] == obj["pass"] == (code == 0)
@@ -234,6 +240,9 @@ def test_json_is_the_commands_stdout(json_runs, i):
     if fn == "solve_init":
         assert extra["steps"] == kw.get("explain", False) == ("steps" in obj)
         assert obj["feasible"] == (code == 0)
+        assert obj["feasible"] == (not kw.get("strict", False))
+        if kw.get("target", "unit-variance") != "max-depth":
+            assert obj["model"]["n_layers"] == kw.get("layers", 24)
     if fn == "compare":
         assert len(obj["rows"]) == (len(kw["arch"]) if isinstance(kw.get("arch"), list)
                                     else len(kw["arch"].split(",")) if "arch" in kw else 6)
@@ -302,8 +311,11 @@ BAD = [
     ("check", dict(seed=-1)),
     ("check", dict(dtype="float16")),
     ("check", dict(tol_var=-1.0)),
+    ("check", dict(init_std=1.0, layers=2, **TINY)),                    # the softmax saturates: nothing to compare
     ("compare", dict(arch="preln,foo")),
     ("compare", dict(arch="preln,preln")),
+    ("solve_init", dict(target="unit-forward", strict=True)),
+    ("solve_init", dict(target="max-depth", max_grad_ratio=4.0, strict=True)),
     ("solve_init", dict(target="x")),
     ("solve_init", dict(target="unit-forward", layers=2, init="normal")),
     ("solve_init", dict(target="unit-forward", layers=2, spec="m.json")),

@@ -162,6 +162,8 @@ def test_unit_variance_solves_the_forward_and_reports_the_gradient():
     assert not grad["within_tol"] and grad["ratio_input_output"] < 0.9
     assert grad["attention_gain_ratio"]["max"] < 1
     assert "--grad-corr" in sol.note and "token correlation" in sol.note
+    # equal correlations do not give a unit gradient (test_grad_corr_equal_to_the_stream_...): the note says so
+    assert "necessary, not sufficient" in sol.note
     st = steps(sol)
     assert any(s.expr == sp.S.EmptySet for s in st)        # attention's two equations in s: no common root
     assert st[-1].text.startswith("feasible") and "as flat as" in st[-1].text

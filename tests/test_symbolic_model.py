@@ -114,3 +114,21 @@ def test_to_json_is_json():
     obj = to_json(derive(m))
     json.dumps(obj, allow_nan=False)
     assert all(math.isfinite(f["relative_error"]) for f in obj["closed_forms"])
+
+
+def test_symbolic_on_a_saturating_softmax_is_the_trace_up_to_there(capsys):
+    """--symbolic on a model whose softmax saturates at layer 1: exit 0 and the unstable verdict,
+    as predict without --symbolic, on a fresh and on a warm table store alike (the derivation
+    has no layer to work from, so "symbolic" is null)."""
+    args = ["predict", "--init-std", "1", "--layers", "3", "--d-model", "32", "--heads", "2", "--d-ff", "64",
+            "--seq-len", "8", "--symbolic"]
+    for _ in range(2):
+        code, out, err = cli(capsys, *args, "--json")
+        assert (code, err) == (0, "")
+        t = json.loads(out)
+        assert t["symbolic"] is None and t["summary"]["saturation_layer"] == 1
+        assert t["summary"]["verdict"].startswith("unstable: softmax saturates at layer 1")
+        code, out, err = cli(capsys, *args)
+        assert (code, err) == (0, "")
+        text = " ".join(out.split())
+        assert "no closed forms" in text and "verdict: unstable: softmax saturates at layer 1" in text

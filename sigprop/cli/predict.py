@@ -13,29 +13,35 @@ from sigprop.cli._model_options import build_model, model_options
 def predict_cmd(
     every: int = typer.Option(1, min=1, help="Show only every K-th layer (and the first and last)."),
     as_json: bool = typer.Option(False, "--json", help="Print the trace as JSON (schema sigprop.trace/1)."),
-    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms, each closed form with its relative error against the layer-by-layer prediction (with --json: the trace plus a \"symbolic\" object)."),
+    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms, each closed form with its relative error against the layer-by-layer prediction (with --json: the trace plus a \"symbolic\" object, null when a softmax saturates)."),
     model_opts: dict = None,
 ) -> None:
     """Predict forward variance, token correlation, logit variance and gradient variance, layer by layer."""
     model = build_model(model_opts, default_layers=24)
-    if symbolic and not as_json:
-        from sigprop.cli._render_model import render_symbolic
-
-        render_symbolic(model)
-        return
     from sigprop.model.predict import predict
     from sigprop.model.trace import trace, trace_text
 
     points = predict(model, stop_at_saturation=True)
+    # the derivation needs the whole model inside the rules' domain: a saturating softmax
+    # gives the trace up to there (symbolic: null), as without --symbolic
+    derivable = points.saturation_layer is None
+    if symbolic and not as_json and derivable:
+        from sigprop.cli._render_model import render_symbolic
+
+        render_symbolic(model)
+        return
     if as_json:
         extra = None
         if symbolic:
             from sigprop.model import symbolic as sym
 
-            extra = {"symbolic": sym.to_json(sym.derive(model))}
+            extra = {"symbolic": sym.to_json(sym.derive(model)) if derivable else None}
         print(trace_text(model, points, every, extra))
         return
     tr = trace(model, points, every)
     from sigprop.cli._render_model import render_trace
 
+    if symbolic:
+        print(f"no closed forms: the softmax saturates at layer {points.saturation_layer}, outside the rules' "
+              "domain; the trace up to there:")
     render_trace(model, tr)

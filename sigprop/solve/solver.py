@@ -345,6 +345,7 @@ def gradient_note(sol: Solution, grad: dict) -> str:
             f"here {m.grad.corr:g}) to equal the stream's $r$: attention's output is close to a token average "
             "of the values, variance $~ r + (1-r)/L$, while the gradient through its value path is the token "
             "average of the upstream gradient, $~ r_g + (1-r_g)/L$. "
+            "That is necessary, not sufficient: with them equal the query/key path still adds to the backward gain. "
             f"Here $r_g$ = {gc['min']:.2g} .. {gc['max']:.2g} against $r$ = {sc['min']:.2g} .. {sc['max']:.2g}")
     if att:
         text += (f", so attention passes back $Gamma/V$ = {att['min']:.2g} .. {att['max']:.2g} of what it adds"
