@@ -47,8 +47,8 @@ def run(model, exact_max):
     return pts, vals, dt, (pr.grid.size if pr.grid is not None else L)
 
 
-def compare(arch, layers, L, d=64):
-    m = resolve(arch, None, n_layers=layers, causal=True, seq_len=L, d_model=d, n_heads=2, d_ff=4 * d)
+def compare(arch, layers, L, d=64, init=None):
+    m = resolve(arch, init, n_layers=layers, causal=True, seq_len=L, d_model=d, n_heads=2, d_ff=4 * d)
     ex, pex, tex, _ = run(m, 10 ** 9)
     gr, pgr, tgr, nb = run(m, 0)
     fv = max(abs(math.exp(a.log_var - b.log_var) - 1) for a, b in zip(gr, ex))
@@ -56,7 +56,7 @@ def compare(arch, layers, L, d=64):
     gv = max(abs(math.exp(a.log_gvar - b.log_gvar) - 1) for a, b in zip(gr, ex))
     gc = max(abs(a.gcorr - b.gcorr) for a, b in zip(gr, ex))
     pe = [abs(a / b - 1) for a, b in zip(pgr, pex)]
-    return dict(arch=arch, layers=layers, L=L, blocks=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
+    return dict(arch=arch, init=m.init if hasattr(m, "init") else init, layers=layers, L=L, blocks=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
                 profile_exact=pex, profile_err=pe, t_exact=tex, t_graded=tgr)
 
 
@@ -65,11 +65,13 @@ def main():
     ap.add_argument("L", nargs="*", type=int, default=[512, 1024])
     ap.add_argument("--layers", nargs="*", type=int, default=[4, 12])
     ap.add_argument("--arch", nargs="*", default=["preln", "postln", "dslm", "lns"])
+    ap.add_argument("--init", default=None)
+    ap.add_argument("--d-model", type=int, default=64)
     a = ap.parse_args()
     for arch in a.arch:
         for layers in a.layers:
             for L in a.L:
-                print(json.dumps(compare(arch, layers, L)), flush=True)
+                print(json.dumps(compare(arch, layers, L, a.d_model, a.init)), flush=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ representative positions, on the diagonal the value at the representative positi
 pairs of distinct positions inside one block take the mean of the block's neighbouring
 off-diagonal entries (their value near the diagonal).  With every block a single position the
 formulas reduce to the exact sums (tested), and the number of blocks is
-``P0 + log(L / P0) / log(Q)`` (~150 at L 8192, ~200 at L 131072): the cost and memory of a
+``P0 + log(L / P0) / log(Q)`` (214 at L 8192, 271 at L 131072): the cost and memory of a
 causal prediction no longer grow with the sequence beyond that (a few arrays of length L are
 built once per grid, for the harmonic sums).
 
@@ -32,7 +32,7 @@ import numpy as np
 #: sequences up to this length keep the exact position model (every position its own block)
 EXACT_MAX = 512
 #: every position below P0 is its own block
-P0 = 64
+P0 = 128
 #: growth ratio of the blocks beyond P0
 Q = 1.05
 
