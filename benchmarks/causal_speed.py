@@ -13,7 +13,7 @@ interleaved so that a change of machine load hits them alike):
 The table store lives in a fresh temporary directory, filled by one untimed run of every
 command first (a user's first run); the package is byte-compiled first.
 
-    python benchmarks/causal_speed.py [--repeats 3] [--skip-lns]
+    python benchmarks/causal_speed.py [--repeats 3] [--skip-lns | --lns-only]
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-lns", action="store_true")
+    ap.add_argument("--lns-only", action="store_true", help="only item 2 (against import numpy)")
     ap.add_argument("--python", default=sys.executable)
     a = ap.parse_args()
     py = a.python
@@ -55,6 +56,8 @@ def main() -> None:
         "preln seq 256": sp + ["--arch", "preln"],
         "preln seq 8192": sp + ["--arch", "preln", "--seq-len", "8192"],
     }
+    if a.lns_only:
+        cmds = {"import numpy": cmds["import numpy"]}
     if not a.skip_lns:
         cmds["lns seq 256"] = sp + ["--arch", "lns"]
     first = {k: wall(c, env=env) for k, c in cmds.items()}          # fills the store
@@ -65,6 +68,8 @@ def main() -> None:
     base = med["import numpy"]
     for k, t in med.items():
         print(f"  {k:16s} {t:8.2f} s  ({first[k]:7.2f} s)  {t / base:7.1f} x import numpy")
+    if a.lns_only:
+        return
     print(f"  seq 8192 / seq 256: {med['preln seq 8192'] / med['preln seq 256']:.2f}")
     big = sp + ["--arch", "preln", "--seq-len", "131072"]
     print(f"  peak memory, preln seq 131072: {peak_mb(big, env):.0f} MB; "
