@@ -93,3 +93,14 @@ def test_graded_prediction_matches_the_exact_position_model(arch, monkeypatch):
     for i in (0, 1, 2, 10, 100, L - 1):
         blk = int(np.searchsorted(grid.end, i, side="right"))
         assert abs(pgr[blk] / pex[i] - 1) < 1e-3, (i, pgr[blk], pex[i])
+
+
+def test_a_long_sequence_runs_on_a_few_hundred_blocks():
+    """seq 131072: the position arrays are the grid's (271 blocks), not L long."""
+    m = resolve("preln", None, n_layers=1, causal=True, seq_len=131072, d_model=32, n_heads=2, d_ff=128)
+    pr = Predictor(m)
+    assert pr.npos == pr.grid.size < 300
+    recs = pr.forward()
+    pr.backward(recs)
+    assert recs[0].g_prof.shape == (pr.grid.size,)
+    assert all(np.isfinite(p.log_gvar) and np.isfinite(p.log_var) for p in predict(m))
