@@ -190,7 +190,13 @@ are scored on the very same samples in the last columns.
 |---|---|---|---|
 """ + "\n".join(f"| {a} | {b} | {c} | {d:.0f} |" for a, b, c, d in timing) + "\n\n## Results\n\n"
     with open(out, "w") as fh:
-        fh.write(header + "\n".join(parts) + models_section())
+        fh.write(header + "\n".join(parts) + models_section() + extra_sections(store))
+
+
+def extra_sections(store: Path) -> str:
+    """Sections measured by other scripts, stored as Markdown beside the sweeps' results
+    (``<store>/*.md``, in name order), appended as they are."""
+    return "".join("\n" + f.read_text().rstrip("\n") + "\n" for f in sorted(store.glob("*.md")))
 
 
 def models_section() -> str:

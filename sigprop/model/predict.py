@@ -27,7 +27,7 @@ import numpy as np
 
 from sigprop import progress
 from sigprop.backend import numeric
-from sigprop.model import profile, store
+from sigprop.model import positions, profile, store
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc
 from sigprop.model import tables
@@ -321,13 +321,18 @@ def _right_of_diagonal(W: np.ndarray, f: np.ndarray) -> np.ndarray:
 _A2_IGNORES = ("v_std", "o_std", "v_bias_std", "o_bias_std", "p")
 
 
-def _square_table(params: dict, x: Forward) -> tables.ThetaTable:
+def _square_table(params: dict, x: Forward, grid=None) -> tables.ThetaTable:
     """attention.row_moments as a function of the input correlation at one input mean and
     variance (one q/k parameter set), a tables.ThetaTable (verified to 1e-4 of its largest
     value; stored: its build is ~11 evaluations of the rule, ~40 ms of a 768-layer Post-LN run)."""
     mean, var, lo = float(x.mean), float(x.var), min(0.0, float(x.corr))
-    key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4)
-    return tables.ThetaTable(lambda th: np.ravel(row_moments(params, Forward(mean, var, float(np.cos(th))))),
+    if grid is None:
+        key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4)
+        n = None
+    else:       # causal, long sequence: at the graded grid's representative row lengths
+        key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4, grid.signature())
+        n = grid.n
+    return tables.ThetaTable(lambda th: np.ravel(row_moments(params, Forward(mean, var, float(np.cos(th))), n)),
                              mean, var, lo, key, 1e-4)
 
 
@@ -406,6 +411,10 @@ class Predictor:
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._ln_params: dict = {}
         self._a2_tables: dict = {}    # per q/k parameter set: _square_table's
+        # causal, long sequences: the graded grid over positions (None: every position)
+        self.grid = positions.grid_for(m.seq_len) if m.causal else None
+        # the size of the position arrays and matrices: L, or the grid's number of blocks
+        self.npos = self.grid.size if self.grid is not None else m.seq_len
 
     def _var_ranges(self) -> dict:
         """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a bidirectional
@@ -484,10 +493,11 @@ class Predictor:
         # Gaussian input has (0, 1); a LayerNorm output (1, 0); branch outputs are taken as
         # Gaussian; sums mix them (layernorm.combine_token_stats)
         tok = (0.0, 1.0)
-        prof = profile.flat(m.seq_len) if m.causal else None
+        G, npos = self.grid, self.npos
+        prof = profile.flat(m.seq_len, G) if m.causal else None
         # causal: the deviation over pairs of positions of the stream's normalised token
         # covariance from its mean (zero diagonal; see profile, "forward")
-        dev = np.zeros((m.seq_len, m.seq_len)) if m.causal else None
+        dev = np.zeros((npos, npos)) if m.causal else None
         # per-layer columns as plain Python values (indexing NumPy arrays per layer is slow)
         cols = {}
         for kind in ("attention", "ffn"):
@@ -514,7 +524,7 @@ class Predictor:
                     h = _LAYERNORM.fast(h, None, ln.params)[0]
                     if dev is not None:
                         # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
-                        c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)))
+                        c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)), G)
                         h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
                 if kind == "attention":
                     h_att = h if post else Forward(h.mean * n, h.var * n * n, h.corr)
@@ -532,18 +542,18 @@ class Predictor:
                 if dev is not None and not h.var > 0:
                     # a branch that adds nothing (all-zero output weights and biases): no
                     # covariance over positions either
-                    bcov = np.zeros((m.seq_len, m.seq_len))
+                    bcov = np.zeros((npos, npos))
                 elif dev is not None:
                     att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
-                    bprof = (profile.attention_forward(att.params, att.x, att.repeated) if att
-                             else profile.flat(m.seq_len))
+                    bprof = (profile.attention_forward(att.params, att.x, att.repeated, G) if att
+                             else profile.flat(m.seq_len, G))
                     # the branch output's covariance over positions: the rule's (mean, profile)
                     # plus the deviation the input's position structure adds
                     bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
                     bcov[np.diag_indices_from(bcov)] += h.var * bprof
-                    bcov += h.var * h.corr * (1 - np.eye(m.seq_len))
-                    bv = float(np.trace(bcov)) / m.seq_len
-                    h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov) / bv))
+                    bcov += h.var * h.corr * (1 - np.eye(npos))
+                    bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
+                    h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
                     bcov /= bv
                 rec.branch_out = h
                 blv, bx = _normalise(h)
@@ -561,9 +571,9 @@ class Predictor:
                     w2 = _exp_rel(blv + rec.log_b2, zlv)
                     xcov = self._cov(x.corr, dev, prof)
                     zcov = profile.mix(w1, xcov, w2, bcov)
-                    zcov /= float(np.trace(zcov)) / m.seq_len
+                    zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
                     if post:
-                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), (0.0, 1.0), self.d)
+                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), (0.0, 1.0), self.d, G)
                     prof = np.diag(zcov).copy()
                     rec.z_prof = prof
                 tok = _mix_tokens(tok, ref, v1, v2)
@@ -575,13 +585,13 @@ class Predictor:
                     tok = (1.0, 0.0)
                     if prof is not None:
                         # per position the LayerNorm divides by that position's std
-                        c_out, dev = profile.deviation(profile.normalise(zcov))
-                        x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov)))
-                        prof = profile.flat(m.seq_len)
+                        c_out, dev = profile.deviation(profile.normalise(zcov), G)
+                        x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
+                        prof = profile.flat(m.seq_len, G)
                 else:
                     lv, x = zlv, z
                     if dev is not None:
-                        _, dev = profile.deviation(zcov)
+                        _, dev = profile.deviation(zcov, G)
                 rec.out_log_var, rec.out = lv, x
                 records.append(rec)
 
@@ -614,7 +624,7 @@ class Predictor:
         if att is not None:
             p = att.params
             g = p["d"] * p["v_std"] ** 2 * p["n_heads"] * p["d_head"] * p["o_std"] ** 2 * float(att.x.var)
-            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden)
+            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid)
         # position-wise branch: first order in dev, slope of the output covariance in the input
         # correlation at the mean (a central difference, one-sided at r = +-1)
         e = 1e-3
@@ -716,7 +726,8 @@ class Predictor:
         # already nearly free of them (see _generic_below)
         gen = (1.0, 1.0)
         # causal: the gradient's covariance over positions, mean diagonal 1 (see profile)
-        w = np.eye(m.seq_len) * (1 - gc) + gc if m.causal else None
+        G = self.grid
+        w = np.eye(self.npos) * (1 - gc) + gc if m.causal else None
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
             rec = records[i]
@@ -727,7 +738,7 @@ class Predictor:
                 gb = _bwd(ln, Backward(1.0, gc))
                 kw = 1.0
                 if w is not None:
-                    kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)))
+                    kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)), grid=G)
                     gb = Backward(gb.var, gb.corr * kc / kw)
                 rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
@@ -744,7 +755,7 @@ class Predictor:
                 for op in reversed(rec.branch_ops):
                     if w is not None:
                         if op.rule == "attention":
-                            k, k2, u = profile.attention_backward(op.params, op.x, g, u, op.repeated)
+                            k, k2, u = profile.attention_backward(op.params, op.x, g, u, op.repeated, G)
                             ku, kc = ku * k, kc * k2
                         else:
                             u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
@@ -753,7 +764,7 @@ class Predictor:
             if not rec.post:
                 for op in reversed(rec.pre_ops):
                     if w is not None:
-                        k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)))
+                        k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)), grid=G)
                         ku, kc = ku * k, kc * k2
                     g = _bwd(op, g)
                 lg_branch_extra += self._ln_log_adjust(rec.x_log_var)
@@ -776,7 +787,7 @@ class Predictor:
                 lsum += self._cross_log_factor(rec, lsum)
             if cross is not None and lsum > -math.inf:
                 # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
-                c = max(float(np.mean(cross)), -0.5)
+                c = max(float(np.mean(cross)) if G is None or w is None else G.mean(cross), -0.5)
                 if w is not None:
                     dg = (np.diag(w) + cross) / (1.0 + c)
                     w = w.copy()
@@ -824,11 +835,11 @@ class Predictor:
                 if t.covers(x):
                     return self._a2_at(t, params, x.corr)
             if len(tabs) < 4:
-                t = _square_table(params, x)
+                t = _square_table(params, x, self.grid)
                 tabs.append(t)
                 if t.covers(x):
                     return self._a2_at(t, params, x.corr)
-        return row_moments(params, x)
+        return row_moments(params, x, None if self.grid is None else self.grid.n)
 
     @staticmethod
     def _a2_at(t, params: dict, corr: float):
@@ -933,6 +944,20 @@ class Predictor:
             Lam = (gg * Qd + rg * (L - 1) * Qo) / L * (1.0 - 1.0 / L)
             k = rg * (L - 1) / L                       # sum_{s != t} E A_st W_st
             ku = k * om
+        elif self.grid is not None:
+            # the same sums on the graded grid (sigprop.model.positions): weighted over blocks
+            G = self.grid
+            nn = G.n
+            inv = 1.0 / nn
+            om = (1.0 + m1) * inv
+            dg = np.diag(W)
+            k, ku = G.right_of_diagonal(W, inv), G.right_of_diagonal(W, om)
+            off = 2.0 * G.suffix_h(k)
+            T1 = gg * G.suffix_h(dg * A2d) + off
+            T1u = gg * G.suffix_h(dg * A2d * (1.0 + m1) ** 2) + 2.0 * G.suffix_h(ku * (1.0 + m1))
+            wl = inv * np.sqrt(1.0 - inv)
+            kl = G.right_of_diagonal(W, wl)
+            Lam = gg * Qd * G.suffix(dg * wl * wl) + Qo * 2.0 * G.suffix(kl * wl)
         else:
             nn = np.arange(1.0, L + 1)
             inv = 1.0 / nn
@@ -960,7 +985,8 @@ class Predictor:
         shared = gv * c2 * (T1 - 2 * T2c + T3c + Lam * Ku) + bias
         own = gv * tau * (T1u - 2 * T2t + T3t + Lam * (Kx + 3 * Ku))
         bracket = (1.0 - pi) * shared + own
-        along = min(1.0, max(0.0, b2_rel * float(np.mean(bracket)) / S2))
+        mb = float(np.mean(bracket)) if W is None or self.grid is None else self.grid.mean(bracket)
+        along = min(1.0, max(0.0, b2_rel * mb / S2))
         b2_cross = b2_rel if relative else _exp(rec.log_b2)
         cross = -2.0 * b2_cross * gv * ((1.0 - pi) * c2 * T2c + tau * T2t) / (self.d * S2)
         return along, (np.asarray(cross, dtype=float) if W is not None else float(cross))

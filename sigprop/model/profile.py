@@ -52,20 +52,23 @@ from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
 from sigprop.state import Backward, Forward
 
 
-def flat(L: int) -> np.ndarray:
-    return np.ones(int(L))
+def flat(L: int, grid=None) -> np.ndarray:
+    """A flat profile: over the L positions, or over the blocks of a graded ``grid``
+    (sigprop.model.positions)."""
+    return np.ones(grid.size if grid is not None else int(L))
 
 
 _KEYS = ("var", "spread", "local", "same_c")          # per row length (arrays of L)
 _SCALARS = ("cross", "cross_c", "qry_c", "cross_k")    # row-pair averages
 
 
-def _rows_direct(params: dict, x: Forward) -> dict:
-    """``Attention.rows`` at input ``x`` for every row length n = 1..L, unit gradient variance
-    (the per-row terms are linear in it, and independent of the gradient correlation)."""
+def _rows_direct(params: dict, x: Forward, n: np.ndarray | None = None) -> dict:
+    """``Attention.rows`` at input ``x`` for every row length n = 1..L (or the row lengths
+    ``n`` given: a graded grid's representative ones), unit gradient variance (the per-row
+    terms are linear in it, and independent of the gradient correlation)."""
     rule = get("attention")
     p = rule.param_values(params)
-    n = np.arange(1.0, int(params["L"]) + 1)
+    n = np.arange(1.0, int(params["L"]) + 1) if n is None else np.asarray(n, dtype=float)
     x = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
     g = Backward(np.float64(1.0), np.float64(0.0))
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -97,9 +100,12 @@ class RowsTable:
 
     ROWS_TOL = 1e-4
 
-    def __init__(self, params: dict, mean: float, var: float, lo: float):
-        self.params, self.mean, self.var, self.L = params, mean, var, int(params["L"])
-        key = store.key("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
+    def __init__(self, params: dict, mean: float, var: float, lo: float, grid=None):
+        self.params, self.mean, self.var = params, mean, var
+        self.n = None if grid is None else grid.n
+        self.L = int(params["L"]) if grid is None else grid.size     # values per quantity
+        parts = ("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
+        key = store.key(*parts) if grid is None else store.key(*parts, grid.signature())
         # error relative to each quantity's largest value over the nodes (entries such as the
         # query path of a one-key row, or near r = 1, are zero up to rounding)
         self._t = tables.ThetaTable(self._flat, mean, var, lo, key, self.ROWS_TOL, size=self._size,
@@ -112,7 +118,7 @@ class RowsTable:
                               + [np.max(np.abs(vals[-len(_SCALARS):]), axis=1)])
 
     def _flat(self, th: float) -> np.ndarray:
-        r = _rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))))
+        r = _rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n)
         return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
 
     def covers(self, x: Forward) -> bool:
@@ -130,21 +136,22 @@ _ROWS: dict = {}
 _DIRECT: dict = {}
 
 
-def rows(params: dict, x: Forward, table: bool = True) -> dict:
+def rows(params: dict, x: Forward, table: bool = True, grid=None) -> dict:
     """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` where
     ``table`` (the predictor passes True when at least three layers share these parameters,
     as for its branch tables, so a table is never built for one use and the choice does not
     depend on the store), else evaluated directly (memoised, so a layer's forward and backward
-    share one evaluation)."""
+    share one evaluation).  With a graded ``grid`` the terms are evaluated at its
+    representative row lengths only."""
     canon = _canonical(params)
-    key = (tuple(sorted(canon.items())), float(x.mean))
+    key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
     if table:
         tabs = _ROWS.setdefault(key, [])
         for t in tabs:
             if t.covers(x):
                 return t.at(float(x.corr))
         if len(tabs) < 4:
-            t = RowsTable(canon, float(x.mean), float(x.var), min(0.0, float(x.corr)))
+            t = RowsTable(canon, float(x.mean), float(x.var), min(0.0, float(x.corr)), grid)
             tabs.append(t)
             if t.covers(x):
                 return t.at(float(x.corr))
@@ -153,14 +160,14 @@ def rows(params: dict, x: Forward, table: bool = True) -> dict:
     if hit is None:
         if len(_DIRECT) > 64:
             _DIRECT.clear()
-        hit = _DIRECT[dkey] = _rows_direct(canon, x)
+        hit = _DIRECT[dkey] = _rows_direct(canon, x, None if grid is None else grid.n)
     return hit
 
 
-def attention_forward(params: dict, x: Forward, table: bool = True) -> np.ndarray:
+def attention_forward(params: dict, x: Forward, table: bool = True, grid=None) -> np.ndarray:
     """Profile of the attention output (attention parameters, attention input state)."""
-    v = rows(params, x, table)["var"]
-    return v / v.mean()
+    v = rows(params, x, table, grid)["var"]
+    return v / (v.mean() if grid is None else grid.mean(v))
 
 
 def mix(v1: float, f1: np.ndarray, v2: float, f2: np.ndarray) -> np.ndarray:
@@ -279,6 +286,49 @@ def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
     return out
 
 
+_KFG: dict = {}
+
+
+def _flat_kernel_means_graded(grid) -> tuple[float, float, float]:
+    """:func:`_flat_kernel_means` on a graded grid (memoised per grid)."""
+    key = grid.signature()
+    if key not in _KFG:
+        Kf = grid.UtXU(_offdiag(np.ones((grid.size, grid.size))))
+        Kk = grid.UtXU(_offdiag(grid.key_pair_weights()))
+        _KFG[key] = (grid.mean_diag(Kf), grid.mean_off(Kf), grid.mean_diag(Kk))
+    return _KFG[key]
+
+
+def _terms_graded(r: dict, d: np.ndarray, grid):
+    n = grid.n
+    spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
+    diag = grid.suffix_h(d * spread) + d * local
+    a = np.where(n > 1, d * same_c * n / np.maximum(n - 1, 1), 0.0)
+    return diag, a
+
+
+def _attention_cov_graded(r: dict, C: np.ndarray, grid) -> np.ndarray:
+    """:func:`_attention_cov` on a graded grid (sums over positions as weighted sums over
+    its blocks, sigprop.model.positions)."""
+    diag, a = _terms_graded(r, np.diag(C).copy(), grid)
+    Co = _offdiag(C)
+    K = grid.UtXU(Co)
+    kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
+    kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
+    kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
+    pairs = kv * np.diag(K) + kk * np.diag(grid.UtXU(Co * grid.key_pair_weights()))
+    ko = float(r["cross_c"]) / kf_off
+    out = grid.UtDU(a) + ko * K + float(r["qry_c"]) * Co
+    np.fill_diagonal(out, diag + pairs)
+    return out
+
+
+def _flat_stats_graded(r: dict, grid, rg: float) -> tuple[float, float]:
+    diag, a = _terms_graded(r, np.ones(grid.size), grid)
+    return (grid.mean(diag) + rg * float(r["cross"]),
+            grid.mean_off(grid.UtDU(a)) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
+
+
 def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
     """(diagonal mean, off-diagonal mean) of :func:`_attention_cov` for the flat covariance
     (diagonal 1, off-diagonal rg), in O(L): the kernels of a flat covariance are the memoised
@@ -288,8 +338,11 @@ def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
             _UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
 
 
-def mean_off(C: np.ndarray) -> float:
-    """Mean of the off-diagonal entries of a square matrix."""
+def mean_off(C: np.ndarray, grid=None) -> float:
+    """Mean of the off-diagonal entries of a square matrix (of the pairs of distinct
+    positions, on a graded ``grid``)."""
+    if grid is not None:
+        return grid.mean_off(C)
     L = len(C)
     return float((C.sum() - np.trace(C)) / (L * (L - 1)))
 
@@ -299,11 +352,19 @@ def _ratio(a: float, b: float) -> float:
 
 
 def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
-                       table: bool = True) -> tuple[float, float, np.ndarray]:
+                       table: bool = True, grid=None) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over the flat-profile rule values, normalised
     covariance at the attention input) for an upstream gradient covariance over positions C
     (mean diagonal 1; attention parameters and input state; g: the gradient state reaching
     the attention op, whose correlation defines the flat reference)."""
+    if grid is not None:
+        r = rows(params, x, table, grid)
+        o = _attention_cov_graded(r, C, grid)
+        t = grid.mean_diag(o)
+        t1, off1 = _flat_stats_graded(r, grid, float(g.corr))
+        if not (t > 0 and t1 > 0):
+            return 1.0, 1.0, C
+        return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
     r = rows(params, x, table)
     L = len(C)
     o = _attention_cov(r, C)
@@ -324,7 +385,8 @@ def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
     return out
 
 
-def layernorm_input(v1: np.ndarray, tok1: tuple, v2: np.ndarray, tok2: tuple, d: int) -> np.ndarray:
+def layernorm_input(v1: np.ndarray, tok1: tuple, v2: np.ndarray, tok2: tuple, d: int,
+                    grid=None) -> np.ndarray:
     """Per-position gain profile of a LayerNorm whose input is the sum of two independent
     signals with per-position variance contributions v1, v2 (arrays over positions, any common
     unit) and per-token statistics tok1, tok2 = (centred, kappa): the LayerNorm divides the
@@ -345,23 +407,24 @@ def layernorm_input(v1: np.ndarray, tok1: tuple, v2: np.ndarray, tok2: tuple, d:
     Approximations: first order in delta (as the rule); the branch output Gaussian per token
     (centred 0, kappa 1) as in the mean-field mixing; eps neglected against the variance
     (a ratio of two values each ~1e-5 off)."""
+    mean = np.mean if grid is None else grid.mean
     v = v1 + v2
     if not np.all(v > 0):
-        return v / np.mean(v) if np.mean(v) > 0 else np.ones_like(v)
+        return v / mean(v) if mean(v) > 0 else np.ones_like(v)
     c, k = combine_token_stats(v1, tok1[0], tok1[1], v2, tok2[0], tok2[1])
-    c0, k0 = combine_token_stats(float(np.mean(v1)), tok1[0], tok1[1], float(np.mean(v2)), tok2[0], tok2[1])
-    return harmonic_token_var(v, d, c, k) / harmonic_token_var(float(np.mean(v)), d, c0, k0)
+    c0, k0 = combine_token_stats(float(mean(v1)), tok1[0], tok1[1], float(mean(v2)), tok2[0], tok2[1])
+    return harmonic_token_var(v, d, c, k) / harmonic_token_var(float(mean(v)), d, c0, k0)
 
 
 def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
-                       cov_gain: float = 1.0) -> tuple[float, float, np.ndarray]:
+                       cov_gain: float = 1.0, grid=None) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over a flat profile, normalised covariance) of the gradient through a LayerNorm whose input
     has variance profile f: position i is divided by its standard deviation."""
     s = 1 / np.sqrt(f)
-    ref_off = (cov_gain / var_gain if var_gain > 0 else 1.0) * mean_off(C)
+    ref_off = (cov_gain / var_gain if var_gain > 0 else 1.0) * mean_off(C, grid)
     u = positionwise(C * s[:, None] * s[None, :], var_gain, cov_gain)
-    k = float(np.trace(u) / len(u))
-    return k, _ratio(mean_off(u), ref_off), u / k
+    k = float(np.trace(u) / len(u)) if grid is None else grid.mean_diag(u)
+    return k, _ratio(mean_off(u, grid), ref_off), u / k
 
 
 # -- forward: the stream's token correlation over positions ---------------------------------
@@ -416,13 +479,18 @@ def _inv_nmax(L: int) -> tuple[np.ndarray, float]:
     return hit
 
 
-def attention_deviation(S: np.ndarray, r: float, g: float, keep: float) -> np.ndarray:
+def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None) -> np.ndarray:
     """Deviation of the attention branch's output covariance over positions from the flat
     mean-field one (absolute units): input correlation r + S (S zero-mean off the diagonal,
     zero diagonal, unit input variance profile), value gain g, hidden-dropout keep
     probability ``keep`` (applies to the diagonal)."""
-    M, m = _inv_nmax(len(S))
-    D = g * UXUt(S)
+    if grid is None:
+        M, m = _inv_nmax(len(S))
+        D = g * UXUt(S)
+    else:
+        M = grid.inv_nmax()
+        m = grid.mean_off(M)
+        D = g * grid.UXUt(S)
     diag = np.diag(D) / keep
     D += g * (1.0 - r) * (M - m)
     D[np.diag_indices_from(D)] = diag
@@ -435,9 +503,9 @@ def normalise(K: np.ndarray) -> np.ndarray:
     return K * s[:, None] * s[None, :]
 
 
-def deviation(K: np.ndarray) -> tuple[float, np.ndarray]:
+def deviation(K: np.ndarray, grid=None) -> tuple[float, np.ndarray]:
     """(off-diagonal mean, off-diagonal deviation with a zero diagonal) of a matrix."""
-    c = mean_off(K)
+    c = mean_off(K, grid)
     S = K - c
     np.fill_diagonal(S, 0.0)
     return c, S

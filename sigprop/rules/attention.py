@@ -412,13 +412,14 @@ class Attention(Rule):
                 "qry_c": t1["qry_c"]}
 
 
-def row_moments(params: dict, x: Forward) -> np.ndarray:
+def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
     """The rule's one-row statistics A2 = E sum_j P_ij^2 and m1 = E sum_j P_ij z_ij (z the row's
     token-varying logits, so m1 / n = E[P_ij z_ij] per key), averaged over the row logit
     variance exactly as in its forward and backward, at attention input ``x``: shape (2,)
     bidirectional (every row has L keys), (2, L) causal (row lengths n = 1..L).  Before
     attention dropout.  Used by the whole-model predictor's Post-LN gradient shares
-    (sigprop.model.predict, Predictor._attention_euler)."""
+    (sigprop.model.predict, Predictor._attention_euler).  Causal: ``n`` the row lengths to
+    evaluate instead of 1..L (a graded position grid's)."""
     from sigprop.backend import numeric as m
     p = _RULE.param_values(params)
     xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
@@ -426,7 +427,7 @@ def row_moments(params: dict, x: Forward) -> np.ndarray:
         c = _Ctx(m, xx, p)
         if not p.causal:
             return np.array([float(c.row(lambda v, n: _row_value(m, nm, v, n))) for nm in ("A2", "m1")])
-        n = np.arange(1.0, int(p.L) + 1)
+        n = np.arange(1.0, int(p.L) + 1) if n is None else np.asarray(n, dtype=float)
         return np.stack([np.broadcast_to(np.asarray(
             m.expect_gamma(lambda v: _row_value(m, nm, v, n), c.s_mean + 0 * n, c.relvar + 0 * n, n=_NS),
             dtype=float), n.shape) for nm in ("A2", "m1")])

@@ -1,0 +1,78 @@
+"""Discretisation error of the graded position grid (sigprop.model.positions) against the exact
+position model, at sequence lengths where both are affordable.
+
+Usage: python benchmarks/positions_error.py [L ...] [--layers N ...] [--arch A ...]
+
+For each (arch, layers, L): the relative error, worst over the trace points, of the forward
+variance, |error| of the forward correlation, the relative error of the gradient variance and
+|error| of the gradient correlation, and the relative error of the input gradient's position
+profile at positions 0, 1, 2, 10, 100, L-1 (the block holding that position on the grid)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+
+import numpy as np
+
+from sigprop.model import positions
+from sigprop.model.predict import Predictor, _points
+from sigprop.model.presets import resolve
+
+POS = (0, 1, 2, 10, 100)
+
+
+def run(model, exact_max):
+    old = positions.EXACT_MAX
+    positions.EXACT_MAX = exact_max
+    try:
+        t = time.perf_counter()
+        pr = Predictor(model)
+        recs = pr.forward()
+        grads = pr.backward(recs)
+        pts = _points(model, recs, grads)
+        dt = time.perf_counter() - t
+    finally:
+        positions.EXACT_MAX = old
+    prof = recs[0].g_prof
+    L = model.seq_len
+    idx = list(POS) + [L - 1]
+    if pr.grid is not None:
+        blk = [int(np.searchsorted(pr.grid.end, i, side="right")) for i in idx]
+        vals = [float(prof[b]) for b in blk]
+    else:
+        vals = [float(prof[i]) for i in idx]
+    return pts, vals, dt, (pr.grid.size if pr.grid is not None else L)
+
+
+def compare(arch, layers, L, d=64, init=None):
+    m = resolve(arch, init, n_layers=layers, causal=True, seq_len=L, d_model=d, n_heads=2, d_ff=4 * d)
+    ex, pex, tex, _ = run(m, 10 ** 9)
+    gr, pgr, tgr, nb = run(m, 0)
+    fv = max(abs(math.exp(a.log_var - b.log_var) - 1) for a, b in zip(gr, ex))
+    fc = max(abs(a.corr - b.corr) for a, b in zip(gr, ex))
+    gv = max(abs(math.exp(a.log_gvar - b.log_gvar) - 1) for a, b in zip(gr, ex))
+    gc = max(abs(a.gcorr - b.gcorr) for a, b in zip(gr, ex))
+    pe = [abs(a / b - 1) for a, b in zip(pgr, pex)]
+    return dict(arch=arch, init=m.init if hasattr(m, "init") else init, layers=layers, L=L, blocks=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
+                profile_exact=pex, profile_err=pe, t_exact=tex, t_graded=tgr)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("L", nargs="*", type=int, default=[512, 1024])
+    ap.add_argument("--layers", nargs="*", type=int, default=[4, 12])
+    ap.add_argument("--arch", nargs="*", default=["preln", "postln", "dslm", "lns"])
+    ap.add_argument("--init", default=None)
+    ap.add_argument("--d-model", type=int, default=64)
+    a = ap.parse_args()
+    for arch in a.arch:
+        for layers in a.layers:
+            for L in a.L:
+                print(json.dumps(compare(arch, layers, L, a.d_model, a.init)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,186 @@
+"""A graded grid over the positions of a causal sequence, for long sequences.
+
+The causal position model (:mod:`sigprop.model.profile`) carries, per position, variance
+profiles and L x L covariance matrices over positions.  Beyond ``EXACT_MAX`` positions it
+carries them on a graded grid instead: every position below ``P0`` (where a causal attention
+concentrates the gradient, and where the row lengths differ most in relative terms), then
+blocks of positions growing geometrically by the ratio ``Q``.  Each block ``b`` covers the
+positions ``start[b] .. end[b] - 1`` (``w[b]`` of them) and is represented by one position
+``rep[b]`` (row length ``n[b] = rep[b] + 1``, the block's geometric-mean row length rounded);
+a quantity is taken constant over a block at its value at ``rep[b]``.  Sums over positions
+become weighted sums over the blocks: plain sums with the block sizes, the attention's
+``sum_i y_i / n_i`` with the exact sums of ``1/n`` (and ``1/n^2``) over each block (so the
+uniform causal weights are integrated exactly, the smooth factors by the midpoint rule), and
+the part of a block beyond the representative position counted separately where a sum starts
+there.  A matrix over positions becomes ``nb x nb``: off the diagonal the value of the pair of
+representative positions, on the diagonal the value at the representative position itself;
+pairs of distinct positions inside one block take the mean of the block's neighbouring
+off-diagonal entries (their value near the diagonal).  With every block a single position the
+formulas reduce to the exact sums (tested), and the number of blocks is
+``P0 + log(L / P0) / log(Q)`` (214 at L 8192, 271 at L 131072): the cost and memory of a
+causal prediction no longer grow with the sequence beyond that (a few arrays of length L are
+built once per grid, for the harmonic sums).
+
+The discretisation error against the exact position model is measured in the tests and in
+docs/validation.md ("Causal models at long context").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: sequences up to this length keep the exact position model (every position its own block)
+EXACT_MAX = 512
+#: every position below P0 is its own block
+P0 = 128
+#: growth ratio of the blocks beyond P0
+Q = 1.05
+
+
+class Grid:
+    """Blocks of positions of a length-``L`` causal sequence (see the module docstring)."""
+
+    def __init__(self, L: int, p0: int = P0, q: float = Q):
+        L = int(L)
+        self.L, self.p0, self.q = L, int(p0), float(q)
+        starts = list(range(min(self.p0, L)))
+        b = self.p0
+        while b < L:
+            starts.append(b)
+            b = max(b + 1, int(round(b * self.q)))
+        s = np.asarray(starts, dtype=np.int64)
+        e = np.append(s[1:], L)
+        self.start, self.end = s, e
+        self.w = (e - s).astype(float)
+        # representative row length: the block's geometric mean (row lengths s+1 .. e)
+        rep = np.clip(np.rint(np.sqrt((s + 1.0) * e)).astype(np.int64) - 1, s, e - 1)
+        self.rep = rep
+        self.n = rep + 1.0
+        self.size = len(s)
+        # exact harmonic sums over each block: sum 1/n, and from the representative on
+        k = np.arange(1.0, L + 1)
+        H1 = np.concatenate([[0.0], np.cumsum(1.0 / k)])
+        H2 = np.concatenate([[0.0], np.cumsum(1.0 / (k * k))])
+        self.h, self.hp = H1[e] - H1[s], H1[e] - H1[rep]
+        self.h2, self.h2p = H2[e] - H2[s], H2[e] - H2[rep]
+        nb = self.size
+        # the sums from the representative position on and up to it are cumulative sums over
+        # the blocks (no matrix products: O(nb^2) per matrix, and no BLAS threads)
+        self.tail = (e - rep).astype(float)            # positions rep_a .. end_a - 1
+        self.head = (rep - s + 1).astype(float)        # positions start_a .. rep_a
+        upper = np.triu(np.ones((nb, nb)), 1)
+        self.Mw_strict = upper * self.w[None, :] + np.diag(self.tail - 1.0)
+        self.ww = np.outer(self.w, self.w)
+        i = np.arange(nb)
+        self.imax = np.maximum.outer(i, i)
+        self.imin = np.minimum.outer(i, i)
+        self.pairs = L * (L - 1.0)
+        # the neighbours averaged for the pairs inside a block
+        self._lo = np.maximum(i - 1, 0)
+        self._hi = np.minimum(i + 1, nb - 1)
+
+    # -- means ---------------------------------------------------------------------------
+    def mean(self, f: np.ndarray) -> float:
+        """Mean over the positions of a quantity given per block."""
+        return float(self.w @ f) / self.L
+
+    def within(self, K: np.ndarray) -> np.ndarray:
+        """K with its diagonal replaced by the value of pairs of distinct positions inside
+        each block (the mean of its neighbouring off-diagonal entries)."""
+        nb = self.size
+        i = np.arange(nb)
+        lo = np.where(self._lo == i, self._hi, self._lo)
+        hi = np.where(self._hi == i, self._lo, self._hi)
+        X = K.copy()
+        X[i, i] = 0.5 * (K[i, lo] + K[i, hi])
+        return X
+
+    def mean_diag(self, K: np.ndarray) -> float:
+        return self.mean(np.diag(K))
+
+    def mean_off(self, K: np.ndarray) -> float:
+        """Mean over the L (L - 1) ordered pairs of distinct positions."""
+        X = self.within(K)
+        return float(np.sum(X * self.ww) - np.sum(self.w * np.diag(X))) / self.pairs
+
+    @staticmethod
+    def _after(Z: np.ndarray, axis: int) -> np.ndarray:
+        """Sum over the blocks after each block along ``axis``."""
+        c = np.cumsum(Z, axis=axis)
+        return np.take(c, [-1], axis=axis) - c
+
+    def _from_rep(self, Y: np.ndarray, full: np.ndarray, part: np.ndarray, axis: int = 0) -> np.ndarray:
+        """sum over the positions from each representative on of Y (per block) times the
+        block weights ``full`` (whole blocks) and ``part`` (the representative's own block)."""
+        sh = [1] * Y.ndim
+        sh[axis] = -1
+        return self._after(Y * full.reshape(sh), axis) + Y * part.reshape(sh)
+
+    def _to_rep(self, Y: np.ndarray, axis: int = 0) -> np.ndarray:
+        """sum over the positions up to each representative of Y (per block)."""
+        sh = [1] * Y.ndim
+        sh[axis] = -1
+        c = np.cumsum(Y * self.w.reshape(sh), axis=axis)
+        return c - Y * (self.w - self.head).reshape(sh)
+
+    # -- the uniform causal attention matrix U (U_ij = 1/n_i, j <= i) -------------------
+    def suffix_h(self, y: np.ndarray) -> np.ndarray:
+        """sum_{i >= k} y_i / n_i at each representative position k."""
+        return self._from_rep(y, self.h, self.hp)
+
+    def suffix(self, y: np.ndarray) -> np.ndarray:
+        """sum_{i >= k} y_i at each representative position k (y per block, midpoint rule)."""
+        return self._from_rep(y, self.w, self.tail)
+
+    def right_of_diagonal(self, W: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """sum_{s > t} W_ts f_s for every representative t (W symmetric)."""
+        return np.sum(self.Mw_strict * (self.within(W) * f[None, :]), axis=1)
+
+    def UtXU(self, X: np.ndarray) -> np.ndarray:
+        """U^T X U for X zero on the diagonal of positions (its within-block pairs as in
+        :meth:`within`): the block sums with the exact weights 1/n, less the i = j terms."""
+        Xx = self.within(X)
+        Y = self._from_rep(self._from_rep(Xx, self.h, self.hp, 1), self.h, self.hp, 0)
+        return Y - self.UtDU(np.diag(Xx))
+
+    def UtDU(self, a: np.ndarray) -> np.ndarray:
+        """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
+        return self._from_rep(a, self.h2, self.h2p)[self.imax]
+
+    def UXUt(self, X: np.ndarray) -> np.ndarray:
+        """U X U^T for X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
+        Xx = self.within(X)
+        P = self._to_rep(self._to_rep(Xx, 1), 0) - self._to_rep(np.diag(Xx))[self.imin]
+        return P / self.n[:, None] / self.n[None, :]
+
+    def inv_nmax(self) -> np.ndarray:
+        """1 / n_max(i, k) (U U^T) at the representative positions, zero diagonal."""
+        M = 1.0 / self.n[self.imax]
+        np.fill_diagonal(M, 0.0)
+        return M
+
+    def key_pair_weights(self) -> np.ndarray:
+        """1 - 1/min(n_i, n_i') at the representative positions."""
+        return 1.0 - 1.0 / self.n[self.imin]
+
+    def expand(self, f: np.ndarray) -> np.ndarray:
+        """A per-block quantity at every position (constant over each block)."""
+        return np.repeat(f, (self.end - self.start))
+
+    def signature(self) -> tuple:
+        return ("graded", self.L, self.p0, self.q)
+
+
+_GRIDS: dict = {}
+
+
+def grid_for(L: int, exact_max: int | None = None) -> Grid | None:
+    """The graded grid for a causal sequence of length L, or None where the exact position
+    model is used (L <= ``exact_max``, default EXACT_MAX)."""
+    lim = EXACT_MAX if exact_max is None else exact_max
+    if int(L) <= lim:
+        return None
+    g = _GRIDS.get(int(L))
+    if g is None:
+        g = _GRIDS[int(L)] = Grid(int(L))
+    return g

@@ -1,0 +1,106 @@
+"""The graded position grid (sigprop.model.positions) against the exact position sums.
+
+Expected values come from the exact O(L^2) position model (sigprop.model.profile's own
+L x L functions) or from brute-force sums, never from the grid under test."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sigprop.model import positions, profile
+from sigprop.model.predict import Predictor, _points, predict
+from sigprop.model.presets import resolve
+
+
+def _sym(L, seed=0):
+    """A smooth symmetric test matrix over positions with a zero diagonal."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.uniform(0.5, 1.5, 2)
+    t = np.log1p(np.arange(L, dtype=float))
+    X = a * np.exp(-0.1 * np.abs(t[:, None] - t[None, :])) + b / (1.0 + np.add.outer(t, t))
+    np.fill_diagonal(X, 0.0)
+    return X
+
+
+def test_singleton_grid_reduces_to_the_exact_sums():
+    L = 40
+    g = positions.Grid(L, p0=L)
+    assert g.size == L and np.all(g.w == 1)
+    X = _sym(L)
+    n = np.arange(1.0, L + 1)
+    y = np.cos(np.arange(L))
+    assert np.allclose(g.UtXU(X), profile._UtXU(X), rtol=1e-12, atol=1e-14)
+    assert np.allclose(g.UXUt(X), profile.UXUt(X), rtol=1e-12, atol=1e-14)
+    assert np.allclose(g.UtDU(y), profile._UtDU(y), rtol=1e-12, atol=1e-14)
+    assert np.allclose(g.suffix_h(y), profile.suffix(y / n, 0), rtol=1e-12, atol=1e-14)
+    assert np.allclose(g.suffix(y), profile.suffix(y, 0), rtol=1e-12, atol=1e-14)
+    assert math.isclose(g.mean_off(X + 0.3), profile.mean_off(X + 0.3), rel_tol=1e-12)
+    assert math.isclose(g.mean(y), float(np.mean(y)), rel_tol=1e-12, abs_tol=1e-15)
+
+
+def test_graded_kernels_match_the_exact_ones_on_smooth_matrices():
+    """Block sums against the exact L x L kernels at the representative positions: the
+    quadrature error of smooth (in log position) inputs."""
+    L = 3000
+    g = positions.Grid(L)
+    assert g.size < 200
+    X = _sym(L)
+    r = g.rep
+    Xg = X[np.ix_(r, r)]
+    ex = profile._UtXU(X)[np.ix_(r, r)]
+    assert np.max(np.abs(g.UtXU(Xg) / ex - 1)) < 5e-3
+    ex = profile.UXUt(X)[np.ix_(r, r)]
+    nz = ex != 0                                  # (row 0 with itself: U X U^T is 0 there)
+    assert np.max(np.abs(g.UXUt(Xg)[nz] / ex[nz] - 1)) < 5e-3
+    assert np.all(g.UXUt(Xg)[~nz] == 0)
+    assert abs(g.mean_off(Xg) / profile.mean_off(X) - 1) < 5e-3
+    # a grid with the blocks coarser is measurably worse: the test can fail
+    c = positions.Grid(L, p0=4, q=1.5)
+    Xc = X[np.ix_(c.rep, c.rep)]
+    assert np.max(np.abs(c.UtXU(Xc) / profile._UtXU(X)[np.ix_(c.rep, c.rep)] - 1)) > 1e-2
+
+
+def test_short_sequences_keep_the_exact_model():
+    assert positions.grid_for(positions.EXACT_MAX) is None
+    assert positions.grid_for(positions.EXACT_MAX + 1) is not None
+
+
+def _run(m, exact_max, monkeypatch):
+    monkeypatch.setattr(positions, "EXACT_MAX", exact_max)
+    pr = Predictor(m)
+    recs = pr.forward()
+    grads = pr.backward(recs)
+    return _points(m, recs, grads), recs[0].g_prof, pr.grid
+
+
+@pytest.mark.parametrize("arch", ["preln", "postln"])
+def test_graded_prediction_matches_the_exact_position_model(arch, monkeypatch):
+    """The whole prediction on the graded grid against the exact position model at L 600,
+    small width and depth.  Measured (docs/validation.md): relative errors <= 1e-6 on the
+    trace and <= 1e-4 on the gradient profile; the tolerance is 1e-4 on the trace and 1e-3
+    on the profile."""
+    L = 600
+    m = resolve(arch, None, n_layers=2, causal=True, seq_len=L, d_model=32, n_heads=2, d_ff=128)
+    ex, pex, _ = _run(m, 10 ** 9, monkeypatch)
+    gr, pgr, grid = _run(m, 0, monkeypatch)
+    assert grid is not None and grid.size < L // 3
+    for a, b in zip(gr, ex):
+        assert abs(math.exp(a.log_var - b.log_var) - 1) < 1e-4
+        assert abs(a.corr - b.corr) < 1e-4
+        assert abs(math.exp(a.log_gvar - b.log_gvar) - 1) < 1e-4
+        assert abs(a.gcorr - b.gcorr) < 1e-4
+    for i in (0, 1, 2, 10, 100, L - 1):
+        blk = int(np.searchsorted(grid.end, i, side="right"))
+        assert abs(pgr[blk] / pex[i] - 1) < 1e-3, (i, pgr[blk], pex[i])
+
+
+def test_a_long_sequence_runs_on_a_few_hundred_blocks():
+    """seq 131072: the position arrays are the grid's (271 blocks), not L long."""
+    m = resolve("preln", None, n_layers=1, causal=True, seq_len=131072, d_model=32, n_heads=2, d_ff=128)
+    pr = Predictor(m)
+    assert pr.npos == pr.grid.size < 300
+    recs = pr.forward()
+    pr.backward(recs)
+    assert recs[0].g_prof.shape == (pr.grid.size,)
+    assert all(np.isfinite(p.log_gvar) and np.isfinite(p.log_var) for p in predict(m))
