@@ -27,7 +27,7 @@ def startup(repeats: int = 7) -> None:
         ("numeric rule evaluation (library)", [py, "-c", "import sigprop.rules as R; from sigprop.state import Forward; "
                                                "R.get('linear').evaluate(Forward(0.,1.,0.), None, d_in=4, d_out=4, w_std=1.)"]),
         ("sigprop check-component dropout (tiny)", [py, "-m", "sigprop", "check-component", "dropout", "-p", "d=8",
-                                                   "--runs", "2", "--batch", "1", "--json"]),
+                                                   "--trials", "2", "--batch", "1", "--json"]),
     ]
     print(f"start-up, median of {repeats}: python -c 'import numpy' = {base * 1000:.0f} ms")
     for label, cmd in rows:

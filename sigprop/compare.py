@@ -34,14 +34,28 @@ class Row:
 
     @property
     def label(self) -> str:
-        """A human name: the preset's title, plus the init when it is not the preset's own."""
+        """A human name: the preset's title, plus the init when it is not the preset's own,
+        plus where the prediction stops when a softmax saturates."""
         from sigprop.model.presets import ARCHS
 
         info = ARCHS.get(self.arch)
         if info is None:
-            return self.arch
-        init = self.init
-        return info.title if init in (None, info.default_init) else f"{info.title}, {init} init"
+            name = self.arch
+        else:
+            init = self.init
+            name = info.title if init in (None, info.default_init) else f"{info.title}, {init} init"
+        return name + self.stop_note
+
+    @property
+    def saturation_layer(self) -> int | None:
+        """The layer whose softmax saturation ended the prediction (None: complete)."""
+        return self.summary.get("saturation_layer")
+
+    @property
+    def stop_note(self) -> str:
+        """" (saturates at layer l)" for a row whose prediction stops there, else ""."""
+        sat = self.saturation_layer
+        return "" if sat is None else f" (saturates at layer {sat})"
 
 
 def parse_archs(text: str) -> tuple[str, ...]:
@@ -66,7 +80,7 @@ def row(model, points=None) -> Row:
     from sigprop.model.predict import predict
     from sigprop.model.trace import summary
 
-    pts = predict(model) if points is None else points
+    pts = predict(model, stop_at_saturation=True) if points is None else points
     return Row(model.arch, model, pts, summary(pts))
 
 

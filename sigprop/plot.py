@@ -176,13 +176,19 @@ def figure_data(rows, measurements=None, mark_every: int | None = None, title: s
 # drawing (matplotlib from here on, imported lazily)
 # ---------------------------------------------------------------------------------------
 
-#: one colour and marker per preset, the same in every figure
+#: one colour, marker and line style per preset, the same in every figure: lines that lie on
+#: top of each other (Post-LN and DeepNorm both hold the forward variance at 1) stay
+#: distinguishable, the upper one's gaps showing the lower one's colour
 STYLE = {
-    "preln": ("#0072B2", "o"), "postln": ("#D55E00", "s"), "dslm": ("#009E73", "^"),
-    "deepnorm": ("#CC79A7", "D"), "lns": ("#E69F00", "v"), "mixln": ("#56B4E9", "P"),
-    "dslm-post": ("#000000", "X"),
+    "preln": ("#0072B2", "o", "-"), "postln": ("#D55E00", "s", (0, (4, 2))),
+    "dslm": ("#009E73", "^", (0, (1, 1.5))), "deepnorm": ("#CC79A7", "D", (2, (5, 2, 1, 2))),
+    "lns": ("#E69F00", "v", (0, (2.5, 1.5))), "mixln": ("#56B4E9", "P", (1, (6, 1.5, 1, 1.5, 1, 1.5))),
+    "dslm-post": ("#000000", "X", (0, (3, 1, 1, 1))),
 }
-_FALLBACK = [("#7F7F7F", "*"), ("#8C564B", "h"), ("#BCBD22", "<"), ("#17BECF", ">")]
+_FALLBACK = [("#7F7F7F", "*", (0, (3, 2))), ("#8C564B", "h", (0, (1, 2))), ("#BCBD22", "<", (0, (5, 1, 1, 1))),
+             ("#17BECF", ">", (0, (2, 2)))]
+#: the largest PNG drawn (pixels): a bound on --dpi x --width x --height (~200 MB of canvas)
+MAX_PIXELS = 50_000_000
 
 #: sizes for print at the default size, one column of a two-column paper (3.4 in wide): fonts
 #: 6.5-7.5 pt, as in the paper's own captions; a wider --width keeps them
@@ -267,12 +273,12 @@ def make_figure(data: FigureData, width: float = WIDTH, height: float = HEIGHT):
         axes = fig.subplots(2, 2, sharex=True).ravel()
         for ax, panel in zip(axes, data.panels):
             for curve in data.lines[panel.key]:
-                colour, _ = styles[curve.row]
+                colour, _, ls = styles[curve.row]
                 y = np.where(np.isfinite(curve.y), curve.y, np.nan)
-                ax.plot(curve.x, y, color=colour, label=curve.label, zorder=2,
+                ax.plot(curve.x, y, color=colour, ls=ls, label=curve.label, zorder=2,
                         gid=f"prediction-{panel.key}-{curve.row}")
             for curve in data.markers.get(panel.key, []):
-                colour, marker = styles[curve.row]
+                colour, marker, _ = styles[curve.row]
                 y = np.where(np.isfinite(curve.y), curve.y, np.nan)
                 cont = ax.errorbar(curve.x, y, yerr=curve.yerr, fmt=marker, color=colour, mfc="white", mew=1.0,
                                    elinewidth=0.7, capsize=0, zorder=3, label="_nolegend_")
@@ -294,7 +300,7 @@ def make_figure(data: FigureData, width: float = WIDTH, height: float = HEIGHT):
                 ax.yaxis.set_major_formatter(FixedFormatter(labels))
         for ax in axes[2:]:
             ax.set_xlabel("layer")
-        handles = [Line2D([], [], color=styles[curve.row][0], label=curve.label)
+        handles = [Line2D([], [], color=styles[curve.row][0], ls=styles[curve.row][2], label=curve.label)
                    for curve in data.lines[data.panels[0].key]]
         if any(data.markers.get(p.key) for p in data.panels):
             handles.append(Line2D([], [], color="0.3", marker="o", mfc="white", ls="none", label=data.mc_note))
@@ -339,9 +345,22 @@ def output_format(path) -> str:
     return suffix
 
 
+def check_size(path, width: float, height: float, dpi: int) -> None:
+    """DomainError for a PNG of more than :data:`MAX_PIXELS` pixels (or a size or resolution
+    that is not a positive finite number)."""
+    for name, v in (("width", width), ("height", height), ("dpi", dpi)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise DomainError(f"{name} must be a positive number, got {v!r}")
+    if output_format(path) == "png" and width * height * dpi * dpi > MAX_PIXELS:
+        raise DomainError(f"a {width:g} x {height:g} inch PNG at {dpi} dpi has {width * height * dpi * dpi:.3g} "
+                          f"pixels, more than the {MAX_PIXELS / 1e6:g} million sigprop draws: lower --dpi or the size")
+
+
 def save(fig, path, dpi: int = DPI) -> None:
     """Write the figure (format from the suffix); unwritable paths raise DomainError."""
     fmt = output_format(path)
+    w, h = fig.get_size_inches()
+    check_size(path, float(w), float(h), dpi)
     mpl = _matplotlib()
     metadata = {"png": {"Software": "sigprop"}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}[fmt]
     try:

@@ -31,6 +31,15 @@ SPEC: dict[str, tuple[str, dict]] = {
     "L": (r"L", {"positive": True, "integer": True}),
     "a": (r"a", {"real": True}),
     "b": (r"b", {"real": True}),
+    # RMSNorm (sigprop.rules.rmsnorm): per-token statistics
+    "kappa_rms": (r"\kappa_{\mathrm{RMS}}", {"nonnegative": True}),
+    "g_generic_rms": (r"\gamma_{\mathrm{RMS}}", {"nonnegative": True}),
+    # gated FFN (sigprop.rules.glu)
+    "d_ff": (r"d_{\mathrm{ff}}", {"positive": True, "integer": True}),
+    "gate_std": (r"\sigma_{\mathrm{gate}}", {"positive": True}),
+    "up_std": (r"\sigma_{\mathrm{up}}", {"positive": True}),
+    "gate_b_std": (r"\sigma_{b,\mathrm{gate}}", {"nonnegative": True}),
+    "up_b_std": (r"\sigma_{b,\mathrm{up}}", {"nonnegative": True}),
 }
 
 # Names whose symbolic value is the square of another symbol (variances).

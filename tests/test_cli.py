@@ -1,6 +1,7 @@
 """The command line: exit codes, stderr discipline and JSON shapes (contract.md)."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -123,3 +124,226 @@ def test_collector_paused_for_predict_only():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [ln for ln in r.stdout.splitlines() if ln.startswith("GC ")] == ["GC True", "GC False"], r.stdout[-300:]
+
+
+# ---------------------------------------------------------------------------------------
+# one error style, -h and --version, renamed options, and the defects of a first run
+# ---------------------------------------------------------------------------------------
+
+TINY = ["--d-model", "32", "--heads", "2", "--d-ff", "64", "--seq-len", "8"]
+
+
+def one_error_line(r, command: str):
+    """Bad input: exit 2, nothing on stdout, exactly one line on stderr, in the one style."""
+    assert r.returncode == 2, (r.returncode, r.stdout[-300:], r.stderr[-600:])
+    assert r.stdout == ""
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith(f"sigprop {command}: error: ".replace("sigprop : ", "sigprop: ")), lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("command,args,words", [
+    # click's own usage errors (were boxed, several lines)
+    ("predict", ["predict", "--nope"], "no such option: --nope"),
+    ("predict", ["predict", "--layers", "abc"], "'abc' is not a valid int"),
+    ("predict", ["predict", "--arch", "nope"], "unknown arch 'nope'; known: preln, postln,"),
+    ("predict", ["predict", "--init", "nope"], "unknown init 'nope'; known: normal, xavier,"),
+    ("predict", ["predict", "--activation", "tanh"], "unknown activation 'tanh'; known: relu, gelu"),
+    ("compare", ["compare", "--arch", "preln,nope"], "unknown arch 'nope'"),
+    ("", ["no-such-command"], "no such command 'no-such-command'"),
+    ("check", ["check", "--trials", "1"], "--trials"),
+    ("plot", ["plot", "--dpi", "100000", "-o", "x.png"], "--dpi"),
+    ("export latex", ["export", "latex", "--what", "nope"], "--what must be one of"),
+    # sigprop's own checks
+    ("predict", ["predict", "--layers", "0"], "--layers must be an integer in [1, 1000000], got 0"),
+    ("predict", ["predict", "--input-var", "-1"], "--input-var must be > 0"),
+    # check-component: sizes beyond any memory (d_in=1e9 was a TypeError, 1e5 x 1e5 a 37 GiB
+    # allocation), unknown names, a rule without a component of its own
+    ("check-component", ["check-component", "linear", "-p", "d_in=1e9", "-p", "d_out=1e5", "-p", "w_std=0.1"],
+     "of memory per weight draw"),
+    ("check-component", ["check-component", "attention", "-p", "d=64", "-p", "d_head=16", "-p", "n_heads=4",
+                         "-p", "L=1e6", "-p", "q_std=0.1", "-p", "k_std=0.1", "-p", "v_std=0.1", "-p", "o_std=0.1"],
+     "of memory per weight draw"),
+    ("check-component", ["check-component", "relu", "-p", "L=1e400"], "L must be finite"),
+    ("check-component", ["check-component", "relu", "-p", "d=0"], "d must lie in [1, inf]"),
+    ("check-component", ["check-component", "relu", "-p", "d=2.5"], "d must be an integer"),
+    ("check-component", ["check-component", "softmax-approx"], "without a Monte Carlo component"),
+    # renamed options: the old and the new spelling together, or an old one with a bad value
+    ("check-component", ["check-component", "dropout", "--runs", "3", "--trials", "4"],
+     "--runs is the old spelling of --trials"),
+    ("check-component", ["check-component", "dropout", "--x-corr", "1.5"], "--input-corr must lie in [-1, 1]"),
+    ("check-component", ["check-component", "dropout", "--input-corr", "1.5"], "--input-corr must lie in [-1, 1]"),
+])
+def test_bad_input_is_one_plain_line(command, args, words):
+    line = one_error_line(run(*args), command)
+    assert words in line, line
+    assert "╭" not in line and "Usage" not in line
+
+
+def test_unknown_component_lists_only_components():
+    line = one_error_line(run("check-component", "nosuch"), "check-component")
+    from sigprop.mc.components import COMPONENTS
+
+    listed = line.split("known: ")[1].split(", ")
+    assert sorted(listed) == sorted(COMPONENTS) and "softmax-approx" not in listed
+
+
+def test_version_and_h_on_the_app_and_every_command():
+    from sigprop import __version__
+    from sigprop.cli import COMMANDS
+
+    for args in (["--version"], ["predict", "--version"], ["export", "latex", "--version"],
+                 ["check-component", "--version"], ["plot", "--version"]):
+        r = run(*args)
+        assert r.returncode == 0 and r.stdout == f"sigprop {__version__}\n" and r.stderr == "", (args, r.stderr)
+    for args in [["-h"], ["export", "latex", "-h"]] + [[c, "-h"] for c in COMMANDS]:
+        r = run(*args)
+        assert r.returncode == 0 and "Usage: sigprop" in r.stdout and "--version" in r.stdout, (args, r.stderr)
+        assert r.stdout == run(*args[:-1], "--help").stdout
+    r = run()                                       # bare `sigprop`: the help, exit 0
+    assert r.returncode == 0 and "Usage: sigprop" in r.stdout and r.stderr == ""
+
+
+def test_help_shows_choices_and_defaults():
+    r = subprocess.run([sys.executable, "-m", "sigprop", "predict", "-h"], capture_output=True, text=True,
+                       timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
+    out = r.stdout
+    assert "Architecture preset: preln, postln, dslm, dslm-post, deepnorm, lns, mixln (default preln)" in out
+    assert "scheme: normal, xavier, torch-default, scaled, dslm, deepnorm" in out
+    assert "FFN activation: relu, gelu (default relu)" in out
+    assert "(default 24)" in out          # --layers, predict's own default
+
+
+def test_old_option_spellings_still_work():
+    """check-component's --runs, --x-*/--g-* and --tol are hidden deprecated spellings of
+    --trials, --input-*/--grad-* and --tol-var + --tol-grad: the same result, a note each."""
+    common = ["check-component", "dropout", "-p", "p=0.2", "--seed", "4", "--json"]
+    new = run(*common, "--trials", "3", "--input-mean", "0.5", "--input-var", "2", "--input-corr", "0.1",
+              "--grad-var", "3", "--grad-corr", "0.3", "--tol-var", "0.07", "--tol-grad", "0.07")
+    old = run(*common, "--runs", "3", "--x-mean", "0.5", "--x-var", "2", "--x-corr", "0.1",
+              "--g-var", "3", "--g-corr", "0.3", "--tol", "0.07")
+    assert new.returncode == old.returncode == 0, old.stderr
+    a, b = json.loads(new.stdout), json.loads(old.stdout)
+    a.pop("simulate_s"), b.pop("simulate_s")
+    assert a == b and a["trials"] == 3 and a["tolerance"]["grad_rel"] == 0.07
+    assert new.stderr == ""
+    notes = old.stderr.splitlines()
+    assert len(notes) == 7 and all(n.startswith("sigprop check-component: note: --") for n in notes)
+    assert "--tol is deprecated; use --tol-var and --tol-grad" in old.stderr
+
+
+def test_config_keys_are_the_flag_names(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("layers = 2\nheads = 2\nd-model = 32\nseq-len = 8\n")
+    a = run("predict", "--config", str(cfg), "--json")
+    cfg.write_text("n-layers = 2\nn_heads = 2\nd_model = 32\nseq_len = 8\n")   # the library's names still work
+    b = run("predict", "--config", str(cfg), "--json")
+    assert a.returncode == b.returncode == 0 and a.stdout == b.stdout
+    assert json.loads(a.stdout)["model"]["n_layers"] == 2
+    cfg.write_text("widht = 3\n")
+    line = one_error_line(run("predict", "--config", str(cfg)), "predict")
+    assert "known: arch, init, layers, d-model, heads," in line and "n-layers" not in line
+
+
+def test_relu_and_gelu_run_without_parameters():
+    for name in ("relu", "gelu"):
+        r = run("check-component", name, "--trials", "2", "--batch", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["params"] == {"L": 16, "d": 64} and out["pass"] is True
+    r = run("check-component", "relu", "-p", "d=32", "-p", "L=4", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["params"] == {"L": 4, "d": 32}
+    r = run("check-component", "linear", "-p", "d_in=1e2", "-p", "d_out=3e1", "-p", "w_std=0.1", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["params"]["d_in"] == 100
+
+
+def test_sizes_beyond_memory_are_refused_before_anything_is_drawn(monkeypatch):
+    from sigprop.errors import DomainError
+    from sigprop.mc import component as comp
+    from sigprop.mc.components import COMPONENTS
+    from sigprop.rules import get
+
+    monkeypatch.setattr(comp, "available_memory", lambda: 16 * 2**30)
+    lin = COMPONENTS["linear"]
+    with pytest.raises(DomainError, match=r"about 37\.\d GiB of memory per weight draw, more than the 16 GiB available"):
+        comp.resolve_params(lin, get("linear"), {"d_in": 100_000, "d_out": 100_000, "w_std": 0.01}, batch=8)
+    rule, sim = comp.resolve_params(lin, get("linear"), {"d_in": 1e3, "d_out": 10, "w_std": 0.1}, batch=8)
+    assert type(rule["d_in"]) is int and sim == {"L": 16, "d_in": 1000, "d_out": 10, "w_std": 0.1, "b_std": 0.0}
+
+
+def test_component_verdict_is_the_librarys():
+    """judge(): |predicted - measured| <= max(tolerance, z SE), per moment."""
+    from types import SimpleNamespace as NS
+
+    from sigprop.mc.component import judge
+    from sigprop.state import Backward, Forward
+
+    def meas(var, var_se):
+        x = NS(mean=0.0, var=var, corr=0.2, mean_se=0.01, var_se=var_se, corr_se=0.001)
+        return NS(x=x, g=NS(var=1.0, corr=0.0, var_se=0.01, corr_se=0.001))
+
+    px, pg = Forward(0.0, 1.0, 0.2), Backward(1.0, 0.0)
+    by, ok = judge(px, pg, meas(1.1, 0.001))              # 9% off, tiny SE: x_var fails, alone
+    assert not ok and [k for k, v in by.items() if not v] == ["x_var"]
+    assert judge(px, pg, meas(1.1, 0.03))[1]               # within 4 SE
+    assert judge(px, pg, meas(1.1, 0.001), {"var": 0.1})[1]  # within a 10% tolerance
+    assert not judge(px, pg, meas(1.1, 0.03), {"z": 3.0})[1]
+
+
+def test_degenerate_scales_predict():
+    """--branch-scale 1e308: the stream's mean is 0, not inf; --skip-scale 0 --branch-scale 0
+    (a zero stream) predicts instead of a LinAlgError (exit 3)."""
+    r = run("predict", "--layers", "3", *TINY, "--branch-scale", "1e308", "--json")
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(r.stdout)["points"]
+    assert all(p["forward"]["mean"] == 0 for p in pts) and pts[-1]["forward"]["var"] == "inf"
+    r = run("predict", "--layers", "3", *TINY, "--skip-scale", "0", "--branch-scale", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(r.stdout)["points"]
+    assert [p["forward"]["var"] for p in pts] == [1.0] + [0.0] * 6
+    assert pts[0]["backward"]["var"] == 0.0 and pts[-1]["backward"]["var"] == 1.0
+
+
+def test_predict_header_names_the_assumptions():
+    r = run("predict", "--layers", "2", *TINY, "--input-var", "2", "--grad-corr", "0.25", "--dropout", "0.2",
+            "--ffn-dropout", "0.05")
+    assert r.returncode == 0, r.stderr
+    head = r.stdout.split("┏")[0]
+    assert "init      normal: weight std 0.02, bias std 0" in head
+    assert "dropout   attention 0.2, hidden 0.2, ffn-inner 0.05" in head
+    assert "stream entering layer 1: mean 0, var 2, token corr 0.1768" in head
+    assert "upstream, at the top: var 1, token corr 0.25" in head
+
+
+def test_check_table_fits_80_columns():
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "sigprop", "check", "--layers", "2", *TINY, "--trials", "2",
+                        "--batch", "2", "--input-var", "1e6", "--grad-var", "1e-5"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode in (0, 1), r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    rows = [ln for ln in lines if ln.startswith(("0 in", "1 att", "2 ffn"))]
+    assert len(rows) == 3 and all("…" not in ln for ln in rows)    # nothing truncated
+    assert all(len(ln.split()) >= 9 for ln in rows)                  # every column on the row's one line
+
+
+def test_rules_attention_is_readable_in_a_terminal():
+    env = {**__import__("os").environ, "COLUMNS": "80"}
+    r = subprocess.run([sys.executable, "-m", "sigprop", "rules", "attention", "softmax"], capture_output=True,
+                       text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80 and len(lines) < 150, len(lines)
+    assert "formulas: 79,540 terms, too long to print here (--latex prints them)" in r.stdout
+    assert re.search(r"forward variance: \d+ lines long \(--latex prints it\)", r.stdout)   # softmax
+    assert "E[sum P_i^2 sum P_k^2]" in r.stdout          # assumptions are text, not rich markup
+
+
+def test_max_depth_probes_sorted():
+    r = run("solve-init", "--target", "max-depth", "--max-grad-ratio", "1.3", "--max-layers", "256",
+            "--d-model", "64", "--heads", "2", "--seq-len", "8", "--json")
+    assert r.returncode == 0, r.stderr
+    ns = [e["n_layers"] for e in json.loads(r.stdout)["evaluations"]]
+    assert ns == sorted(ns) and len(set(ns)) == len(ns) and any(n & (n - 1) for n in ns)   # bisected

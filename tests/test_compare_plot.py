@@ -4,6 +4,7 @@ paths (bad input, matplotlib missing)."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -281,6 +282,8 @@ def test_plot_command_writes_png_and_svg(capsys, tmp_path):
             assert f'id="prediction-{key}-{i}"' in text and f'id="mc-{key}-{i}"' in text
     assert "seed 7" in out
     assert "preln: Monte Carlo" in err and "lns: Monte Carlo" in err
+    for bad, total in re.findall(r"(\d+) of (\d+) points outside", err):
+        assert int(bad) <= int(total) == 7                    # points, not failed moments
 
 
 def test_plot_without_matplotlib_exits_2(capsys, tmp_path, monkeypatch):
@@ -305,3 +308,58 @@ def test_other_commands_never_import_matplotlib():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["rows"][0]["arch"] == "preln"
+
+
+def test_overlapping_lines_stay_distinguishable():
+    """Two architectures with the same curve (Post-LN and DeepNorm both hold the forward
+    variance at 1): the lower line's colour must still show (line styles differ); with one
+    solid style for all, the upper line hid it completely."""
+    from sigprop.plot import PANELS, STYLE, Curve, FigureData, make_figure
+
+    x = np.linspace(0.0, 4.0, 9)
+    lines = {p.key: [Curve("postln", x, np.zeros(9), None, 0), Curve("deepnorm", x, np.zeros(9), None, 1)]
+             for p in PANELS}
+    fig = make_figure(FigureData(PANELS, lines, {}, ["postln", "deepnorm"], ""))
+    fig.set_dpi(300)
+    fig.canvas.draw()
+    img = np.asarray(fig.canvas.buffer_rgba())[..., :3] / 255
+    bb = fig.axes[0].get_window_extent()
+    h = img.shape[0]
+    panel = img[int(h - bb.y1):int(h - bb.y0), int(bb.x0):int(bb.x1)]      # panel (a), no legend
+    for arch in ("postln", "deepnorm"):
+        rgb = np.array([int(STYLE[arch][0][k:k + 2], 16) for k in (1, 3, 5)]) / 255
+        assert np.sum(np.all(np.abs(panel - rgb) < 0.05, axis=-1)) > 100, arch
+    assert len({STYLE[a][2] for a in STYLE}) == len(STYLE)
+
+
+def test_png_size_is_bounded(capsys, tmp_path):
+    from sigprop.plot import check_size
+
+    out = tmp_path / "f.png"
+    code, stdout, err = cli(capsys, "plot", "--arch", "preln", "--layers", "2", *TINY_FLAGS, "-o", str(out),
+                            "--dpi", "2400", "--width", "20", "--height", "20")
+    assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1
+    assert "2.3e+09 pixels, more than the 50 million" in err and not out.exists()
+    code, stdout, err = cli(capsys, "plot", "--arch", "preln", "--layers", "2", *TINY_FLAGS, "-o", str(out),
+                            "--dpi", "100000")
+    assert code == 2 and stdout == "" and len(err.strip().splitlines()) == 1 and "--dpi" in err
+    check_size(tmp_path / "f.svg", 20, 20, 2400)          # vector output: the resolution draws nothing
+
+
+def test_failed_points_count_points_not_moments():
+    """A prediction 10x off in both variances fails every point twice: `plot --check` reported
+    the failed moments as points ('14 of 9 points')."""
+    import dataclasses
+
+    from sigprop.mc.model import simulate
+    from sigprop.model.checking import compare as check_points
+
+    m = resolve("preln", n_layers=2, **TINY)
+    pts = predict(m)
+    meas = simulate(m, batch=1, trials=2, seed=0)
+    off = [p._replace(log_var=p.log_var + math.log(10), log_gvar=p.log_gvar + math.log(10)) for p in pts]
+    res = check_points(off, meas)
+    assert len(res.failures) >= 2 * len(pts) and res.failed_points == [True] * len(pts)
+    res = check_points(pts, meas, {"z": 1e9})
+    assert res.failed_points == [False] * len(pts) and res.passed
+    assert dataclasses.fields(res)[-1].name == "failed_points"

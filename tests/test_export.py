@@ -175,10 +175,51 @@ def _cli(*args):
                           text=True, timeout=300)
 
 
-def test_cli_solve_needs_layers():
-    r = _cli("--what", "solve")
+def test_cli_solve_defaults_to_24_layers_and_follows_the_verdict():
+    """--what solve as typed: 24 layers (as predict and solve-init), unit-variance feasible with
+    the gradient ratio it reaches; --strict gives the infeasible verdict."""
+    r = _cli("--what", "solve", "--d-model", "64", "--heads", "2", "--d-ff", "128", "--seq-len", "16")
+    assert r.returncode == 0, r.stderr
+    assert "$N = 24$ layers" in r.stdout
+    assert r"\textbf{Result:} feasible: forward variance within 0.01" in r.stdout
+    assert "input/output $g_0/g_N$ = 0." in r.stdout and r"\textbf{Note:} Exact unit gradient variance" in r.stdout
+    r = _cli("--what", "solve", "--strict", "--layers", "2", "--d-model", "64", "--heads", "2", "--d-ff", "128",
+             "--seq-len", "16")
+    assert r.returncode == 0, r.stderr
+    assert r"\textbf{Result:} infeasible: unit-variance \texttt{-{}-strict}" in r.stdout
+    r = _cli("--what", "components", "--strict")
     assert r.returncode == 2 and r.stdout == ""
-    assert r.stderr.strip() == "sigprop: error: --layers is required"
+
+
+_MATH = re.compile(r"\$[^$]*\$|\\texttt\{[^{}]*(?:\{\}[^{}]*)*\}")
+
+
+def _prose(doc: str) -> str:
+    """The text of the derivation's paragraphs, math and typewriter parts removed."""
+    paras = [ln for ln in doc.splitlines() if ln.startswith(r"\noindent\textbf{")]
+    return "\n".join(_MATH.sub(" ", p) for p in paras)
+
+
+@pytest.mark.parametrize("target,arch,kw", [("unit-variance", "preln", {}), ("unit-variance", "postln", {"strict": True}),
+                                           ("unit-forward", "preln", {}), ("logit-var", "lns", {"value": 2.0}),
+                                           ("max-depth", "preln", {"max_ratio": 3.0, "n_max": 8})])
+def test_solve_prose_is_plain_latex(target, arch, kw):
+    """No ASCII mathematics in the sentences: no lambda^2 (typeset as a circumflex), no
+    sigma_q (an escaped underscore), no --target (LaTeX joins the dashes), no Greek names as
+    words; every formula in math mode."""
+    from sigprop.solve import solve
+
+    opts = dict(d_model=64, n_heads=2, d_ff=128, seq_len=16)
+    if target != "max-depth":
+        opts["n_layers"] = 3
+    doc = solve_latex(solve(target, arch=arch, **kw, **opts))
+    prose = _prose(doc)
+    assert prose.count(r"\textbf{") >= 4
+    for bad in (r"\^{}", r"\_", "--", "->", "<=", "V-hat"):
+        assert bad not in prose, (bad, [ln for ln in prose.splitlines() if bad in ln][:2])
+    words = re.findall(r"(?<![\\A-Za-z])(lambda|beta|sigma|Gamma|rho|ell|sqrt)(?![A-Za-z])", prose)
+    assert words == [], words
+    assert "$" in doc and r"\lambda" in doc or target in ("logit-var", "max-depth")
 
 
 @pytest.mark.parametrize("args", [["--what", "nope"], ["--layers", "3"], ["--value", "1"]])
@@ -259,14 +300,16 @@ def test_components_fragment_compiles_when_input(tmp_path):
     assert len(_scales(log)) > 0
 
 
-@pytest.mark.parametrize("arch", ["postln", "mixln"])      # mixln has Pre-LN and Post-LN sublayers
+@pytest.mark.parametrize("arch", ["postln", "mixln", "preln", "dslm", "lns"])  # mixln: Pre-LN and Post-LN sublayers
 def test_model_document_compiles(arch, tmp_path):
     from sigprop.model import presets
 
     model = presets.resolve(arch=arch, n_layers=4, d_model=64, n_heads=4, seq_len=16)
     doc = model_latex(model)
-    assert (r"\subsection*{Pre-LN" in doc) == (arch == "mixln")
-    assert r"\subsection*{Post-LN" in doc
+    assert (r"\subsection*{Pre-LN" in doc) == (arch in ("mixln", "preln", "dslm", "lns"))
+    assert (r"\subsection*{Post-LN" in doc) == (arch in ("mixln", "postln"))
+    # every closed form with its error against the layer-by-layer value (none for Mix-LN)
+    assert ("relative error" in doc) == (arch != "mixln")
     problems, log, _ = compile_tex(doc, tmp_path)
     assert problems == [], problems
     assert _scales(log) == []
@@ -274,11 +317,13 @@ def test_model_document_compiles(arch, tmp_path):
     assert problems == [], problems
 
 
-@pytest.mark.parametrize("target,arch", [("unit-variance", "preln"), ("unit-forward", "postln")])
-def test_solve_document_compiles(target, arch, tmp_path):
+@pytest.mark.parametrize("target,arch,strict", [("unit-variance", "preln", False), ("unit-variance", "postln", True),
+                                                ("unit-forward", "postln", False)])
+def test_solve_document_compiles(target, arch, strict, tmp_path):
     from sigprop.solve import solve, steps
 
-    sol = solve(target, arch=arch, n_layers=2, d_model=64, n_heads=4, seq_len=16)
+    sol = solve(target, arch=arch, n_layers=2, d_model=64, n_heads=4, seq_len=16, strict=strict)
+    assert sol.feasible != strict
     doc = solve_latex(sol)
     n_steps = len(steps(sol))
     assert len(re.findall(r"\\noindent\\textbf\{\d+\.\}", doc)) == n_steps

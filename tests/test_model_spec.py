@@ -93,7 +93,7 @@ def test_round_trip_property(n, data):
               n_heads=1, d_head=3, d_ff=5, seq_len=2, activation="relu", norm="layernorm", causal=False,
               dropout=Dropout(data.draw(st.floats(0, 0.999))), input=Forward(data.draw(fl), data.draw(st.floats(1e-300, 1e300)),
                                                                             data.draw(st.floats(0, 1))),
-              grad=Backward(data.draw(nonneg), data.draw(st.floats(-1, 1))), attention=sub("attention"), ffn=sub("ffn"))
+              grad=Backward(data.draw(st.floats(1e-300, 1e300)), data.draw(st.floats(-1, 1))), attention=sub("attention"), ffn=sub("ffn"))
     j = json.loads(json.dumps(m.to_json()))
     m2 = Model.from_json(j)
     assert m2 == m
@@ -171,7 +171,9 @@ BAD = [
     (_set(["input", "corr"], -0.1), "model.input.corr must lie in [0, 1], got -0.1"),
     (_set(["input", "var"], 0.0), "model.input.var must be > 0, got 0"),
     (_set(["input", "mean"], "0"), "model.input.mean must be a number"),
-    (_set(["grad", "var"], -1.0), "model.grad.var must be >= 0, got -1"),
+    (_set(["grad", "var"], -1.0), "model.grad.var must be > 0, got -1"),
+    (_set(["grad", "var"], 0.0), "model.grad.var must be > 0, got 0"),
+    (_set(["seq_len"], 1), "model.seq_len must be >= 2"),
     (_set(["grad", "corr"], 2), "model.grad.corr must lie in [-1, 1], got 2"),
     (_set(["grad", "mean"], 0.0), "model.grad: unknown key 'mean'"),
     (_set(["extra"], 1), "model: unknown key 'extra'"),

@@ -146,15 +146,94 @@ def test_causal_attention_gives_a_new_answer():
     assert float(y.var) == pytest.approx(1.0, rel=1e-9)
 
 
-def test_unit_variance_is_infeasible_with_attention_and_says_why():
+def test_unit_variance_solves_the_forward_and_reports_the_gradient():
+    """unit-variance: forward variance 1 (as unit-forward: the same model), feasible, the
+    gradient's input/output ratio reported with the note; --strict turns it infeasible."""
     sol = solve("unit-variance", arch="preln", n_layers=3, **TINY)
-    assert not sol.feasible
-    assert "attention" in sol.reason and "Gamma/V" in sol.reason
+    assert sol.feasible, sol.reason
+    fwd = solve("unit-forward", arch="preln", n_layers=3, **TINY)
+    for kind in ("attention", "ffn"):
+        for w, col in getattr(fwd.model, kind).std.items():
+            np.testing.assert_array_equal(getattr(sol.model, kind).std[w], col)
+    np.testing.assert_allclose([p.var for p in sol.points[1:]], 1.0, rtol=1e-5)
+    grad = sol.extra["gradient"]
+    # the ratio is the prediction's own g_0 / g_N
+    assert grad["ratio_input_output"] == pytest.approx(sol.points[0].gvar / sol.points[-1].gvar, rel=1e-12)
+    assert not grad["within_tol"] and grad["ratio_input_output"] < 0.9
+    assert grad["attention_gain_ratio"]["max"] < 1
+    assert "--grad-corr" in sol.note and "token correlation" in sol.note
     st = steps(sol)
-    assert any(s.expr == sp.S.EmptySet for s in st)
+    assert any(s.expr == sp.S.EmptySet for s in st)        # attention's two equations in s: no common root
+    assert st[-1].text.startswith("feasible") and "as flat as" in st[-1].text
     for s in st:
         if s.expr is not None:
             sp.latex(s.expr)
+    strict = solve("unit-variance", arch="preln", n_layers=3, strict=True, **TINY)
+    assert not strict.feasible
+    assert "--strict" in strict.reason and "attention $Gamma/V$" in strict.reason
+    np.testing.assert_array_equal(strict.model.attention.std["v"], sol.model.attention.std["v"])
+    assert steps(strict)[-1].text.startswith("infeasible")
+    with pytest.raises(DomainError):
+        solve("unit-forward", arch="preln", n_layers=2, strict=True, **TINY)
+
+
+def test_strict_passes_where_the_gradient_is_flat():
+    """A tiny branch share (k = 0.001) keeps every gradient factor within 1e-3 of 1: --strict
+    is then feasible (the verdict is a tolerance test, not a refusal of attention)."""
+    sol = solve("unit-variance", arch="preln", n_layers=2, beta_k=1e-3, strict=True, **TINY)
+    assert sol.feasible, sol.reason
+    assert sol.extra["gradient"]["within_tol"] and sol.note is None
+
+
+def test_the_free_quantities_that_cannot_flatten_the_gradient():
+    """The derivation's claims, on the rules at layer 1: splitting sigma_v sigma_o or
+    sigma_in sigma_out (ReLU) differently leaves Gamma/V unchanged (homogeneity), the logit
+    variance moves it (and is the one lever, at the cost of sharper attention)."""
+    from sigprop.solve.blocks import geometry
+    from sigprop.solve.explain import split_probes
+
+    sol = solve("unit-forward", arch="preln", n_layers=2, **TINY, verify=False)
+    a0, f0 = sol.sublayers[0], sol.sublayers[1]
+    pr = split_probes(geometry(sol.model), a0, f0)
+    assert pr["v_o_split"] == pytest.approx(1.0, rel=1e-9)
+    assert pr["in_out_split"] == pytest.approx(1.0, rel=1e-9)
+    assert pr["logit_var_x2"] > 1.5
+    # GeLU is not homogeneous: the split moves Gamma/V (a little)
+    gel = solve("unit-forward", arch="preln", n_layers=1, activation="gelu", **TINY, verify=False)
+    pg = split_probes(geometry(gel.model), gel.sublayers[0], gel.sublayers[1])
+    assert abs(pg["in_out_split"] - 1) > 1e-4
+
+
+@pytest.fixture(scope="module")
+def default_ratios():
+    """unit-variance on the default model (d 1024, 16 heads, L 256, k = 1) at four depths."""
+    return {n: solve("unit-variance", arch="preln", n_layers=n) for n in (12, 192, 768, 1000)}
+
+
+def test_the_gradient_ratio_does_not_depend_on_depth(default_ratios):
+    r = {n: s.extra["gradient"]["ratio_input_output"] for n, s in default_ratios.items()}
+    assert all(s.feasible for s in default_ratios.values())
+    assert max(r.values()) / min(r.values()) <= 1.05, r
+    # and it is the beta^2 = k/N law: the first-order estimate exp(-sum beta^2 (1 - Gamma/V)) within 5%
+    # (second-order terms in beta^2 = 1/12) and within 1% from 192 layers on
+    for n, s in default_ratios.items():
+        g = s.extra["gradient"]
+        assert g["ratio_input_output"] == pytest.approx(g["ratio_estimate"], rel=0.05 if n < 100 else 0.01)
+    # forward exact at every depth
+    for s in default_ratios.values():
+        assert max(abs(p.var - 1) for p in s.points[1:]) < 1e-6
+
+
+def test_grad_corr_equal_to_the_stream_does_not_give_unit_gradient():
+    """With the loss gradient's token correlation set to the stream's (at the top) the value path
+    matches, but the query/key path adds to the backward gain: the gradient then grows towards
+    the input instead of shrinking (the rule's answer; the value-path argument alone predicts 1)."""
+    base = solve("unit-variance", arch="preln", n_layers=24)
+    r_top = base.points[-1].corr
+    same = solve("unit-variance", arch="preln", n_layers=24, grad_corr=round(r_top, 3))
+    g0, g1 = base.extra["gradient"]["ratio_input_output"], same.extra["gradient"]["ratio_input_output"]
+    assert g0 < 0.5 and g1 > 1.5
+    assert same.extra["gradient"]["attention_gain_ratio"]["min"] > 1
 
 
 def test_input_variance_the_skip_path_cannot_absorb():
@@ -224,7 +303,9 @@ def test_solved_model_passes_a_monte_carlo_check():
     from sigprop.model.checking import compare
 
     sol = solve("unit-forward", arch="preln", n_layers=3, **TINY)
-    meas = simulate(sol.model, batch=4, trials=4, seed=1)
+    # 8 draws (check's default): with 4, the standard errors from 4 draws put ~20% of seeds
+    # outside z = 4 (measured over 60 seeds, with this and the former random stream alike)
+    meas = simulate(sol.model, batch=4, trials=8, seed=1)
     res = compare(sol.points, meas)
     assert res.passed, res.failures
     fw = np.array([f.var for f in meas.forward[1:]])
@@ -267,15 +348,49 @@ def test_cli_json_and_spec_round_trip(tmp_path):
     assert json.loads(r.stdout)["model"] == obj["model"]
 
 
-def test_cli_infeasible_exits_1_and_bad_input_2():
-    r = run("solve-init", "--arch", "preln", "--layers", "2", "--d-model", "64", "--heads", "2", "--d-ff", "128",
+def test_cli_unit_variance_as_typed(tmp_path):
+    """No --layers: 24 layers as predict; exit 0 with the gradient ratio and the note; the model
+    it writes reads back through predict --spec with forward variance 1 and the same gradient."""
+    out = tmp_path / "uv.json"
+    r = run("solve-init", "--target", "unit-variance", "--d-model", "64", "--heads", "2", "--d-ff", "128",
+            "--seq-len", "16", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "gradient: input/output" in r.stdout and "note: Exact unit gradient variance" in r.stdout
+    obj = json.loads(out.read_text())
+    assert obj["feasible"] is True and obj["strict"] is False and obj["model"]["n_layers"] == 24
+    assert "--grad-corr" in obj["note"] and obj["gradient"]["within_tol"] is False
+    r = run("predict", "--spec", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(r.stdout)["points"]
+    assert max(abs(p["forward"]["var"] - 1) for p in pts[1:]) < 0.01
+    ratio = pts[0]["backward"]["var"] / pts[-1]["backward"]["var"]
+    assert ratio == pytest.approx(obj["gradient"]["ratio_input_output"], rel=1e-9)
+
+
+def test_cli_strict_exits_1_and_bad_input_2():
+    r = run("solve-init", "--strict", "--layers", "2", "--d-model", "64", "--heads", "2", "--d-ff", "128",
             "--seq-len", "16", "--json")
     assert r.returncode == 1
-    assert "infeasible" in r.stderr and "attention" in r.stderr
+    assert "infeasible" in r.stderr and "attention" in r.stderr and "--strict" in r.stderr
     obj = json.loads(r.stdout)
     assert obj["feasible"] is False and obj["target"] == "unit-variance" and obj["model"]["n_layers"] == 2
-    r = run("solve-init", "--arch", "lns", "--layers", "2")
-    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
+    assert obj["strict"] is True and obj["gradient"]["ratio_input_output"] < 1
+    for args in (["--arch", "lns", "--layers", "2"], ["--target", "unit-forward", "--strict"],
+                 ["--target", "max-depth", "--max-grad-ratio", "4", "--layers", "3"]):
+        r = run("solve-init", *args)
+        assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, args
+
+
+def test_cli_check_spec_on_the_solved_model(tmp_path):
+    """A small seeded Monte Carlo check of the unit-variance model at reduced width."""
+    out = tmp_path / "uv.json"
+    r = run("solve-init", "--layers", "3", "--d-model", "64", "--heads", "2", "--d-ff", "256", "--seq-len", "32",
+            "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    r = run("check", "--spec", str(out), "--trials", "4", "--batch", "4", "--seed", "3", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    obj = json.loads(r.stdout)
+    assert obj["pass"] is True and obj["seed"] == 3
 
 
 def test_explain_renders_text_and_latex(capsys):
@@ -285,7 +400,21 @@ def test_explain_renders_text_and_latex(capsys):
     st = steps(sol)
     render_steps(st, latex=False)
     text = capsys.readouterr().out
-    assert "sympy.solve" in text and "EmptySet" in text
+    assert "sympy.solve" in text and "EmptySet" in text and "$" not in text
+    assert "input/output g_0/g_N" in text and "as flat as the free quantities allow" in text
     render_steps(st, latex=True)
     tex = capsys.readouterr().out
     assert r"\begin{equation}" in tex and r"\emptyset" in tex
+    assert r"$\lambda ^2 + \beta ^2 = 1$" in tex and r"\texttt{-{}-strict}" in tex
+
+
+def test_prose_markup():
+    from sigprop.solve.prose import plain, tex
+
+    s = "residual scales: $lambda^2 + beta^2 = 1$, $beta^2 = k/N$; see --beta-k_x"
+    assert plain(s) == "residual scales: lambda^2 + beta^2 = 1, beta^2 = k/N; see --beta-k_x"
+    assert tex(s) == (r"residual scales: $\lambda ^2 + \beta ^2 = 1$, $\beta ^2 = k/N$; see "
+                      r"\texttt{-{}-beta-k}\_x")
+    assert tex("$V-hat_A <= sqrt(d_ff) * ell$") == r"$\hat{V}_A \le  \sqrt{d_{\mathrm{ff}}} \, \ell $"
+    assert tex("$exp(-k * mean(1 - Gamma/V))$ 5%") == r"$\exp (-k \, \mathrm{mean}(1 - \Gamma /V))$ 5\%"
+    assert tex("$x^(1/4) LN(x)$") == r"$x^{1/4} \mathrm{LN}(x)$"

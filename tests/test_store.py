@@ -35,7 +35,7 @@ def cache_dir(tmp_path, monkeypatch):
 def test_loaded_tables_give_identical_predictions(cache_dir):
     model = presets.resolve("preln", n_layers=6, d_model=64, n_heads=2, d_ff=256, seq_len=16)
     built = _values(_fresh_predict(model))
-    files = sorted(cache_dir.glob("*.npy"))
+    files = sorted(cache_dir.glob("*.tbl"))
     assert files, "building the tables should have stored them"
     stamps = [f.stat().st_mtime_ns for f in files]
     loaded = _values(_fresh_predict(model))
@@ -54,10 +54,10 @@ def test_disabled_store_gives_the_same_numbers(cache_dir, monkeypatch):
 def test_corrupt_entries_are_rebuilt(cache_dir):
     model = presets.resolve("preln", n_layers=4, d_model=64, n_heads=2, d_ff=256, seq_len=16)
     good = _values(_fresh_predict(model))
-    for f in cache_dir.glob("*.npy"):
+    for f in cache_dir.glob("*.tbl"):
         f.write_bytes(b"not a table")
     assert np.array_equal(_values(_fresh_predict(model)), good)
-    for f in cache_dir.glob("*.npy"):
+    for f in cache_dir.glob("*.tbl"):
         assert store.load(f.stem) is not None                      # rewritten
 
 
@@ -75,3 +75,105 @@ def test_keys_depend_on_inputs_and_sources(monkeypatch):
     assert k != store.key("table", ("attention", 1.0 + 1e-15), 0.0)
     monkeypatch.setattr(store, "_digest", "another source tree")
     assert k != store.key("table", ("attention", 1.0), 0.0)
+
+
+# -- a stored table never changes an answer -------------------------------------------------
+
+import os
+import subprocess
+import sys
+import tempfile
+
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+_SMALL = ["--d-model", "32", "--heads", "2", "--seq-len", "8"]
+
+
+def _cli(args, cache):
+    env = {**os.environ, "SIGPROP_CACHE_DIR": str(cache), "SIGPROP_PROGRESS": "0"}
+    r = subprocess.run([sys.executable, "-m", "sigprop", *args], capture_output=True, env=env, timeout=300)
+    return r.returncode, r.stdout, r.stderr
+
+
+_INIT_STD = st.one_of(st.sampled_from([0.0, 1e-3, 0.02, 0.08, 0.1, 0.2, 0.5, 1.0]),
+                      st.floats(0.0, 1.0, allow_nan=False))
+_SCALE = st.sampled_from([None, 0.0, 1e-6, 0.5, 2.0, 1e6, 1e200])
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(command=st.sampled_from([["predict"], ["predict", "--json"], ["compare", "--arch", "preln,postln"]]),
+       arch=st.sampled_from(["preln", "postln", "dslm", "deepnorm", "mixln"]),
+       layers=st.integers(1, 3), init_std=_INIT_STD, branch=_SCALE, skip=_SCALE,
+       causal=st.booleans())
+# the init once answered exit 2 cold (out of the attention rule's domain) and exit 3 warm
+@example(command=["predict", "--json"], arch="preln", layers=3, init_std=1.0, branch=None, skip=None, causal=False)
+def test_every_command_twice_on_a_fresh_store_answers_the_same(command, arch, layers, init_std, branch, skip,
+                                                                causal):
+    """Run a command twice against one fresh store (the first run builds and stores its tables,
+    the second loads them): the same exit code and byte-identical stdout and stderr, whatever
+    the model (zero, tiny, ordinary and saturating inits; tiny and huge scales; and whether
+    the command succeeds or refuses it)."""
+    args = list(command) + _SMALL + ["--layers", str(layers), "--init", "normal", "--init-std", repr(init_std)]
+    if command[0] == "predict":
+        args += ["--arch", arch]
+    if branch is not None:
+        args += ["--branch-scale", repr(branch)]
+    if skip is not None:
+        args += ["--skip-scale", repr(skip)]
+    if causal:
+        args += ["--causal"]
+    cache = tempfile.mkdtemp(prefix="sigprop-twice-")
+    first = _cli(args, cache)
+    second = _cli(args, cache)
+    assert second == first, f"{args}: first run {first[0]}, second {second[0]}"
+    assert b"Traceback" not in first[2]
+
+
+def test_a_stored_failure_is_remembered_not_misread(cache_dir):
+    """A table whose build fails (a costly-to-evaluate or out-of-domain range) is stored as
+    a failure; loading it means direct evaluation, as after the failed build (it once read as
+    a table of zero nodes and divided by zero)."""
+    k = store.key("test", "failure")
+    assert store.save(k, np.zeros(3))
+    t = tables.Table(tables.Chain([("dropout", dict(p=0.1))]), {}, 0.0, 1.0, store_key=k)
+    assert t.loaded and not t.ok
+    assert not t.covers(tables.Forward(0.0, 1.0, 0.5))
+
+
+def test_entries_are_sealed_to_their_key(cache_dir):
+    a, b = store.key("test", "a"), store.key("test", "b")
+    assert store.save(a, np.arange(5.0))
+    assert np.array_equal(store.load(a), np.arange(5.0))
+    store.path(a).rename(store.path(b))                 # another key's file: not b's entry
+    assert store.load(b) is None
+    assert not store.save(a, np.array([1.0, np.nan]))   # non-finite: never written
+    assert store.load(a) is None
+    assert not list(cache_dir.glob(".*.tmp"))             # no temporary file left behind
+
+
+def test_a_tampered_table_is_rebuilt_not_used(cache_dir):
+    """An entry with a valid seal but numbers that fail the build's own acceptance test (its
+    interpolant against the stored midpoint evaluations) is rebuilt."""
+    chain = tables.Chain([("dropout", dict(p=0.1)), ("residual", dict(a=2.0, b=0.0))])
+    k = store.key("test", "tamper")
+    built = tables.Table(chain, {}, 0.0, 1.0, store_key=k)
+    assert built.ok and not built.loaded
+    arr = store.load(k)
+    arr[3 + int(arr[0]) + 5] *= 1.5                     # one node value of the variance row
+    assert store.save(k, arr)
+    again = tables.Table(chain, {}, 0.0, 1.0, store_key=k)
+    assert again.ok and not again.loaded                # rebuilt
+    assert np.array_equal(again.vals, built.vals)
+
+
+def test_costly_attention_is_evaluated_directly_unless_widely_shared():
+    att = dict(d=64, n_heads=2, d_head=32, L=16, q_std=0.3, k_std=0.3, v_std=0.1, o_std=0.1, p=0.0, causal=0)
+    ops = [("attention", att)]
+    x = tables.Forward(0.0, 1.0, 0.3)
+    assert tables.table_logit_var(ops, x) > tables.COSTLY_LOGIT_VAR
+    assert not tables.worth_tabulating(ops, x, tables.COSTLY_USES - 1)
+    assert tables.worth_tabulating(ops, x, tables.COSTLY_USES)
+    cheap = [("attention", {**att, "q_std": 0.05, "k_std": 0.05})]
+    assert tables.worth_tabulating(cheap, x, tables.BUILD_AFTER)
+    assert not tables.worth_tabulating(cheap, x, tables.BUILD_AFTER - 1)

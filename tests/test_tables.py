@@ -195,3 +195,30 @@ def test_var_table_for_a_correlation_below_its_range():
     assert cache.get_var(ATT_SMALL, Forward(0.0, 0.5, -0.04), 0.1, 1.0) is None and len(built) == 2
     assert cache.get_var(ATT_SMALL, Forward(0.0, 0.5, 0.2), 0.1, 1.0) is first
     assert cache.get_var(ATT_SMALL, Forward(0.0, 2.0, 0.2), 0.1, 1.0) is None    # outside the variances
+
+
+def test_progress_goes_to_stderr_only_and_only_when_asked(tmp_path):
+    """A table build draws progress on stderr with SIGPROP_PROGRESS=1; without it (stderr not a
+    terminal here) nothing is drawn and rich is never imported; stdout is the same either way."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, json\n"
+            "from sigprop.model import presets\n"
+            "from sigprop.model.predict import predict\n"
+            "m = presets.resolve('preln', n_layers=3, d_model=32, n_heads=2, seq_len=8)\n"
+            "print(json.dumps([list(p) for p in predict(m)]))\n"
+            "print('rich' in sys.modules)\n")
+    out = {}
+    for flag in ("1", None):
+        env = {k: v for k, v in os.environ.items() if k != "SIGPROP_PROGRESS"}
+        env["SIGPROP_CACHE_DIR"] = str(tmp_path / f"store-{flag}")
+        if flag:
+            env["SIGPROP_PROGRESS"] = flag
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr
+        out[flag] = r
+    assert out["1"].stderr and out["1"].stdout.splitlines()[-1] == "True"
+    assert out[None].stderr == "" and out[None].stdout.splitlines()[-1] == "False"
+    assert out["1"].stdout.splitlines()[0] == out[None].stdout.splitlines()[0]

@@ -1,29 +1,133 @@
-"""The typer application every command module registers on (see sigprop.cli)."""
+"""The typer application every command module registers on (see sigprop.cli), and the
+conventions every command shares:
+
+* ``-h`` and ``--help`` print the help; ``--version`` prints ``sigprop <version>``, on the
+  application and on every command (:class:`SigpropTyper` adds it to each command it
+  registers);
+* bad input is one line on stderr, ``sigprop COMMAND: error: ...``, exit 2, nothing on stdout
+  (:func:`fail`; :func:`sigprop.cli.main` turns option-parsing errors into the same line);
+* an option renamed for consistency keeps its old spelling as a hidden, deprecated alias
+  (:func:`renamed`): it still works, with a one-line note on stderr.
+"""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 
 import typer
 
-app = typer.Typer(
+from sigprop import __version__
+
+#: ``sigprop`` or ``sigprop COMMAND``: the prefix of error lines (set when a command runs)
+PROG = "sigprop"
+#: notes waiting for the end of the command (:func:`note`)
+NOTES: list[str] = []
+
+
+def _current_context():
+    """The running command's click context, or None (typer >= 0.25 vendors click)."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:                       # older typer: click itself
+        from click import get_current_context
+    return get_current_context(silent=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"sigprop {__version__}\n")
+        raise typer.Exit(0)
+
+
+def _version_option():
+    return typer.Option(False, "--version", is_eager=True, callback=_version, expose_value=True,
+                        help="Show the version and exit.")
+
+
+def _common(fn):
+    """``fn`` with the options every command shares (``--version``) and a record of the command
+    being run (for the prefix of error lines)."""
+    sig = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        global PROG
+        kwargs.pop("_version", None)
+        ctx = _current_context()
+        if ctx is not None:
+            PROG = ctx.command_path
+        return fn(*args, **kwargs)
+
+    extra = [inspect.Parameter("_version", inspect.Parameter.KEYWORD_ONLY, default=_version_option(),
+                               annotation=bool)]
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
+    return wrapper
+
+
+class SigpropTyper(typer.Typer):
+    """A typer application whose commands all take ``-h`` and ``--version``."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("context_settings", {"help_option_names": ["-h", "--help"]})
+        kwargs.setdefault("add_completion", False)
+        kwargs.setdefault("pretty_exceptions_enable", False)
+        super().__init__(**kwargs)
+
+    def command(self, *args, **kwargs):
+        register = super().command(*args, **kwargs)
+        return lambda fn: register(_common(fn))
+
+
+app = SigpropTyper(
     name="sigprop",
     help="Analytic signal propagation for deep transformers: moment rules, predictions and their "
     "Monte Carlo proof.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
 )
 
 
 @app.callback()
-def _group() -> None:
+def _group(_version: bool = _version_option()) -> None:
     """Analytic signal propagation for deep transformers: moment rules, predictions and their
     Monte Carlo proof."""
     # (a callback keeps `sigprop` a command group when main() has loaded a single command)
 
 
 def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr, nothing on stdout, then exit."""
-    sys.stderr.write(f"sigprop: error: {message}\n")
+    """One clear line on stderr (``sigprop COMMAND: error: message``), nothing on stdout, then
+    exit with ``code``."""
+    line = " ".join(str(message).split())      # one line, whatever the message holds
+    NOTES.clear()                               # bad input: the error line is all there is
+    sys.stderr.write(f"{PROG}: error: {line}\n")
     raise SystemExit(code)
+
+
+def note(message: str) -> None:
+    """A one-line note for stderr (``sigprop COMMAND: note: message``), written when the
+    command ends (:func:`flush_notes`) unless it ends on bad input."""
+    NOTES.append(f"{PROG}: note: {message}\n")
+
+
+def flush_notes() -> None:
+    while NOTES:
+        sys.stderr.write(NOTES.pop(0))
+
+
+def renamed(ctx, new: str, value, old_flag: str, old_value, quiet: bool = False, use: str | None = None):
+    """The value of option ``new`` (its parameter name; ``--new-name`` on the command line),
+    given either under its name or under ``old_flag``, its hidden deprecated spelling (whose
+    value, None when not given, is ``old_value``; a note on stderr unless ``quiet``).  Both
+    given: bad input.  ``use``: what the note recommends (default ``--new-name``)."""
+    if old_value is None:
+        return value
+    new_flag = "--" + new.replace("_", "-")
+    src = ctx.get_parameter_source(new)
+    if src is not None and src.name != "DEFAULT":
+        from sigprop.errors import DomainError
+
+        raise DomainError(f"{old_flag} is the old spelling of {new_flag}: give {new_flag} only")
+    if not quiet:
+        note(f"{old_flag} is deprecated; use {use or new_flag}")
+    return old_value

@@ -18,58 +18,59 @@ from typing import Optional
 
 import typer
 
-# option name -> (type, help); all default to None ("not given")
-OPTIONS: dict[str, tuple[type, str]] = {
-    "arch": (str, "Architecture preset: preln, postln, dslm, dslm-post, deepnorm, lns, mixln."),
-    "init": (str, "Init scheme: normal, xavier, torch-default, scaled, dslm, deepnorm (default: the arch's own)."),
-    "layers": (int, "Number of layers N (each has an attention and an FFN sublayer)."),
-    "d_model": (int, "Model width (default 1024)."),
-    "heads": (int, "Attention heads (default 16)."),
-    "d_head": (int, "Head width (default d_model / heads)."),
-    "d_ff": (int, "FFN width (default 4 d_model)."),
-    "seq_len": (int, "Sequence length L (default 256)."),
-    "dropout": (float, "Sets attention, hidden and FFN-inner dropout (default: 0.1, 0.1 and 0, the DSLM figure model)."),
-    "attn_dropout": (float, "Dropout on the attention probabilities."),
-    "hidden_dropout": (float, "Dropout on each branch output."),
-    "ffn_dropout": (float, "Dropout after the FFN activation."),
-    "activation": (str, "relu or gelu (default relu)."),
-    "causal": (bool, "Causal (decoder) attention."),
-    "input_mean": (float, "Mean of the stream entering layer 1."),
-    "input_var": (float, "Variance of the stream entering layer 1."),
-    "input_corr": (float, "Token correlation of the stream entering layer 1."),
-    "grad_var": (float, "Variance of dLoss/dx at the top."),
-    "grad_corr": (float, "Token correlation of dLoss/dx at the top."),
-    "skip_scale": (float, "Override the skip scale a of every sublayer."),
-    "branch_scale": (float, "Override the branch scale b of every sublayer."),
-    "mixln_alpha": (float, "Mix-LN: fraction of Post-LN layers (default 0.25)."),
-    "init_std": (float, "Std of the normal / scaled inits (default 0.02)."),
-    "beta_k": (float, "DSLM: beta^2 = k / N (default 1)."),
-}
-_RENAME = {"layers": "n_layers", "heads": "n_heads", "ffn_dropout": "ffn_dropout"}
+from sigprop.model.presets import OPTIONS as _PRESET_OPTIONS
 
-_MULTI_ARCH_HELP = ("Comma-separated architecture presets, e.g. preln,postln,dslm (default: preln, postln, "
-                    "dslm, deepnorm, lns, mixln); each uses its own default init unless --init is given.")
+#: The model options, written once in :data:`sigprop.model.presets.OPTIONS` (name, type,
+#: default, meaning, range, choices); here: parameter name (the flag without ``--``, dashes as
+#: underscores: ``layers``, ``d_model``) -> that option.
+OPTIONS = {(o.cli or o.name): o for o in _PRESET_OPTIONS.values()}
+
+_MULTI_ARCH_HELP = ("Comma-separated architecture presets, each of {choices} (default: {default}); each uses "
+                    "its own default init unless --init is given.")
 
 
-def model_options(fn=None, *, multi_arch: bool = False):
+def _help(o, default_layers: int | None) -> str:
+    text = o.doc[0].upper() + o.doc[1:]
+    if o.choices:                                   # "Initialisation scheme: normal, ... (default: ...)"
+        head, sep, tail = text.partition(" (")
+        text = f"{head}: {', '.join(o.choices)}" + (f" ({tail}" if sep else "")
+    default = default_layers if o.name == "n_layers" else o.default
+    if default is not None and o.type is not bool:
+        text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+    return text + "."
+
+
+def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | None = None):
+    """Add the model options to a command (see the module docstring).  ``default_layers``: the
+    number of layers the command uses when ``--layers`` is not given (shown in the help; the
+    command passes the same number to :func:`build_model`)."""
     if fn is None:
-        return functools.partial(model_options, multi_arch=multi_arch)
+        return functools.partial(model_options, multi_arch=multi_arch, default_layers=default_layers)
     sig = inspect.signature(fn)
     params = [p for p in sig.parameters.values() if p.name != "model_opts"]
     extra = []
-    for name, (typ, help_) in OPTIONS.items():
-        if multi_arch and name == "arch":
-            help_ = _MULTI_ARCH_HELP
-        flag = "--" + name.replace("_", "-")
-        if typ is bool:
-            opt = typer.Option(None, f"{flag}/--no-{flag[2:]}", help=help_, rich_help_panel="Model")
+    for name, o in OPTIONS.items():
+        help_ = _help(o, default_layers)
+        # choices: listed in the help; checked with the other values by presets (an Enum type
+        # per option would cost start-up time for every command)
+        metavar = "NAME" if o.choices else None
+        if o.choices and multi_arch and name == "arch":
+            from sigprop.compare import DEFAULT_ARCHS
+
+            help_ = _MULTI_ARCH_HELP.format(choices=", ".join(o.choices), default=",".join(DEFAULT_ARCHS))
+            metavar = "A,B,..."
+        if o.type is bool:
+            opt = typer.Option(None, f"{o.flag}/--no-{o.flag[2:]}", help=help_, rich_help_panel="Model")
         else:
-            opt = typer.Option(None, flag, help=help_, rich_help_panel="Model")
-        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[typ]))
+            opt = typer.Option(None, o.flag, help=help_, metavar=metavar, rich_help_panel="Model")
+        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[o.type]))
     extra.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                                   default=typer.Option(None, "--config", help="TOML file with the same keys; flags override it.", rich_help_panel="Model")))
+                                   default=typer.Option(None, "--config", help="TOML file with the same keys (names "
+                                                        "without the leading --); flags override it.",
+                                                        rich_help_panel="Model")))
     extra.append(inspect.Parameter("spec", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
-                                   default=typer.Option(None, "--spec", help="A resolved model object (JSON), e.g. from solve-init or a trace.", rich_help_panel="Model")))
+                                   default=typer.Option(None, "--spec", help="A resolved model object (JSON), e.g. "
+                                                        "from solve-init or a trace.", rich_help_panel="Model")))
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -94,16 +95,20 @@ def build_model(opts: dict, default_layers: int | None = None):
             raise DomainError("--spec gives a fully resolved model: drop the other model options "
                               f"({', '.join('--' + k.replace('_', '-') for k in opts) or '--config'})")
         return Model.load(spec)
+    # canonical name -> (label for messages, value): config values (already checked against
+    # the file's keys), then flags, labelled as typed ("--layers must be a positive integer")
     merged = {}
     if config is not None:
         from sigprop.model.config import load_config
 
-        merged.update(load_config(config))
-    merged.update(opts)
-    if "layers" not in merged and "n_layers" not in merged and default_layers is not None:
-        merged["layers"] = default_layers
-    kwargs = {_RENAME.get(k, k): v for k, v in merged.items()}
-    return presets.resolve(**kwargs)
+        merged.update({k: (k, v) for k, v in load_config(config).items()})
+    for k, v in opts.items():
+        o = OPTIONS[k]
+        # (arch and init are resolve's own arguments; a choice reads "unknown activation 'x'")
+        merged[o.name] = (o.name if o.choices else o.flag, v)
+    if "n_layers" not in merged and default_layers is not None:
+        merged["n_layers"] = ("n_layers", default_layers)
+    return presets.resolve(**{label: v for label, v in merged.values()})
 
 
 def build_models(opts: dict, default_layers: int | None = None, default_archs=None) -> list:

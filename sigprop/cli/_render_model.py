@@ -11,25 +11,63 @@ def _f(v, fmt=".4g"):
     return format(v, fmt)
 
 
+def _g(v) -> str:
+    return format(float(v), ".4g")
+
+
+def _span(values) -> str:
+    import numpy as np
+
+    v = np.unique(np.concatenate([np.ravel(a) for a in values]))
+    return _g(v[0]) if v.size == 1 else f"{_g(v.min())} to {_g(v.max())}"
+
+
+def model_header(model, arch: bool = True) -> list[str]:
+    """The model a table describes, in plain lines: shape, init, dropout, and what is
+    assumed of the input stream and of the gradient arriving at the top.  ``arch=False``
+    (several architectures under the same options): without the preset's name, init and
+    residual scales."""
+    m, d, x, g = model, model.dropout, model.input, model.grad
+    subs = (m.attention, m.ffn)
+    init = (m.notes or {}).get("init")
+    stds = _span([s.std[w] for s in subs for w in s.std])
+    biases = _span([s.bias_std[w] for s in subs for w in s.bias_std])
+    lines = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
+                       f"d_ff {m.d_ff}, {m.activation}"),
+             ("attention", f"{m.n_heads} heads x {m.d_head}, {m.seq_len} tokens, "
+                           f"{'causal' if m.causal else 'bidirectional'}")]
+    if arch:
+        lines.append(("init", f"{init or '(from the model file)'}: weight std {stds}, bias std {biases}"))
+        lines.append(("residual", f"skip scale {_span([s.skip_scale for s in subs])}, branch scale "
+                                  f"{_span([s.branch_scale for s in subs])}"))
+    lines.append(("dropout", f"attention {d.attention:g}, hidden {d.hidden:g}, ffn-inner {d.ffn_inner:g}"))
+    lines.append(("input", f"stream entering layer 1: mean {_g(x.mean)}, var {_g(x.var)}, token corr {_g(x.corr)}"))
+    lines.append(("gradient", f"upstream, at the top: var {_g(g.var)}, token corr {_g(g.corr)}"))
+    return [f"{k:<10}{v}" for k, v in lines]
+
+
 def render_trace(model, tr: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    m = tr["model"]
-    title = (f"{m['arch']}: {m['n_layers']} layers, d {m['d_model']}, {m['n_heads']} heads x {m['d_head']}, "
-             f"d_ff {m['d_ff']}, L {m['seq_len']}, {m['activation']}, dropout "
-             f"{m['dropout']['attention']}/{m['dropout']['hidden']}/{m['dropout']['ffn_inner']}"
-             + (", causal" if m["causal"] else ""))
-    t = Table(title=title)
+    c = Console()
+    for line in model_header(model):
+        c.print(escape(line), highlight=False)
+    t = Table()
     for col in ("layer", "sublayer", "mean", "var", "corr", "grad var", "grad corr", "logit var"):
         t.add_column(col, justify="left" if col == "sublayer" else "right")
     for p in tr["points"]:
         f, b = p["forward"], p["backward"]
         t.add_row(str(p["layer"]), p["sublayer"], _f(f["mean"]), _f(f["var"]), _f(f["corr"], ".4f"),
                   _f(b["var"]), _f(b["corr"], ".4f"), _f(p["logit_var"]))
-    c = Console()
     c.print(t)
     s = tr["summary"]
+    sat = s.get("saturation_layer")
+    if sat is not None:
+        last, at = ("the input", "at the input") if sat == 1 else (f"layer {sat - 1}", f"at the output of layer {sat - 1}")
+        c.print(f"[bold red]trace stops[/] after {last}: layer {sat}'s attention leaves the rules' domain "
+                f"({s['domain_note']}); the gradient at the top (--grad-var, --grad-corr) is given {at}")
     c.print(f"[bold]forward variance[/]: final {_f(s['forward_var_final'])}, growth x{_f(s['forward_var_growth'])} ({s['forward_law']})")
     c.print(f"[bold]gradient[/]: input/output ratio {_f(s['grad_ratio_input_output'])} ({s['grad_law']})")
     c.print(f"[bold]token correlation at the top[/]: {_f(s['corr_top'], '.4f')}; "
@@ -37,47 +75,93 @@ def render_trace(model, tr: dict) -> None:
     c.print(f"[bold]verdict[/]: {s['verdict']}")
 
 
-def render_symbolic(model) -> None:  # filled in by the symbolic whole-model derivation
+def render_symbolic(model) -> None:
+    """The derivation's blocks; a closed form's comparison line in red when it is an
+    approximation outside its range.  Lines are printed as text (their [notes] are not markup)."""
     from rich.console import Console
+    from rich.markup import escape
 
     from sigprop.model.symbolic import derive
 
     c = Console()
     for block in derive(model):
-        c.print(f"[bold]{block.title}[/]")
+        c.print(f"[bold]{escape(block.title)}[/]")
+        off = {f.text(model.n_layers) for f in block.forms if not f.within_range}
         for line in block.lines:
-            c.print("  " + line)
+            c.print(("  [red]" + escape(line) + "[/]") if line in off else "  " + escape(line))
         if block.assumption:
-            c.print(f"  [dim]assumes: {block.assumption}[/]")
+            c.print(f"  [dim]assumes: {escape(block.assumption)}[/]")
+
+
+def _c(v, digits: int = 4) -> str:
+    """A number in a few characters: ``digits`` significant digits from 0.01 up to where
+    Python switches to exponents, else one digit fewer in scientific notation without the
+    exponent's '+' and leading zeros (1.026e6, 9.15e-6)."""
+    if v is None or isinstance(v, str) or v != v or v in (float("inf"), float("-inf")):
+        return _f(v)
+    s = format(v, f".{digits}g")
+    if "e" in s or (v != 0 and abs(v) < 0.01):
+        m, e = format(v, f".{max(digits - 1, 1)}e").split("e")
+        m = m.rstrip("0").rstrip(".") if "." in m else m
+        return f"{m}e{int(e)}"
+    return s
+
+
+def _pm(v, se) -> str:
+    return f"{_c(v, 3)}±{_c(se, 2)}" if se is not None else _c(v, 3)
+
+
+_SUB = {"input": "in", "attention": "att", "ffn": "ffn", "block": "blk"}
+_ERRORS = (("forward_var_relerr", "forward var", True), ("grad_var_relerr", "gradient var", True),
+           ("forward_corr_abserr", "forward corr", False), ("grad_corr_abserr", "gradient corr", False),
+           ("logit_var_relerr", "logit var", True))
 
 
 def render_check(model, res, meas, every: int) -> None:
+    """Predicted beside measured, one row per point (fits 80 columns), then the errors."""
+    from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    t = Table(title=f"{model.arch}, {model.n_layers} layers: predicted vs measured "
-                    f"({meas.trials} trials x batch {meas.batch}, seed {meas.seed}, {meas.dtype})")
-    for col in ("layer", "sublayer", "var pred", "var meas ± SE", "corr pred", "corr meas", "grad var pred",
-                "grad var meas ± SE", "grad corr pred", "grad corr meas"):
-        t.add_column(col, justify="left" if col == "sublayer" else "right")
+    c = Console()
+    for line in model_header(model):
+        c.print(escape(line), highlight=False)
+    c.print(f"Monte Carlo: {meas.trials} trials x batch {meas.batch}, seed {meas.seed}, {meas.dtype} "
+            "(x: outside tolerance)", highlight=False)
+    c.print()
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+    for col in ("layer", "var", "meas ± SE", "corr", "meas", "grad var", "meas ± SE", "gcorr", "meas", ""):
+        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=True)
     last = res.predicted[-1]["layer"]
-    for p, m in zip(res.predicted, res.measured):
+    failed = res.failed_points or [False] * len(res.predicted)
+    for p, m, bad in zip(res.predicted, res.measured, failed):
         if every > 1 and not (p["layer"] in (0, last) or p["layer"] % every == 0):
             continue
-        t.add_row(str(p["layer"]), p["sublayer"], _f(p["forward"]["var"]),
-                  f"{_f(m['forward']['var'])} ± {_f(m['se']['forward']['var'], '.2g')}",
-                  _f(p["forward"]["corr"], ".4f"), _f(m["forward"]["corr"], ".4f"),
-                  _f(p["backward"]["var"]), f"{_f(m['backward']['var'])} ± {_f(m['se']['backward']['var'], '.2g')}",
-                  _f(p["backward"]["corr"], ".4f"), _f(m["backward"]["corr"], ".4f"))
-    c = Console()
+        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _c(p["forward"]["var"]),
+                  _pm(m["forward"]["var"], m["se"]["forward"]["var"]),
+                  _f(p["forward"]["corr"], ".3f"), _f(m["forward"]["corr"], ".3f"),
+                  _c(p["backward"]["var"]), _pm(m["backward"]["var"], m["se"]["backward"]["var"]),
+                  _f(p["backward"]["corr"], ".3f"), _f(m["backward"]["corr"], ".3f"),
+                  "[red]x[/]" if bad else "")
     c.print(t)
-    for k, v in res.errors.items():
-        if v["median"] is not None:
-            c.print(f"{k}: median {v['median']:.4f}, p90 {v['p90']:.4f}, max {v['max']:.4f}")
-    r2 = ", ".join(f"{k} {v:.4f}" for k, v in res.r2.items() if v is not None)
-    c.print(f"R^2 of log predicted vs log measured variance: {r2 or '-'}")
-    c.print(f"simulation {meas.simulate_s:.1f} s, {meas.gflop:.1f} GFLOP")
+    c.print()
+    e = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, padding=(0, 1))
+    for col in ("error", "median", "p90", "max"):
+        e.add_column(col, justify="left" if col == "error" else "right")
+    for key, label, rel in _ERRORS:
+        v = res.errors.get(key, {})
+        if v.get("median") is not None:
+            e.add_row(label, *(f"{100 * v[q]:.2f}%" if rel else f"{v[q]:.4f}" for q in ("median", "p90", "max")))
+    c.print(e)
+    r2 = ", ".join(f"{'forward' if k == 'forward_var' else 'gradient'} {v:.4g}"
+                   for k, v in res.r2.items() if v is not None)
+    c.print(f"R^2 of log variance, predicted vs measured: {r2 or '-'}", highlight=False)
+    c.print(f"simulation {meas.simulate_s:.1f} s, {meas.gflop:.1f} GFLOP", highlight=False)
+    n_bad = sum(failed)
     if res.passed:
         c.print("[green]pass[/]: every point within tolerance")
     else:
-        c.print(f"[red]{len(res.failures)} failures[/], e.g. " + "; ".join(res.failures[:3]))
+        c.print(f"[red]{n_bad} of {len(res.predicted)} points outside tolerance[/]; the first:")
+        for f in res.failures[:3]:
+            c.print("  " + escape(f), highlight=False)

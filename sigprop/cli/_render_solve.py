@@ -1,5 +1,5 @@
 """Rendering of `sigprop solve-init` results: a rich table, the derivation steps (text or
-LaTeX), and the JSON solution object (schema sigprop.solve/1, with the contract's model
+LaTeX), and the JSON solution object (schema sigprop.solve/1, with the resolved model
 under key "model" so that `predict --spec` / `check --spec` read the file unchanged)."""
 
 from __future__ import annotations
@@ -53,6 +53,14 @@ def _formula_json(f) -> dict:
             "min": _num(f.lo), "max": _num(f.hi)}
 
 
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    if isinstance(v, bool) or v is None:
+        return v
+    return _num(v)
+
+
 def solution_json(sol, steps=None) -> dict:
     """The solution object (``--json`` and ``-o``)."""
     import sympy as sp
@@ -60,7 +68,7 @@ def solution_json(sol, steps=None) -> dict:
     from sigprop.solve.explain import latex as to_latex
 
     obj = {"schema": "sigprop.solve/1", "version": __version__, "target": sol.target, "arch": sol.arch,
-           "feasible": bool(sol.feasible), "reason": sol.reason}
+           "feasible": bool(sol.feasible), "reason": None if sol.reason is None else sol.reason.replace("$", "")}
     if sol.target == "max-depth":
         obj.update({
             "init": sol.init, "max_grad_ratio": sol.max_ratio, "max_layers": sol.n_max,
@@ -79,9 +87,17 @@ def solution_json(sol, steps=None) -> dict:
         obj["prediction"] = {k: _num(v) for k, v in dev.items()}
         if "logit_var_max_dev" in sol.extra:
             obj["prediction"]["logit_var_max_dev"] = _num(sol.extra["logit_var_max_dev"])
+        if sol.target == "unit-variance":
+            from sigprop.solve.prose import plain
+
+            obj["strict"] = bool(sol.strict)
+            obj["gradient"] = _jsonable(sol.extra.get("gradient"))
+            obj["note"] = plain(sol.note) if sol.note else None
     obj["timing"] = {k: round(v, 4) for k, v in sol.timings.items()}
     if steps is not None:
-        obj["steps"] = [{"text": s.text,
+        from sigprop.solve.prose import plain
+
+        obj["steps"] = [{"text": plain(s.text),
                          "expr": None if s.expr is None else sp.sstr(s.expr),
                          "latex": None if s.expr is None else to_latex(s.expr)} for s in steps]
     obj["model"] = sol.model.to_json() if sol.model is not None else None
@@ -93,14 +109,17 @@ def render_steps(steps, latex: bool) -> None:
 
     from sigprop.solve.explain import latex as to_latex
 
+    from sigprop.solve.prose import plain, tex
+
     if latex:
         for s in steps:
-            print(f"% {s.text}" if s.expr is not None else s.text)
+            print(tex(s.text))
             if s.expr is not None:
                 print(r"\begin{equation}" + to_latex(s.expr) + r"\end{equation}")
+            print()
         return
     for i, s in enumerate(steps, 1):
-        print(f"{i:2d}. {s.text}")
+        print(f"{i:2d}. {plain(s.text)}")
         if s.expr is not None:
             print("      " + sp.sstr(s.expr))
     print()
@@ -140,9 +159,25 @@ def render(sol, steps=None, latex: bool = False) -> None:
         c.print(f"prediction of the solved model: max |forward var - 1| = {dev['forward_var_max_dev']:.3g}; "
                 f"gradient input/output {dev['grad_ratio_input_output']:.4g} "
                 f"(max |g/g_top - 1| = {dev['grad_var_max_dev']:.3g})")
+    grad = sol.extra.get("gradient")
+    if grad:
+        att = grad.get("attention_gain_ratio")
+        c.print(f"gradient: input/output {grad['ratio_input_output']:.4g}"
+                + (f"; attention Gamma/V {att['min']:.3g} .. {att['max']:.3g}" if att else "")
+                + (" (within the tolerance)" if grad["within_tol"] else
+                   " (not within the tolerance: the gradient is as flat as the free quantities allow)"),
+                markup=False)
+    if sol.note:
+        from sigprop.solve.prose import plain
+
+        c.print("note: " + plain(sol.note), markup=False)
     if "logit_var_max_dev" in sol.extra:
         c.print(f"predicted logit variance within {sol.extra['logit_var_max_dev']:.2g} (relative) of {sol.logit_var:g}")
-    c.print("[green]feasible[/]" if sol.feasible else "[red]infeasible[/] (reason on stderr)")
+    if sol.feasible and grad and not grad["within_tol"]:
+        c.print(f"[green]feasible[/]: forward variance 1 within {sol.tol:g} at every sublayer; gradient "
+                f"input/output {grad['ratio_input_output']:.4g} (--strict requires it within {sol.tol:g} of 1)")
+    else:
+        c.print("[green]feasible[/]" if sol.feasible else "[red]infeasible[/] (reason on stderr)")
 
 
 def _render_layers(c, sol) -> None:

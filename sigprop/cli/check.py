@@ -16,46 +16,84 @@ class DType(str, Enum):
     float64 = "float64"
 
 
+class ArrayBackend(str, Enum):
+    numpy = "numpy"
+    torch = "torch"
+    cupy = "cupy"
+
+
+class Device(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class Stream(str, Enum):
+    host = "host"
+    device = "device"
+
+
+BACKEND_HELP = "Array library of the simulation (torch and cupy when installed)."
+DEVICE_HELP = "Device of the simulation's arrays (cuda: torch or cupy)."
+RNG_HELP = ("Random numbers: host = NumPy's generator, moved to the device (the same numbers on every backend); "
+            "device = the backend's own generator (faster on a GPU, another stream).")
+DASK_HELP = "Run the independent trials on a Dask cluster: a scheduler address (tcp://host:8786) or 'local'."
+WORKERS_HELP = "With --dask local (implied when given alone): worker processes of the local cluster."
+
+
 @app.command("check")
-@model_options
+@model_options(default_layers=12)
 def check_cmd(
     trials: int = typer.Option(8, min=2, help="Independent weight draws."),
     batch: int = typer.Option(8, min=1, help="Sequences per draw."),
     seed: int = typer.Option(0, min=0, help="Random seed (reported)."),
     dtype: DType = typer.Option(DType.float32, help="Simulation precision."),
+    backend: ArrayBackend = typer.Option(ArrayBackend.numpy, help=BACKEND_HELP),
+    device: Device = typer.Option(Device.cpu, help=DEVICE_HELP),
+    rng: Stream = typer.Option(Stream.host, "--rng", help=RNG_HELP),
+    dask: str = typer.Option(None, "--dask", help=DASK_HELP),
+    workers: int = typer.Option(None, "--workers", help=WORKERS_HELP),
     tol_var: float = typer.Option(0.05, "--tol-var", min=0.0, help="Relative tolerance, forward variance."),
     tol_grad: float = typer.Option(0.05, "--tol-grad", min=0.0, help="Relative tolerance, gradient variance."),
     tol_corr: float = typer.Option(0.03, "--tol-corr", min=0.0, help="Absolute tolerance, correlations."),
     tol_logit: float = typer.Option(0.05, "--tol-logit", min=0.0, help="Relative tolerance, logit variance."),
     z: float = typer.Option(4.0, "--z", min=0.0, help="Also pass within z standard errors."),
     every: int = typer.Option(1, min=1, help="Show only every K-th layer in the table."),
-    as_json: bool = typer.Option(False, "--json", help="Print the contract's check object."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (schema sigprop.check/1)."),
     model_opts: dict = None,
 ) -> None:
-    """Simulate the whole model with NumPy and compare every point with the prediction (exit 1 on failure)."""
+    """Simulate the whole model (NumPy by default; PyTorch or CuPy on a CPU or GPU; trials on a Dask
+    cluster with --dask) and compare every point with the prediction (exit 1 on failure)."""
     import numpy as np
 
-    from sigprop import __version__
+    from sigprop.mc.backend import get_backend
     from sigprop.mc.model import simulate
-    from sigprop.model.checking import compare, tolerances
+    from sigprop.mc.distributed import from_options, stderr_progress
+    from sigprop.model.checking import check_object, compare, require_complete, tolerances
     from sigprop.model.predict import predict
 
     tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
     model = build_model(model_opts, default_layers=12)
-    points = predict(model)
-    meas = simulate(model, batch=batch, trials=trials, seed=seed,
-                    dtype=np.float32 if dtype is DType.float32 else np.float64)
+    bk = get_backend(backend.value, device.value)
+    points = predict(model, stop_at_saturation=True)
+    require_complete(points)
+    dist = from_options(dask, workers)
+    try:
+        meas = simulate(model, batch=batch, trials=trials, seed=seed,
+                        dtype=np.float32 if dtype is DType.float32 else np.float64,
+                        backend=bk, stream=rng.value, distributor=dist,
+                        progress=stderr_progress("trials") if dist is not None else None)
+    finally:
+        if dist is not None:
+            dist.close()
     res = compare(points, meas, tol)
     if as_json:
-        print(json.dumps({
-            "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,
-            "dtype": meas.dtype, "trials": trials, "batch": batch,
-            "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
-            "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
-            "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
-        }))
+        print(json.dumps(check_object(model, res, meas, seed, trials, batch)))
     else:
         from sigprop.cli._render_model import render_check
 
+        where = f"{meas.backend} on {meas.device}, random numbers: {meas.rng}"
+        if meas.workers is not None:
+            where += f", trials on {meas.workers} Dask workers"
+        print(where)
         render_check(model, res, meas, every)
     raise typer.Exit(0 if res.passed else 1)

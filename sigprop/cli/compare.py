@@ -12,7 +12,7 @@ from sigprop.cli._model_options import build_models, model_options
 
 
 @app.command("compare")
-@model_options(multi_arch=True)
+@model_options(multi_arch=True, default_layers=24)
 def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the sigprop.compare/1 object."),
     model_opts: dict = None,
@@ -38,7 +38,9 @@ def _render(rows) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from sigprop.compare import model_title
+    from rich.markup import escape
+
+    from sigprop.cli._render_model import model_header
 
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     for col in ("arch", "var out", "grad in/out", "corr top", "logit var max", "forward law", "grad law"):
@@ -46,11 +48,16 @@ def _render(rows) -> None:
         t.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=None if left else 8)
     for r in rows:
         s = r.summary
-        t.add_row(r.arch, _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
+        t.add_row(r.arch + ("*" if r.saturation_layer is not None else ""), _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
                   _f(s["max_logit_var"]), s["forward_law"], s["grad_law"])
     c = Console()
-    c.print(model_title(rows[0].model, tex=False))
+    for line in model_header(rows[0].model, arch=False):
+        c.print(escape(line), highlight=False)
+    c.print()
     c.print(t)
+    if any(r.saturation_layer is not None for r in rows):
+        c.print("* the prediction stops before the layer whose softmax saturates (see the verdict); "
+                "the row's values describe the layers before it")
     c.print()
     for r in rows:
         c.print(f"[bold]{r.arch}[/] (init {r.init or 'from --spec'}): {r.summary['verdict']}")

@@ -8,11 +8,16 @@ from typing import Optional
 
 import typer
 
-from sigprop.cli._app import app
+from sigprop.cli._app import SigpropTyper, _version_option, app
 from sigprop.cli._model_options import build_model, model_options, solve_options
 
-export_app = typer.Typer(name="export", help="Export formulas and derivations.", no_args_is_help=True)
+export_app = SigpropTyper(name="export", help="Export formulas and derivations.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
+
+
+@export_app.callback()
+def _export(_version: bool = _version_option()) -> None:
+    """Export formulas and derivations."""
 
 WHAT = ("components", "model", "solve")
 
@@ -32,6 +37,8 @@ def latex_cmd(
                                               "that fixes sigma_q sigma_k (default 1)."),
     max_grad_ratio: Optional[float] = typer.Option(None, "--max-grad-ratio", help="solve, max-depth: the allowed "
                                                    "gradient ratio."),
+    strict: bool = typer.Option(False, "--strict", help="solve, unit-variance: the verdict also requires the "
+                                "gradient variance within 1% of 1 (as solve-init --strict)."),
     output: Path = typer.Option(None, "-o", "--output", help="Write to FILE instead of stdout."),
     model_opts: dict = None,
 ) -> None:
@@ -45,7 +52,7 @@ def latex_cmd(
     if what == "components" and model_opts:
         raise DomainError("model options apply to --what model and --what solve only")
     solve_given = [f for f, v in (("--value", value), ("--logit-var", logit_var), ("--max-grad-ratio", max_grad_ratio))
-                   if v is not None] + (["--target"] if target != "unit-variance" else [])
+                   if v is not None] + (["--target"] if target != "unit-variance" else []) + (["--strict"] if strict else [])
     if solve_given and what != "solve":
         raise DomainError(f"{', '.join(solve_given)} applies to --what solve only")
     from sigprop import export
@@ -63,9 +70,9 @@ def latex_cmd(
 
         arch, init, opts = solve_options(model_opts)
         if target != "max-depth" and opts.get("n_layers") is None:
-            raise DomainError("--layers is required")
+            opts["n_layers"] = 24
         sol = solve(target, arch=arch or "preln", init=init, logit_var=logit_var, value=value,
-                    max_ratio=max_grad_ratio, **opts)
+                    max_ratio=max_grad_ratio, strict=strict, **opts)
         text = export.solve_latex(sol, fragment_only=fragment)
     if output is None:
         sys.stdout.write(text)

@@ -19,7 +19,7 @@ class DType(str, Enum):
 
 
 @app.command("plot")
-@model_options(multi_arch=True)
+@model_options(multi_arch=True, default_layers=24)
 def plot_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Figure file: .png, .svg or .pdf."),
     check: bool = typer.Option(False, "--check", help="Overlay a whole-model Monte Carlo measurement as markers."),
@@ -29,16 +29,17 @@ def plot_cmd(
     dtype: DType = typer.Option(DType.float32, help="--check: simulation precision."),
     mark_every: int = typer.Option(None, "--mark-every", min=1, help="--check: a marker every K layers (default: about 16 per line)."),
     title: str = typer.Option(None, help="Figure title (default: the shared model options; '' for none)."),
-    width: float = typer.Option(3.4, min=1.0, help="Figure width in inches (default: one column of a two-column paper)."),
-    height: float = typer.Option(3.6, min=1.0, help="Figure height in inches."),
-    dpi: int = typer.Option(300, min=10, help="Resolution of PNG output."),
+    width: float = typer.Option(3.4, min=1.0, max=100.0, help="Figure width in inches (default: one column of a "
+                                "two-column paper)."),
+    height: float = typer.Option(3.6, min=1.0, max=100.0, help="Figure height in inches."),
+    dpi: int = typer.Option(300, min=10, max=2400, help="Resolution of PNG output (at most 50 megapixels in all)."),
     model_opts: dict = None,
 ) -> None:
     """Plot variance, gradient, correlation and logit variance against depth (needs the 'plot' extra)."""
     from sigprop import plot
 
     plot.require_matplotlib()
-    plot.output_format(output)
+    plot.check_size(output, width, height, dpi)
     from sigprop.compare import compare
 
     rows = compare(build_models(model_opts, default_layers=24))
@@ -51,14 +52,20 @@ def plot_cmd(
 
         measurements = []
         for r in rows:
-            meas = simulate(r.model, batch=batch, trials=trials, seed=seed,
-                            dtype=np.float32 if dtype is DType.float32 else np.float64)
+            sat = r.saturation_layer
+            if sat == 1:                 # the prediction is the input point alone
+                measurements.append(None)
+                continue
+            # a prediction that stops before a saturated softmax is that of the model cut off
+            # there (the upstream gradient given at its top): simulate that model
+            meas = simulate(r.model if sat is None else r.model.truncated(sat - 1), batch=batch, trials=trials,
+                            seed=seed, dtype=np.float32 if dtype is DType.float32 else np.float64)
             measurements.append(meas)
             res = check_points(r.points, meas)
             e = res.errors
             sys.stderr.write(f"{r.arch}: Monte Carlo {meas.simulate_s:.1f} s; median error: forward var "
                              f"{_pct(e['forward_var_relerr'])}, gradient var {_pct(e['grad_var_relerr'])}, "
-                             f"corr {_abs(e['forward_corr_abserr'])}; {len(res.failures)} of "
+                             f"corr {_abs(e['forward_corr_abserr'])}; {sum(res.failed_points)} of "
                              f"{len(r.points)} points outside `check`'s tolerance\n")
     data = plot.figure_data(rows, measurements, mark_every=mark_every, title=title)
     fig = plot.make_figure(data, width=width, height=height)

@@ -9,16 +9,16 @@ from sigprop.cli._model_options import build_model, model_options
 
 
 @app.command("predict")
-@model_options
+@model_options(default_layers=24)
 def predict_cmd(
     every: int = typer.Option(1, min=1, help="Show only every K-th layer (and the first and last)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the contract's trace object."),
-    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms."),
+    as_json: bool = typer.Option(False, "--json", help="Print the trace as JSON (schema sigprop.trace/1)."),
+    symbolic: bool = typer.Option(False, "--symbolic", help="Print the derived per-layer maps and closed forms, each closed form with its relative error against the layer-by-layer prediction (with --json: the trace plus a \"symbolic\" object)."),
     model_opts: dict = None,
 ) -> None:
     """Predict forward variance, token correlation, logit variance and gradient variance, layer by layer."""
     model = build_model(model_opts, default_layers=24)
-    if symbolic:
+    if symbolic and not as_json:
         from sigprop.cli._render_model import render_symbolic
 
         render_symbolic(model)
@@ -26,9 +26,14 @@ def predict_cmd(
     from sigprop.model.predict import predict
     from sigprop.model.trace import trace, trace_text
 
-    points = predict(model)
+    points = predict(model, stop_at_saturation=True)
     if as_json:
-        print(trace_text(model, points, every))
+        extra = None
+        if symbolic:
+            from sigprop.model import symbolic as sym
+
+            extra = {"symbolic": sym.to_json(sym.derive(model))}
+        print(trace_text(model, points, every, extra))
         return
     tr = trace(model, points, every)
     from sigprop.cli._render_model import render_trace

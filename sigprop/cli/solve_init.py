@@ -14,6 +14,10 @@ from sigprop.cli._app import app
 from sigprop.cli._model_options import model_options, solve_options
 
 
+#: layers when --layers is not given (as in `sigprop predict`); max-depth searches N instead
+DEFAULT_LAYERS = 24
+
+
 class Target(str, Enum):
     unit_variance = "unit-variance"
     unit_forward = "unit-forward"
@@ -25,7 +29,8 @@ class Target(str, Enum):
 @model_options
 def solve_init_cmd(
     target: Target = typer.Option(Target.unit_variance, "--target",
-                                  help="unit-variance (forward and gradient variance 1 at every sublayer), "
+                                  help="unit-variance (forward variance 1 at every sublayer, the gradient as flat as "
+                                       "the free quantities allow; --strict: the gradient too), "
                                        "unit-forward (forward only), logit-var (Q/K for --value), "
                                        "max-depth (largest N within --max-grad-ratio)."),
     value: Optional[float] = typer.Option(None, "--value", help="logit-var: the attention logit variance V."),
@@ -40,15 +45,20 @@ def solve_init_cmd(
     verify: bool = typer.Option(True, "--verify/--no-verify",
                                 help="Predict the solved model (sigprop predict) and judge the target on it; "
                                      "unit-forward and logit-var can skip it."),
+    strict: bool = typer.Option(False, "--strict",
+                                help="unit-variance: also require the gradient variance within --tol of 1 at every "
+                                     "sublayer (exit 1 otherwise)."),
     explain: bool = typer.Option(False, "--explain", help="Print the equations and every solving step."),
     latex: bool = typer.Option(False, "--latex", help="With --explain: LaTeX instead of text."),
-    as_json: bool = typer.Option(False, "--json", help="Print the solution object (with the contract model)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the solution object as JSON (with the resolved model)."),
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="Write the solution object (JSON, with key \"model\") to FILE; "
                                                "`sigprop predict --spec FILE` reads it."),
     model_opts: dict = None,
 ) -> None:
-    """Derive the init and residual scaling that conserve the moments, from the rules (exit 1 if infeasible)."""
+    """Derive the init and residual scaling that conserve the moments, from the rules (exit 1 if infeasible).
+
+    --layers defaults to 24 (max-depth searches it)."""
     import sys
 
     from sigprop.cli._render_solve import render, solution_json
@@ -59,10 +69,10 @@ def solve_init_cmd(
     if latex and not explain:
         raise DomainError("--latex goes with --explain")
     t = target.value
-    if t in ("unit-variance", "unit-forward", "logit-var") and opts.get("n_layers") is None:
-        raise DomainError("--layers is required")
+    if t != "max-depth" and opts.get("n_layers") is None:
+        opts["n_layers"] = DEFAULT_LAYERS
     sol = solve(t, arch=arch or "preln", init=init, logit_var=logit_var, value=value, max_ratio=max_grad_ratio,
-                n_max=max_layers, tol=tol, verify=verify, **opts)
+                n_max=max_layers, tol=tol, verify=verify, strict=strict, **opts)
     steps = None
     if explain:
         from sigprop.solve import steps as get_steps
@@ -81,5 +91,7 @@ def solve_init_cmd(
     else:
         render(sol, steps, latex)
     if not sol.feasible:
-        sys.stderr.write(f"sigprop: infeasible: {sol.reason}\n")
+        from sigprop.solve.prose import plain
+
+        sys.stderr.write(f"sigprop: infeasible: {plain(sol.reason or '')}\n")
         raise typer.Exit(1)

@@ -123,7 +123,7 @@ def _local_dict():
 
     d = {"l": ms.l, "N": ms.N, "k": ms.k, "sigma2": ms.s, "g2": ms.g, "sigma2_0": ms.s0, "g2_N": ms.gN,
          "r_l": ms.r, "r_g": ms.rg, "RisingFactorial": sp.RisingFactorial, "harmonic": sp.harmonic}
-    for name in ("c", "gamma", "Lambda", "rho"):
+    for name in ("c", "gamma", "Lambda", "rho", "C"):
         d[name] = sp.Symbol(name, positive=True)
     return d
 

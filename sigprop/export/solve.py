@@ -1,7 +1,8 @@
 """The solve-init derivation as LaTeX: the steps of :func:`sigprop.solve.steps` (a sentence
 and a sympy expression or equation each), typeset in order, with the solved model's settings.
 
-The sentences are the solver's own; every formula is printed by sympy from the solver's sympy
+The sentences are the solver's own, in the prose markup of :mod:`sigprop.solve.prose` (their
+formulas typeset as LaTeX math, options in typewriter type); every displayed formula is printed by sympy from the solver's sympy
 objects (equations it derived from the rules), with the central symbol names plus the names
 of :mod:`sigprop.solve.equations`."""
 
@@ -82,6 +83,8 @@ def solve_latex(solution, fragment_only: bool = False) -> str:
     """The derivation of ``solution`` (from :func:`sigprop.solve.solve`) as LaTeX."""
     from sigprop.export.model import _settings_table
     from sigprop.solve import steps
+    from sigprop.solve.explain import verdict
+    from sigprop.solve.prose import tex
 
     P = SolvePrinter(NAMES)
     width = PAGE.textwidth_em * 0.95
@@ -90,11 +93,12 @@ def solve_latex(solution, fragment_only: bool = False) -> str:
     title = escape_text(f"solve-init, target {solution.target}: the {solution.arch} model")
     title += f", $N = {n}$ layers" if n else ""
     parts = [rf"\section*{{{title}}}"]
-    verdict = "feasible" if solution.feasible else "infeasible: " + (solution.reason or "")
-    parts.append(r"\noindent\textbf{Result:} " + escape_text(verdict) + r"\par")
+    parts.append(r"\noindent\textbf{Result:} " + tex(verdict(solution)) + r"\par")
+    if getattr(solution, "note", None):
+        parts.append(r"\noindent\textbf{Note:} " + tex(solution.note) + r"\par")
     parts.append(r"\subsection*{Derivation}")
     for i, st in enumerate(steps(solution), 1):
-        parts.append(rf"\noindent\textbf{{{i}.}} " + escape_text(st.text) + r"\par")
+        parts.append(rf"\noindent\textbf{{{i}.}} " + tex(st.text) + r"\par")
         if st.expr is not None:
             parts.append(_equations(_step_equations(st.expr, P, width)))
     if model is not None:

@@ -6,7 +6,14 @@ Each configuration's result is stored as JSON under docs/validation/floor/ (resu
 configurations are skipped), and ``--report`` assembles the markdown table.
 
     python -m sigprop.mc.floor [--depths 12,48,96] [--trials 8] [--batch 8] [--seed 0]
+                               [--backend numpy|torch|cupy] [--device cpu|cuda] [--rng host|device]
+                               [--dask ADDRESS|local] [--workers N]
     python -m sigprop.mc.floor --report      # the markdown section (docs/validation.md has it)
+
+With ``--dask`` the configurations run on a Dask cluster's workers (``local``: a LocalCluster
+of ``--workers`` processes here); each configuration depends on its own arguments and seed
+alone, so the results are those of the serial run.  With ``--raw`` the workers read and write
+that directory: on a cluster of several machines it must be a shared file system.
 """
 
 from __future__ import annotations
@@ -20,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sigprop.mc.model import logit_stats, simulate
+from sigprop.mc.model import logit_stats
+from sigprop.mc.model import simulate as _simulate
 from sigprop.model.checking import compare
 from sigprop.model.predict import predict
 from sigprop.model.presets import resolve
@@ -51,11 +59,21 @@ def name(arch, init, n, p, causal):
     return f"{arch}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
 
 
-def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = None, simulate_only=False):
+def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = None, simulate_only=False,
+            backend: str = "numpy", device: str = "cpu", stream: str = "host"):
     """Judge one configuration.  ``raw``: a directory of stored measurements (pickles of
     :class:`sigprop.mc.model.ModelMeasurement`, keyed by configuration, trials, batch and
     seed): a stored one is reused instead of simulating again, a new one is stored, so a
-    change of the rules can be re-judged against the same samples."""
+    change of the rules can be re-judged against the same samples.  ``backend``, ``device``,
+    ``stream``: where the simulation runs (:mod:`sigprop.mc.backend`).  Depends on its
+    arguments alone (what lets a Dask worker run it)."""
+    from sigprop.mc.backend import get_backend
+
+    bk = get_backend(backend, device)
+
+    def simulate(model, **kw):
+        return _simulate(model, backend=bk, stream=stream, **kw)
+
     model = resolve(arch, init, n_layers=n, dropout=p, causal=causal, **DIMS)
     meas = None
     if raw is not None:
@@ -209,6 +227,11 @@ def main():
     ap.add_argument("--raw", default=None, help="directory of stored measurements (reused; new ones stored)")
     ap.add_argument("--simulate-only", action="store_true", help="with --raw: only store measurements")
     ap.add_argument("--redo", action="store_true", help="judge configurations that already have a result")
+    ap.add_argument("--backend", default="numpy", choices=["numpy", "torch", "cupy"], help="array library")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--rng", default="host", choices=["host", "device"], help="random stream (sigprop.mc.backend.Rng)")
+    ap.add_argument("--dask", default=None, help="run the configurations on a Dask cluster: scheduler address or 'local'")
+    ap.add_argument("--workers", type=int, default=None, help="with --dask local (implied alone): worker processes")
     a = ap.parse_args()
     out = Path(a.out) if a.out else OUT
     if a.report:
@@ -219,22 +242,50 @@ def main():
     only = set(a.only.split(",")) if a.only else None
     inits = set(a.inits.split(",")) if a.inits else None
     causals = tuple(bool(int(x)) for x in a.causal.split(","))
+    todo = []
     for cfg in configs(depths, a.default_init_only, tuple(float(x) for x in a.dropouts.split(",")), causals):
         if (only and cfg[0] not in only) or (inits and cfg[1] not in inits):
             continue
         f = out / (name(*cfg) + ".json")
         if f.exists() and not (a.redo or a.simulate_only):
             continue
-        t = time.perf_counter()
-        res = run_one(*cfg, a.trials, a.batch, a.seed, Path(a.raw) if a.raw else None, a.simulate_only)
+        todo.append(cfg)
+    from sigprop.errors import DomainError
+    from sigprop.mc.backend import get_backend
+
+    try:
+        get_backend(a.backend, a.device)
+    except DomainError as e:
+        raise SystemExit(f"floor: {e}")
+    raw = Path(a.raw) if a.raw else None
+    extra = (a.backend, a.device, a.rng)
+    t_start = time.perf_counter()
+
+    def record(cfg, res, seconds):
         if res is None:
-            print(f"{name(*cfg)}: stored {time.perf_counter() - t:.0f}s", flush=True)
-            continue
-        f.write_text(json.dumps(res, indent=1))
-        print(f"{name(*cfg)}: {'pass' if res['pass'] else 'FAIL'} R2 {res['r2']} "
-              f"{time.perf_counter() - t:.0f}s", flush=True)
+            print(f"{name(*cfg)}: stored {seconds:.0f}s", flush=True)
+            return
+        (out / (name(*cfg) + ".json")).write_text(json.dumps(res, indent=1))
+        print(f"{name(*cfg)}: {'pass' if res['pass'] else 'FAIL'} R2 {res['r2']} {seconds:.0f}s", flush=True)
         for x in res["failures"][:2]:
             print("   ", x, flush=True)
+
+    if a.dask is None and a.workers is None:
+        for cfg in todo:
+            t = time.perf_counter()
+            record(cfg, run_one(*cfg, a.trials, a.batch, a.seed, raw, a.simulate_only, *extra), time.perf_counter() - t)
+        return
+    from sigprop.mc.distributed import connect, stderr_progress
+    from sigprop.mc.floor import run_one as task     # by module name, also under `python -m`
+
+    try:
+        dist = connect(a.dask or "local", a.workers)
+    except DomainError as e:
+        raise SystemExit(f"floor: {e}")
+    with dist:
+        dist.map(task, [(*cfg, a.trials, a.batch, a.seed, raw, a.simulate_only, *extra) for cfg in todo],
+                 progress=stderr_progress("configurations"),
+                 on_result=lambda i, res: record(todo[i], res, time.perf_counter() - t_start), what="floor")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sigprop.mc.backend import Backend, Rng, as_rng, backend_of, get_backend, np_dtype, numpy_backend
 from sigprop.mc.components import get as component
 from sigprop.mc.sampling import correlated, keep_mask
 from sigprop.mc.stats import Moments, pool, raw_moments
@@ -43,6 +44,11 @@ class ModelMeasurement:
     #: per draw and point, (mean, second moment) of the attention logits (NaN at points
     #: without attention): what logit_var was computed from, kept for re-analysis
     logit_draws: np.ndarray | None = None
+    #: where it ran: array library, device, random stream (sigprop.mc.backend), Dask workers
+    backend: str = "numpy"
+    device: str = "cpu"
+    rng: str = "host"
+    workers: int | None = None
 
 
 def _ln_params(m):
@@ -72,12 +78,13 @@ def _logit_moments(component, cache) -> tuple[float, float]:
     if hasattr(component, "logit_moments"):
         return component.logit_moments(cache)
     Qs, K = cache[1], cache[2]
+    xp = backend_of(Qs).xp
     B, H, L, _ = Qs.shape
-    Q64, K64 = Qs.astype(np.float64), K.astype(np.float64)
-    gram_q = np.matmul(Q64.transpose(0, 1, 3, 2), Q64)
-    gram_k = np.matmul(K64.transpose(0, 1, 3, 2), K64)
-    second = np.sum(gram_q * gram_k) / (B * H * L * L)
-    first = np.sum(Qs.sum(axis=-2, dtype=np.float64) * K.sum(axis=-2, dtype=np.float64)) / (B * H * L * L)
+    Q64, K64 = xp.astype(Qs, xp.float64), xp.astype(K, xp.float64)
+    gram_q = xp.matmul(xp.matrix_transpose(Q64), Q64)
+    gram_k = xp.matmul(xp.matrix_transpose(K64), K64)
+    second = float(xp.sum(gram_q * gram_k)) / (B * H * L * L)
+    first = float(xp.sum(xp.sum(Q64, axis=-2) * xp.sum(K64, axis=-2))) / (B * H * L * L)
     return first, second
 
 
@@ -94,7 +101,9 @@ class _Trial:
     u > 0 and the unit is kept), so no mask is stored."""
 
     def __init__(self, model, rng, dtype):
-        self.m, self.rng, self.dtype = model, rng, dtype
+        self.rng = as_rng(rng)                 # an Rng, or a NumPy Generator (NumPy backend)
+        self.m, self.dtype = model, np_dtype(dtype)
+        self.bk = self.rng.backend
         self.attn = component("attention")
         self.ln = component("layernorm")
         self.lin = component("linear")
@@ -103,8 +112,9 @@ class _Trial:
         self.fused_relu = model.activation == "relu"
 
     def _scale(self, arr, f):
+        # f rounded to the simulation's dtype first, on every backend alike
         if arr is not None and f != 1.0:
-            arr *= self.dtype(f)
+            arr *= float(self.dtype(f))
 
     def branch_forward(self, kind, l, X, n_in, c_out):
         """c_out * F(n_in * X), weights drawn here; returns (Y, backward closure, logits)."""
@@ -125,16 +135,17 @@ class _Trial:
         self._scale(W2["b"], c_out)
         p = m.dropout.ffn_inner
         H, c1 = self.lin.forward(X, W1, p_in, rng)
+        bk = self.bk
         if self.fused_relu:
-            H *= H > 0                                   # relu in place
+            H = bk.mul_(H, H > 0)                        # relu in place
             if p > 0:
-                H *= keep_mask(rng, H.shape, p)          # inner dropout; 1/(1 - p) goes into W_out
+                H = bk.mul_(H, keep_mask(rng, H.shape, p))   # inner dropout; 1/(1 - p) goes into W_out
                 self._scale(W2["W"], 1.0 / (1.0 - p))
             Y, c4 = self.lin.forward(H, W2, p_out, rng)
 
             def backward(G):
                 GH = self.lin.backward(G, c4)
-                GH *= H > 0
+                GH = bk.mul_(GH, H > 0)
                 return self.lin.backward(GH, c1)
             return Y, backward, None
         H, c2 = self.act.forward(H, {}, {}, rng)
@@ -162,23 +173,25 @@ class _Trial:
         else:
             Hn, c_ln = self.ln.forward(X, {}, ln_p, self.rng)
             Y, bwd, logits = self.branch_forward(kind, l, Hn, n, c)
+        bk = self.bk
+        a_dt = float(self.dtype(a))
         keep = keep_mask(self.rng, Y.shape, p) if p > 0 else None
         if keep is not None:
-            Y *= keep
-        Y += X if a == 1.0 else self.dtype(a) * X      # a x + b Dropout(F(.)), in Y's buffer
+            Y = bk.mul_(Y, keep)
+        Y += X if a == 1.0 else a_dt * X               # a x + b Dropout(F(.)), in Y's buffer
         if post:
             Xn, c_ln = self.ln.forward(Y, {}, ln_p, self.rng)
 
             def back(G):
                 Gz = self.ln.backward(G, c_ln)
-                Gx = bwd(Gz * keep if keep is not None else Gz)
-                Gx += Gz if a == 1.0 else self.dtype(a) * Gz
+                Gx = bwd(bk.mul(Gz, keep) if keep is not None else Gz)
+                Gx += Gz if a == 1.0 else a_dt * Gz
                 return Gx
             return Xn, back, logits
 
         def back(G):
-            Gx = self.ln.backward(bwd(G * keep if keep is not None else G), c_ln)
-            Gx += G if a == 1.0 else self.dtype(a) * G
+            Gx = self.ln.backward(bwd(bk.mul(G, keep) if keep is not None else G), c_ln)
+            Gx += G if a == 1.0 else a_dt * G
             return Gx
         return Y, back, logits
 
@@ -213,46 +226,89 @@ def _reuse_freed_memory() -> None:
         libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
 
 
-def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.float32,
-             progress=None) -> ModelMeasurement:
+def trial_seeds(seed: int, trials: int) -> list:
+    """One independent seed per trial: ``SeedSequence(seed).spawn(trials)`` (trial t's child
+    does not depend on the number of trials), so that trials can run anywhere, in any order."""
+    return np.random.SeedSequence(seed).spawn(trials)
+
+
+def run_trial(model, batch: int, rng, dtype=np.float32):
+    """One weight draw of the whole model from ``rng`` (an :class:`Rng`, or a NumPy Generator):
+    per trace point the raw moments forward and backward, and the logit moments (NaN where
+    there is no attention), as host arrays (n_points, 3), (n_points, 3), (n_points, 2)."""
     m = model
-    rng = np.random.default_rng(seed)
+    rng = as_rng(rng)
     n_points = 1 + 2 * m.n_layers
-    fw = np.zeros((trials, n_points, 3))
-    bw = np.zeros((trials, n_points, 3))
-    lg = np.full((trials, n_points, 2), np.nan)
-    _reuse_freed_memory()
+    fw = np.zeros((n_points, 3))
+    bw = np.zeros((n_points, 3))
+    lg = np.full((n_points, 2), np.nan)
+    tr = _Trial(m, rng, dtype)
+    X = correlated(rng, (batch, m.seq_len, m.d_model), m.input.mean, m.input.var, m.input.corr, dtype)
+    fw[0] = raw_moments(X)
+    backs = []
+    i = 0
+    for l in range(m.n_layers):
+        for kind in ("attention", "ffn"):
+            i += 1
+            X, back, logits = tr.sublayer(kind, l, X)
+            fw[i] = raw_moments(X)
+            if logits is not None:
+                lg[i] = logits
+            backs.append(back)
+    G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
+    X = None                                       # the caches hold what the backward needs
+    bw[n_points - 1] = raw_moments(G)
+    for j in range(len(backs) - 1, -1, -1):
+        G = backs[j](G)
+        backs[j] = None                            # free that sublayer's cache
+        bw[j] = raw_moments(G)
+    return fw, bw, lg
+
+
+def _trial_task(model, batch: int, seed, dtype, backend: str, device: str, stream: str):
+    """One trial from its own seed on a named backend (what a Dask worker runs)."""
+    bk = get_backend(backend, device)
+    if bk.device_name == "cpu":
+        _reuse_freed_memory()
+    return run_trial(model, batch, Rng(seed, bk, stream), dtype)
+
+
+def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.float32,
+             progress=None, backend: Backend | None = None, stream: str = "host",
+             distributor=None) -> ModelMeasurement:
+    """``trials`` independent weight draws of the whole model, trial t from the t-th child of
+    ``SeedSequence(seed)`` (:func:`trial_seeds`), pooled.  ``backend``: where the arrays live
+    (default NumPy on the CPU); ``stream``: 'host' (NumPy's numbers, the same on every backend)
+    or 'device' (the backend's own generator); ``distributor``: a
+    :class:`sigprop.mc.distributed.Distributor` that runs the trials on a Dask cluster (the
+    same numbers as the serial run: each trial depends on its seed alone)."""
+    m = model
+    bk = backend or numpy_backend()
+    n_points = 1 + 2 * m.n_layers
+    seeds = trial_seeds(seed, trials)
     t0 = time.perf_counter()
-    for t in range(trials):
-        tr = _Trial(m, rng, dtype)
-        X = correlated(rng, (batch, m.seq_len, m.d_model), m.input.mean, m.input.var, m.input.corr, dtype)
-        fw[t, 0] = raw_moments(X)
-        backs = []
-        i = 0
-        for l in range(m.n_layers):
-            for kind in ("attention", "ffn"):
-                i += 1
-                X, back, logits = tr.sublayer(kind, l, X)
-                fw[t, i] = raw_moments(X)
-                if logits is not None:
-                    lg[t, i] = logits
-                backs.append(back)
-        G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
-        X = None                                       # the caches hold what the backward needs
-        bw[t, n_points - 1] = raw_moments(G)
-        for j in range(len(backs) - 1, -1, -1):
-            G = backs[j](G)
-            backs[j] = None                            # free that sublayer's cache
-            bw[t, j] = raw_moments(G)
-        if progress:
-            progress(t + 1, trials)
+    if distributor is None:
+        if bk.device_name == "cpu":
+            _reuse_freed_memory()
+        out = []
+        for t in range(trials):
+            out.append(run_trial(m, batch, Rng(seeds[t], bk, stream), dtype))
+            if progress:
+                progress(t + 1, trials)
+    else:
+        out = distributor.map(_trial_task, [(m, batch, s, np_dtype(dtype), bk.name, bk.device_name, stream)
+                                            for s in seeds], progress=progress, what="trials")
+    fw = np.stack([o[0] for o in out]) if out else np.zeros((0, n_points, 3))
+    bw = np.stack([o[1] for o in out]) if out else np.zeros((0, n_points, 3))
+    lg = np.stack([o[2] for o in out]) if out else np.full((0, n_points, 2), np.nan)
     sim_s = time.perf_counter() - t0
     gflop = trials * _flops(m, batch) / 1e9
     forward = [pool(fw[:, k]) for k in range(n_points)]
     backward = [pool(bw[:, k], centred=False) for k in range(n_points)]
     logit = logit_stats(lg)
-    return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(dtype).name, sim_s, gflop,
-                            lg)
+    return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(np_dtype(dtype)).name, sim_s,
+                            gflop, lg, bk.name, bk.device_name, "host" if bk.is_numpy else stream,
+                            distributor.n_workers if distributor is not None else None)
 
 
 #: logit-variance SE: the relative spread of the draws is pooled over this many attention

@@ -14,6 +14,9 @@ raw 64-bit output (NumPy's float32 ziggurat costs ~10 ns a number; these ~3 ns a
 * :func:`standard_normal`: float32 by the Box-Muller transform, one 64-bit word per pair;
 * :func:`keep_mask`: a dropout keep-mask, one 32-bit word per element compared with
   round(p 2^32) (the drop probability exact to 2^-32).
+
+Each takes a NumPy Generator (NumPy arrays) or a :class:`sigprop.mc.backend.Rng` (arrays of
+its backend: by default the same host draws moved to the device).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ _ONE_BITS = np.uint32(0x3F800000)
 _TWO_PI = np.float32(2.0 * np.pi)
 
 
-def standard_normal(rng: np.random.Generator, shape, dtype=np.float32) -> np.ndarray:
+def standard_normal(rng, shape, dtype=np.float32):
+    """iid N(0, 1) of ``shape`` (on the Rng's backend; a NumPy array for a NumPy Generator)."""
+    if isinstance(rng, np.random.Generator):
+        return _host_standard_normal(rng, shape, dtype)
+    return rng.normal(shape, dtype)
+
+
+def _host_standard_normal(rng: np.random.Generator, shape, dtype=np.float32) -> np.ndarray:
     """iid N(0, 1) of ``shape``.  float32: Box-Muller from the raw bits (below); any other
     dtype: ``rng.standard_normal``.
 
@@ -62,26 +72,38 @@ def standard_normal(rng: np.random.Generator, shape, dtype=np.float32) -> np.nda
     return out
 
 
-def keep_mask(rng: np.random.Generator, shape, p: float) -> np.ndarray:
+def keep_mask(rng, shape, p: float):
+    """Boolean dropout keep-mask: True with probability 1 - p (on the Rng's backend)."""
+    if isinstance(rng, np.random.Generator):
+        return _host_keep_mask(rng, shape, p)
+    return rng.keep(shape, p)
+
+
+def _host_keep_mask(rng: np.random.Generator, shape, p: float) -> np.ndarray:
     """Boolean dropout keep-mask: True with probability 1 - p (p exact to 2^-32)."""
     n = int(np.prod(shape))
     words = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
     return (words >= np.uint32(min(round(p * 2.0**32), 2**32 - 1))).reshape(shape)
 
 
-def correlated(rng: np.random.Generator, shape, mean=0.0, var=1.0, corr=0.0, dtype=np.float32):
+def correlated(rng, shape, mean=0.0, var=1.0, corr=0.0, dtype=np.float32):
+    """States of ``shape`` (B, L, d) with the given moments, on the Rng's backend (a NumPy
+    array for a NumPy Generator); ``dtype`` a NumPy dtype or one of the backend's."""
     B, L, d = shape
     if not 0.0 <= corr <= 1.0:
         raise DomainError(f"the sampler needs a token correlation in [0, 1], got {corr:g}")
     if var < 0:
         raise DomainError(f"variance must be non-negative, got {var:g}")
-    sc = np.dtype(dtype).type                    # scalars of the array's type (no float64 loops)
+    from sigprop.mc.backend import np_dtype
+
+    dtype = np_dtype(dtype)
+    # Python float scalars take the array's dtype (the standard's rule; NumPy's too)
     e = standard_normal(rng, (B, L, d), dtype)
-    e *= sc(np.sqrt((1.0 - corr) * var))
+    e *= float(np.sqrt((1.0 - corr) * var))
     if corr > 0:
         c = standard_normal(rng, (B, 1, d), dtype)
-        c *= sc(np.sqrt(corr * var))
+        c *= float(np.sqrt(corr * var))
         e += c
     if mean:
-        e += sc(mean)
+        e += float(mean)
     return e

@@ -14,35 +14,49 @@ from dataclasses import dataclass
 import numpy as np
 
 
-def _sums(x: np.ndarray):
+def _sums(x, bk):
     """(B, d) token sums in float64 and the float64 total of the squares, from partial sums
     in x's precision (per (sequence, feature) over L tokens, per token over d features)."""
+    xp = bk.xp
     B, L, d = x.shape
-    rows = x.reshape(B * L, d)
-    return x.sum(axis=1).astype(np.float64), float(np.sum(np.einsum("ij,ij->i", rows, rows), dtype=np.float64))
+    rows = xp.reshape(x, (B * L, d))
+    s = xp.astype(xp.sum(x, axis=1), xp.float64)
+    return s, float(xp.sum(bk.rowdot(rows, rows), dtype=xp.float64))
 
 
-def raw_moments(x: np.ndarray) -> np.ndarray:
-    """[E x, E x^2, E x_i x_j (i != j)] of one array, accumulated in float64.
+def raw_moments(x) -> np.ndarray:
+    """[E x, E x^2, E x_i x_j (i != j)] of one array (of any backend), accumulated in float64;
+    a host NumPy array.
 
     No float64 copy of x: partial sums in x's precision over L or d terms (relative error
     ~1e-7 in float32), float64 over those.  Where the mean is not small against the root mean
     square (mean^2 > 1e-3 E x^2), the variance and covariance would come out of a cancellation
     that magnifies that error, so the sums are taken again about c = the mean:
     E x^2 = E y^2 + 2 c E y + c^2 with y = x - c, and likewise for the cross-token moment."""
+    from sigprop.mc.backend import backend_of
+
+    bk = backend_of(x)
+    xp = bk.xp
     B, L, d = x.shape
-    n = x.size
-    s, ssq = _sums(x)
-    m1, sq = s.sum() / n, ssq / n
+    n = B * L * d
+    s, ssq = _sums(x, bk)
+    m1, sq = float(xp.sum(s)) / n, ssq / n
     c = 0.0
     if m1 * m1 > 1e-3 * sq:
-        c = x.dtype.type(m1)
-        s, ssq = _sums(x - c)
+        c = xp.asarray(m1, dtype=x.dtype, device=bk.device)   # the mean rounded to x's dtype
+        s, ssq = _sums(x - c, bk)
         c = float(c)
-    my, sqy = s.sum() / n, ssq / n                          # moments of y = x - c
-    cross_y = (np.einsum("bd,bd->", s, s) / (B * d) - sqy * L) / (L * (L - 1)) if L > 1 else np.nan
+    my, sqy = float(xp.sum(s)) / n, ssq / n                  # moments of y = x - c
+    cross_y = (_dot_all(s, bk) / (B * d) - sqy * L) / (L * (L - 1)) if L > 1 else np.nan
     shift = 2.0 * c * my + c * c
     return np.array([c + my, sqy + shift, cross_y + shift])
+
+
+def _dot_all(s, bk) -> float:
+    """sum of s * s over all entries (float64)."""
+    if bk.is_numpy:
+        return float(np.einsum("bd,bd->", s, s))
+    return float(bk.xp.sum(s * s))
 
 
 @dataclass(frozen=True)

@@ -110,18 +110,40 @@ def _percentiles(rows, moments, key="errors"):
     return pct
 
 
+def _measure_task(component, sim_params, x, g, runs, batch, seed, dtype, backend, device, stream):
+    """One grid point's measurement on a named backend (what a Dask worker runs)."""
+    from sigprop.mc.backend import get_backend
+
+    return measure(component, sim_params, x, g, runs=runs, batch=batch, seed=seed, dtype=dtype,
+                   backend=get_backend(backend, device), stream=stream)
+
+
 def run_sweep(spec: SweepSpec, rule, *, n: int | None = 500, seed: int = 0, dtype=np.float32,
               grid: dict | None = None, progress: Callable[[int, int], None] | None = None,
-              also: tuple = ()) -> SweepResult:
+              also: tuple = (), backend=None, stream: str = "host", distributor=None) -> SweepResult:
     """Measure every chosen grid point once; score ``rule`` (and the rules in ``also``, e.g.
-    the published forms) against the same measurements."""
+    the published forms) against the same measurements.  Point i draws from seed
+    ``seed * 1_000_003 + i`` alone, so ``distributor`` (a Dask
+    :class:`sigprop.mc.distributed.Distributor`) gives the serial run's numbers."""
+    from sigprop.mc.backend import numpy_backend
+
+    bk = backend or numpy_backend()
     pts = choose_points(spec, n, seed, grid)
+    cases = [spec.make_case(pt) for pt in pts]
+    tasks = [(spec.component, c.sim_params, c.x, c.g, c.runs, c.batch, seed * 1_000_003 + i, dtype, bk.name,
+              bk.device_name, stream) for i, c in enumerate(cases)]
+    if distributor is not None:
+        measured = distributor.map(_measure_task, tasks, progress=progress, what="points")
+    else:
+        measured = []
+        for i, t in enumerate(tasks):
+            measured.append(measure(*t[:4], runs=t[4], batch=t[5], seed=t[6], dtype=dtype, backend=bk,
+                                    stream=stream))
+            if progress:
+                progress(i + 1, len(pts))
     rows, total_s = [], 0.0
-    for i, pt in enumerate(pts):
-        case = spec.make_case(pt)
+    for pt, case, meas in zip(pts, cases, measured):
         px, pg = rule.evaluate(case.x, case.g, **case.rule_params)
-        meas = measure(spec.component, case.sim_params, case.x, case.g, runs=case.runs,
-                       batch=case.batch, seed=seed * 1_000_003 + i, dtype=dtype)
         total_s += meas.seconds
         err = errors(px, pg, meas)
         alt = {}
@@ -133,8 +155,6 @@ def run_sweep(spec: SweepSpec, rule, *, n: int | None = 500, seed: int = 0, dtyp
                                    "g_var": float(pg.var), "g_corr": float(pg.corr)},
                      "measured": {"x_mean": meas.x.mean, "x_var": meas.x.var, "x_corr": meas.x.corr,
                                   "g_var": meas.g.var, "g_corr": meas.g.corr}})
-        if progress:
-            progress(i + 1, len(pts))
     pct = _percentiles(rows, spec.moments)
     alt_pct = {o.name: _percentiles([{"e": r["also"][o.name]} for r in rows], spec.moments, "e") for o in also}
     pub = {k: (dict(zip(("p50", "p90", "p99"), v)) if v else None) for k, v in spec.published.items()}

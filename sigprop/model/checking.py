@@ -31,6 +31,7 @@ class CheckResult:
     tolerance: dict
     passed: bool
     failures: list[str]
+    failed_points: list[bool] = None   # per point: is any of its moments outside tolerance
 
 
 def _ok(pred, meas, se, tol, z, absolute=False):
@@ -71,7 +72,7 @@ def tolerances(tol: dict | None = None) -> dict:
 
 def compare(points, meas, tol: dict | None = None) -> CheckResult:
     tol = tolerances(tol)
-    pred_json, meas_json, fails = [], [], []
+    pred_json, meas_json, fails, failed = [], [], [], []
     e = {"forward_var_relerr": [], "grad_var_relerr": [], "forward_corr_abserr": [], "grad_corr_abserr": [],
          "logit_var_relerr": []}
     pv, mv, pg, mg = [], [], [], []
@@ -96,11 +97,39 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         ]
         if lv is not None and p.logit_var is not None:
             checks.append(("logit var", p.logit_var, lv[0], lv[1], tol["logit_var"], False, "logit_var_relerr"))
+        n_fails = len(fails)
         for name, pr, me, se, t, absolute, key in checks:
-            err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else math.inf
+            err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else (0.0 if pr == me else math.inf)
             e[key].append(err)
             if not _ok(pr, me, se, t, tol["z"], absolute):
                 fails.append(f"layer {p.layer} {p.sublayer}: {name} predicted {pr:.5g}, measured {me:.5g} ± {se:.2g}")
+        failed.append(len(fails) > n_fails)
         pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
     r2 = {"forward_var": r2_log(pv, mv), "grad_var": r2_log(pg, mg)}
-    return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails)
+    return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails,
+                       failed)
+
+
+
+def require_complete(points) -> None:
+    """Refuse a prediction that stopped early (a softmax saturated beyond the rules' domain):
+    a check compares complete predictions only."""
+    if getattr(points, "saturation_layer", None) is not None:
+        raise DomainError(f"the prediction stops before layer {points.saturation_layer}, where the softmax saturates "
+                          f"({points.domain_note}): check compares complete predictions only (predict shows the "
+                          "trace up to there)")
+
+
+def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: int) -> dict:
+    """The check object (schema ``sigprop.check/1``, docs/formats.md) of a comparison ``res``
+    of the prediction with the measurement ``meas``."""
+    from sigprop import __version__
+
+    return {
+        "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,
+        "dtype": meas.dtype, "trials": trials, "batch": batch,
+        "backend": meas.backend, "device": meas.device, "rng": meas.rng, "dask_workers": meas.workers,
+        "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
+        "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
+        "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
+    }

@@ -1,7 +1,7 @@
 """Model options from a TOML file, for the CLI's ``--config``: defaults < config file < flags.
 
-The keys are the option names of :func:`sigprop.model.presets.resolve` (dashes or
-underscores, and the CLI's spellings ``layers`` and ``heads``), at the top level::
+The keys are the command line's option names without their leading ``--`` (``layers``,
+``heads``, ``d-model``, ...; dashes or underscores), at the top level::
 
     arch = "postln"
     layers = 96
@@ -9,7 +9,8 @@ underscores, and the CLI's spellings ``layers`` and ``heads``), at the top level
     dropout = 0.0
     causal = true
 
-Every key and value is checked (unknown key, wrong type, out of range: DomainError naming
+The names of :func:`sigprop.model.presets.resolve` (``n-layers``, ``n-heads``) are accepted
+too.  Every key and value is checked (unknown key, wrong type, out of range: DomainError naming
 the file and the key).  The result maps canonical option names (``n_layers``, ``d_model``,
 ...) to values, ready for ``presets.resolve(**options)``.
 """
@@ -46,8 +47,7 @@ def check_config(data: dict, where: str = "config") -> dict:
         name = canonical_name(key)
         if name is None:
             raise DomainError(f"{where}: unknown key {key!r}; known: "
-                              f"{', '.join(k.replace('_', '-') for k in OPTIONS)} (dashes or underscores), "
-                              "layers, heads")
+                              f"{', '.join(o.flag[2:] for o in OPTIONS.values())} (dashes or underscores)")
         if name in out:
             raise DomainError(f"{where}: key {key!r} repeats {given_as[name]!r}")
         if isinstance(value, dict):

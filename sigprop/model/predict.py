@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from sigprop import progress
 from sigprop.backend import numeric
 from sigprop.model import profile, store
 from sigprop.errors import DomainError
@@ -32,7 +33,7 @@ from sigprop.model.spec import MAX_LAYERS, _no_gc
 from sigprop.model import tables
 from sigprop.model.tables import BUILD_AFTER, TableCache, _Prescaled
 from sigprop.rules import get
-from sigprop.rules.attention import row_moments
+from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
 
@@ -330,6 +331,20 @@ def _square_table(params: dict, x: Forward) -> tables.ThetaTable:
                              mean, var, lo, key, 1e-4)
 
 
+#: how the attention rule's DomainError for a saturated softmax begins
+_SATURATED = "attention: row logit variance"
+
+
+def row_logit_var(p: dict, x: Forward) -> float:
+    """Mean row logit variance of the attention rule with parameters ``p`` at input ``x``: the
+    variance of the token-varying part of one row's logits, tau d sk^2 (d sq^2 (s2 + mu^2) +
+    sbq^2) with tau = (1 - r) s2 (sigprop.rules.attention, the quantity its domain bound
+    ROW_LOGIT_VAR_MAX applies to; tested equal to the rule's own check)."""
+    s2, mu, r = float(x.var), float(x.mean), float(x.corr)
+    vq = p["d"] * p["q_std"] ** 2 * (s2 + mu * mu) + p["q_bias_std"] ** 2
+    return (1.0 - r) * s2 * p["d"] * p["k_std"] ** 2 * vq
+
+
 def _share(l1: float, l2: float) -> float:
     """e^l1 / (e^l1 + e^l2) without overflow."""
     if l1 == -math.inf:
@@ -371,8 +386,11 @@ def _exp_rel(lv: float, ref: float) -> float:
 class Predictor:
     """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
 
-    def __init__(self, model):
+    def __init__(self, model, stop_at_saturation: bool = False):
         self.model = model
+        self.stop_at_saturation = stop_at_saturation
+        self.saturation: tuple[int, str] | None = None
+        self._at = 0
         m = model
         self.d = m.d_model
         self.width = m.n_heads * m.d_head
@@ -444,6 +462,22 @@ class Predictor:
 
     # -- passes --------------------------------------------------------------------------
     def forward(self) -> list[SublayerRecord]:
+        """The forward pass: one record per sublayer.  With ``stop_at_saturation`` the pass
+        ends before the first attention sublayer whose softmax is saturated beyond the
+        attention rule's domain (``self.saturation`` = (layer, note)); otherwise that
+        sublayer's rule refuses it (DomainError)."""
+        records: list[SublayerRecord] = []
+        try:
+            self._forward(records)
+        except DomainError as e:
+            # a saturated softmax met inside the sublayer rather than at its input (e.g. by a
+            # table's build at a lower correlation than the stream's): the same edge
+            if not (self.stop_at_saturation and str(e).startswith(_SATURATED)):
+                raise
+            self.saturation = (self._at, f"attention {str(e)[len('attention: '):].split(' (')[0]} at layer {self._at}")
+        return records
+
+    def _forward(self, records: list) -> None:
         m = self.model
         lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
         # per-token variance statistics of the stream (LayerNorm params centred, kappa): the
@@ -454,7 +488,6 @@ class Predictor:
         # causal: the deviation over pairs of positions of the stream's normalised token
         # covariance from its mean (zero diagonal; see profile, "forward")
         dev = np.zeros((m.seq_len, m.seq_len)) if m.causal else None
-        records = []
         # per-layer columns as plain Python values (indexing NumPy arrays per layer is slow)
         cols = {}
         for kind in ("attention", "ffn"):
@@ -468,6 +501,7 @@ class Predictor:
                 c_post, c_a, c_b, c_n, c_la2, c_lb2 = cols[kind]
                 post, a, b, n = c_post[l], c_a[l], c_b[l], c_n[l]
                 rec = SublayerRecord(l + 1, kind, post, a, b, c_la2[l], c_lb2[l], lv, x)
+                self._at = l + 1
                 if post and kind == "ffn" and m.activation == "relu":
                     rec.euler_var = self._euler_var(l)
                 chain, handle = self._chain(kind, l, post, n)
@@ -483,13 +517,23 @@ class Predictor:
                         c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)))
                         h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
                 if kind == "attention":
-                    rec.logit_var = self._logit_var(chain[-2][1],
-                                                    h if post else Forward(h.mean * n, h.var * n * n, h.corr))
+                    h_att = h if post else Forward(h.mean * n, h.var * n * n, h.corr)
+                    if self.stop_at_saturation:
+                        rv = row_logit_var(chain[-2][1], h_att)
+                        if not rv <= ROW_LOGIT_VAR_MAX:
+                            self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
+                                                      f"at layer {l + 1}")
+                            return
+                    rec.logit_var = self._logit_var(chain[-2][1], h_att)
                 h_in = h
                 if post and kind == "attention":
-                    rec.att_rows = self._row_moments(chain[-2][1], h, self.repeats[kind][l] >= BUILD_AFTER)
+                    rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
                 h = self._branch_forward(rec, chain, handle, h, prof is not None and kind == "attention")
-                if dev is not None:
+                if dev is not None and not h.var > 0:
+                    # a branch that adds nothing (all-zero output weights and biases): no
+                    # covariance over positions either
+                    bcov = np.zeros((m.seq_len, m.seq_len))
+                elif dev is not None:
                     att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
                     bprof = (profile.attention_forward(att.params, att.x, att.repeated) if att
                              else profile.flat(m.seq_len))
@@ -506,6 +550,11 @@ class Predictor:
                 # log var of a x and of b y, and both in units of the larger
                 ref, v1, v2 = _weights(lv + rec.log_a2, blv + rec.log_b2)
                 zlv, z = _combine(ref, v1, x, a, v2, bx, b)
+                if zlv == -math.inf:
+                    raise DomainError(
+                        f"the residual stream vanishes in layer {l + 1}'s {kind} sublayer (skip scale {a:g}, "
+                        f"and the branch adds {'nothing' if blv == -math.inf else 'nothing at branch scale 0'}): "
+                        "sigprop follows a stream of positive variance only")
                 if prof is not None:
                     rec.x_prof = prof
                     w1 = _exp_rel(lv + rec.log_a2, zlv)
@@ -535,7 +584,6 @@ class Predictor:
                         _, dev = profile.deviation(zcov)
                 rec.out_log_var, rec.out = lv, x
                 records.append(rec)
-        return records
 
     def _euler_var(self, l: int) -> float:
         """Per-element variance of D = F(x) - J_F x for layer ``l``'s ReLU FFN with its hidden
@@ -623,7 +671,8 @@ class Predictor:
         available (see sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal
         model's position profile needs the attention op's own input and gradient), the
         attention op through a table of its own where one is available."""
-        eager = self.repeats[rec.kind][rec.layer - 1] >= BUILD_AFTER
+        uses = self.repeats[rec.kind][rec.layer - 1]
+        eager = tables.worth_tabulating(chain, h, uses)
         var_range = self.var_ranges.get(rec.layer - 1) if rec.kind == "attention" else None
         if split:
             table = None
@@ -637,7 +686,7 @@ class Predictor:
             if table is not None:
                 table = _Prescaled(table, chain[0])
         else:
-            table = _TABLES.get(chain, h, eager=eager, handle=handle)
+            table = _TABLES.get(chain, h, eager=eager, handle=handle, uses=uses)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
             return table.forward_of(rec.chain_x)
@@ -648,7 +697,7 @@ class Predictor:
                 # (no VarTable here: the causal attention rule costs ~40 ms per (corr, var)
                 # point even at seq 16, so a 545-point build took ~20 s, and the position
                 # profile's per-layer rows, evaluated directly, dominate a causal LNS model)
-                t = _TABLES.get(((op.rule, op.params),), h, eager=eager)
+                t = _TABLES.get(((op.rule, op.params),), h, eager=eager, uses=uses)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)
@@ -710,7 +759,8 @@ class Predictor:
                 lg_branch_extra += self._ln_log_adjust(rec.x_log_var)
             if w is not None:
                 g = Backward(g.var * ku, g.corr * kc / ku)
-            rec.log_branch_gain = (math.log(g.var) if g.var > 0 else -math.inf) + lg_branch_extra
+            # a zero gradient stays zero whatever the norm's factor (b = 0, or a zero stream)
+            rec.log_branch_gain = math.log(g.var) + lg_branch_extra if g.var > 0 else -math.inf
             rec.branch_gain = _exp(rec.log_branch_gain)
             cross = None
             if rec.att_rows is not None and rec.b and math.isfinite(rec.log_branch_gain):
@@ -927,14 +977,21 @@ def run(model) -> tuple[list[SublayerRecord], list]:
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
+    records, grads, _ = _run(model, False)
+    return records, grads
+
+
+def _run(model, stop_at_saturation: bool):
     if model.n_layers > MAX_LAYERS:
         raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
-    with _no_gc():
-        pr = Predictor(model)
+    # (a branch that adds nothing evaluates 0/0 for its correlation, which the rules report as
+    # 0: NumPy's warnings about it are silenced)
+    with _no_gc(), np.errstate(divide="ignore", invalid="ignore"), progress.task("sigprop: predicting"):
+        pr = Predictor(model, stop_at_saturation)
         try:
             records = pr.forward()
-            return records, pr.backward(records)
+            return records, pr.backward(records), pr.saturation
         except (OverflowError, ZeroDivisionError, np.linalg.LinAlgError) as e:
             # the residual stream and the gradient are carried in log space; the inside of
             # one branch is not, and weight stds or scales near the float64 range take it out
@@ -943,10 +1000,31 @@ def run(model) -> tuple[list[SublayerRecord], list]:
                 "weight stds and scales this large are outside what sigprop evaluates") from None
 
 
-def predict(model) -> list[StreamPoint]:
-    """The contract's trace points: the input point, then one per sublayer."""
+class Points(list):
+    """The trace points (a list of :class:`StreamPoint`) and where the prediction stopped:
+    ``saturation_layer`` (1-based; None when every sublayer was predicted) and
+    ``domain_note``, what left the rules' domain there (None likewise)."""
+
+    saturation_layer: int | None = None
+    domain_note: str | None = None
+
+
+def predict(model, stop_at_saturation: bool = False) -> Points:
+    """The contract's trace points: the input point, then one per sublayer.
+
+    An attention sublayer whose softmax is saturated beyond the attention rule's domain (mean
+    row logit variance above ``sigprop.rules.attention.ROW_LOGIT_VAR_MAX``) is refused
+    (DomainError), unless ``stop_at_saturation``: then the trace ends with the last sublayer
+    before it (the input point alone when it is layer 1's), and ``saturation_layer`` and
+    ``domain_note`` say where and why.  The backward pass of such a trace starts from the
+    model's upstream gradient (``model.grad``) at the output of the last predicted
+    sublayer, as for the model cut off there."""
     with _no_gc():
-        return _points(model, *run(model))
+        records, grads, sat = _run(model, stop_at_saturation)
+        pts = Points(_points(model, records, grads))
+    if sat is not None:
+        pts.saturation_layer, pts.domain_note = sat
+    return pts
 
 
 def _points(model, records, grads) -> list[StreamPoint]:
@@ -960,6 +1038,8 @@ def _points(model, records, grads) -> list[StreamPoint]:
             lg, gc = grads[i + 1]
         else:
             lg, gc = (math.log(m.grad.var) if m.grad.var > 0 else -math.inf), m.grad.corr
-        mean = rec.out.mean * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 else math.copysign(math.inf, rec.out.mean)
+        mm = rec.out.mean   # in stream standard deviations: a zero mean stays 0 (never 0 x inf)
+        mean = mm * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 \
+            else math.copysign(_exp(math.log(abs(mm)) + rec.out_log_var / 2), mm) if mm else 0.0
         pts.append(StreamPoint(rec.layer, rec.kind, rec.out_log_var, mean, rec.out.corr, lg, gc, rec.logit_var))
     return pts

@@ -63,6 +63,12 @@ class Option(NamedTuple):
     open_lo: bool = False
     open_hi: bool = False
     choices: tuple | None = None
+    cli: str | None = None     # the command-line and config-file name, where it differs
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. ``--layers`` for ``n_layers``, ``--d-model``."""
+        return "--" + (self.cli or self.name).replace("_", "-")
 
     def check(self, value, label: str = "", prefix: str = ""):
         """The validated, normalised value; otherwise DomainError "{prefix}{label} must ..."
@@ -121,14 +127,14 @@ INIT_NAMES = ("normal", "xavier", "torch-default", "scaled", "dslm", "deepnorm")
 OPTIONS: dict[str, Option] = _opts(
     Option("arch", str, "preln", "architecture preset", choices=ARCH_NAMES),
     Option("init", str, None, "initialisation scheme (default: the architecture's own)", choices=INIT_NAMES),
-    Option("n_layers", int, None, "number of layers N (each: attention then FFN sublayer); required",
-           lo=1, hi=MAX_LAYERS),
+    Option("n_layers", int, None, "number of layers N, each an attention and an FFN sublayer",
+           lo=1, hi=MAX_LAYERS, cli="layers"),
     Option("d_model", int, 1024, "model width d", lo=1),
-    Option("n_heads", int, 16, "attention heads", lo=1),
-    Option("d_head", int, None, "head width (default d_model / n_heads, which must divide)", lo=1),
+    Option("n_heads", int, 16, "attention heads", lo=1, cli="heads"),
+    Option("d_head", int, None, "head width (default: model width / heads, which must divide it)", lo=1),
     Option("d_ff", int, None, "FFN width (default 4 d_model)", lo=1),
     Option("seq_len", int, 256, "sequence length L", lo=1),
-    Option("dropout", float, None, "sets attn_dropout, hidden_dropout and ffn_dropout (not given: "
+    Option("dropout", float, None, "sets the attention, hidden and FFN-inner dropout (not given: "
            "0.1, 0.1 and 0, the DSLM figure model)", **_PROB),
     Option("attn_dropout", float, None, "dropout on the attention probabilities", **_PROB),
     Option("hidden_dropout", float, None, "dropout on every branch output", **_PROB),
@@ -138,7 +144,7 @@ OPTIONS: dict[str, Option] = _opts(
     Option("input_mean", float, 0.0, "mean of the stream entering layer 1"),
     Option("input_var", float, 1.0, "variance of the stream entering layer 1", lo=0.0, open_lo=True),
     Option("input_corr", float, None, "token correlation of the stream entering layer 1 "
-           "(default r0 (1 - hidden_dropout), r0 = 0.221)", lo=0.0, hi=1.0),
+           "(default: r0 (1 - hidden dropout), r0 = 0.221)", lo=0.0, hi=1.0),
     Option("grad_var", float, 1.0, "variance of dLoss/dx at the top", lo=0.0),
     Option("grad_corr", float, 0.0, "token correlation of dLoss/dx at the top", lo=-1.0, hi=1.0),
     Option("skip_scale", float, None, "override the skip scale a of every sublayer"),
@@ -148,13 +154,14 @@ OPTIONS: dict[str, Option] = _opts(
     Option("beta_k", float, 1.0, "DSLM: beta^2 = k / N", lo=0.0, open_lo=True),
 )
 
-#: other accepted spellings (the CLI's flag names)
-ALIASES = {"layers": "n_layers", "heads": "n_heads"}
+#: other accepted spellings: the command line's names (``layers`` for ``n_layers``)
+ALIASES = {o.cli: o.name for o in OPTIONS.values() if o.cli}
 
 
 def canonical_name(name: str) -> str | None:
-    """The option name for ``name`` (dashes or underscores; aliases), or None if unknown."""
-    key = name.replace("-", "_")
+    """The option name for ``name`` (dashes or underscores, a leading ``--`` as on the command
+    line; aliases), or None if unknown."""
+    key = name.removeprefix("--").replace("-", "_")
     key = ALIASES.get(key, key)
     return key if key in OPTIONS else None
 

@@ -270,7 +270,8 @@ def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
     # pair-of-rows variance: the value path's part with the uniform weights (U^T C' U), the
     # key path's with its own pair weights, each normalised to the rule's flat value
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
-    kk = float(r["cross_k"]) / kk_diag
+    # (no pairs of rows share a key path at L = 2: row 0 has one key; then nothing to scale)
+    kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
     pairs = kv * np.diag(K) + kk * np.diag(_UtXU(Co * _key_pair_weights(L)))
     ko = float(r["cross_c"]) / kf_off
     out = _UtDU(a) + ko * K + float(r["qry_c"]) * Co

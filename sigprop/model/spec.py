@@ -293,6 +293,8 @@ class Model(_Frozen):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DomainError(f"{k} must be a positive integer, got {v!r}")
             self._set(k, int(v))
+        if self.seq_len < 2:
+            raise DomainError(f"seq_len must be >= 2 (a token correlation needs two tokens), got {self.seq_len}")
         if self.activation not in ACTIVATIONS:
             raise DomainError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.norm not in NORMS:
@@ -390,6 +392,16 @@ class Model(_Frozen):
         with _no_gc():
             return _parse_model(obj, where)
 
+    def truncated(self, n_layers: int) -> "Model":
+        """The model's first ``n_layers`` layers (1 <= n_layers <= self.n_layers), the same
+        input and upstream gradient (now given at the output of layer ``n_layers``): the model
+        a prediction that stops early (a saturated softmax) describes."""
+        if not 1 <= n_layers <= self.n_layers:
+            raise DomainError(f"n_layers must lie in [1, {self.n_layers}], got {n_layers}")
+        obj = self.to_json()
+        obj["n_layers"], obj["layers"] = n_layers, obj["layers"][:n_layers]
+        return Model.from_json(obj)
+
     @classmethod
     def load(cls, path) -> "Model":
         """Read a JSON file holding either the model object or an object with key "model"
@@ -422,8 +434,9 @@ def _reject_constant(name: str):
 
 
 def _check_state(where: str, mean, var, corr) -> None:
-    """Input state (mean given): var > 0, corr in [0, 1]; gradient (mean None): var >= 0,
-    corr in [-1, 1]."""
+    """Input state (mean given): var > 0, corr in [0, 1]; gradient (mean None): var > 0,
+    corr in [-1, 1].  A zero variance is refused for both: a stream of variance 0 (it has no
+    token correlation) and a zero upstream gradient (nothing propagates back)."""
     vals = {"mean": mean, "var": var, "corr": corr}
     for k, v in vals.items():
         if v is None:
@@ -438,8 +451,8 @@ def _check_state(where: str, mean, var, corr) -> None:
         if not 0 <= corr <= 1:
             raise DomainError(f"{where}.corr must lie in [0, 1], got {_fmt(corr)}")
     else:
-        if not var >= 0:
-            raise DomainError(f"{where}.var must be >= 0, got {_fmt(var)}")
+        if not var > 0:
+            raise DomainError(f"{where}.var must be > 0, got {_fmt(var)}")
         if not -1 <= corr <= 1:
             raise DomainError(f"{where}.corr must lie in [-1, 1], got {_fmt(corr)}")
 
@@ -508,6 +521,8 @@ def _parse_model(obj, where: str) -> Model:
     if not isinstance(arch, str):
         raise DomainError(f"{where}.arch must be a string, got {_type_name(arch)}")
     ints = {k: _int(obj, k, where) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len")}
+    if ints["seq_len"] < 2:
+        raise DomainError(f"{where}.seq_len must be >= 2 (a token correlation needs two tokens), got {ints['seq_len']}")
     activation = _choice(obj, "activation", ACTIVATIONS, where)
     norm = _choice(obj, "norm", NORMS, where)
     causal = obj["causal"]
@@ -530,8 +545,8 @@ def _parse_model(obj, where: str) -> Model:
     w = f"{where}.grad"
     _keys(obj["grad"], _GRAD_KEYS, w)
     gvar, gcorr = (_num(obj["grad"], k, w) for k in _GRAD_KEYS)
-    if not gvar >= 0:
-        raise DomainError(f"{w}.var must be >= 0, got {_fmt(gvar)}")
+    if not gvar > 0:
+        raise DomainError(f"{w}.var must be > 0, got {_fmt(gvar)}")
     if not -1 <= gcorr <= 1:
         raise DomainError(f"{w}.corr must lie in [-1, 1], got {_fmt(gcorr)}")
 

@@ -8,17 +8,23 @@ by later processes.
 * Where: ``$SIGPROP_CACHE_DIR``, else ``$XDG_CACHE_HOME/sigprop``, else ``~/.cache/sigprop``.
   ``SIGPROP_CACHE_DIR=off`` (or ``0``, ``none``, empty) disables the store.
 * Key: a SHA-256 of the table's inputs together with a digest of the source files of the
-  rules, the numeric backend and the table code, so editing any of them invalidates every
-  stored table.
-* A stored table holds exactly the numbers the build computed (float64, written atomically),
-  so a prediction is bit-for-bit the same whether its tables were built or loaded.
-* Any failure to read or write (a read-only home, a truncated file) falls back to building;
+  rules, the numeric backend and the table code, and of the NumPy and Python versions (whose
+  arithmetic produced the numbers), so editing any of them invalidates every stored table.
+* A stored entry holds exactly the float64 numbers the build computed, so a prediction is
+  bit-for-bit the same whether its tables were built or loaded.  The file is
+  ``MAGIC | SHA-256(key, payload) | payload``: written to a temporary file and renamed into
+  place (atomic), and on reading, anything but a complete file written for this very key
+  (truncated, corrupted, renamed, another format) reads as absent.  Entries with a
+  non-finite number are neither written nor read.  What the numbers must satisfy beyond
+  that (shape, the build's verification) the tables check themselves (sigprop.model.tables).
+* Any failure to read or write (a read-only home, a full disk) falls back to building;
   nothing is ever raised from here.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +39,9 @@ except ImportError:
 
 _OFF = {"", "0", "off", "none", "false", "no"}
 _SOURCES = ("rules", "backend", "model/tables.py", "model/profile.py", "model/store.py", "state.py")
+#: file format: magic (format version included), then the 32-byte digest, then the payload
+MAGIC = b"SIGPROP-TABLE-2\n"
+SUFFIX = ".tbl"
 _digest: str | None = None
 
 
@@ -45,11 +54,13 @@ def directory() -> Path | None:
 
 
 def source_digest() -> str:
-    """SHA-256 over the source files whose code determines a table's numbers."""
+    """SHA-256 over the source files whose code determines a table's numbers, and the NumPy
+    and Python versions that execute it."""
     global _digest
     if _digest is None:
         root = Path(__file__).resolve().parent.parent
         h = _sha256()
+        h.update(f"numpy {np.__version__}; python {sys.version}".encode())
         for rel in _SOURCES:
             path = root / rel
             files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
@@ -67,25 +78,62 @@ def key(*parts) -> str:
     return h.hexdigest()[:40]
 
 
-def load(k: str) -> np.ndarray | None:
+def path(k: str) -> Path | None:
+    """The file of key ``k`` (None: the store is disabled)."""
     d = directory()
-    if d is None:
+    return None if d is None else d / f"{k}{SUFFIX}"
+
+
+def _seal(k: str, payload: bytes) -> bytes:
+    h = _sha256(k.encode())
+    h.update(payload)
+    return h.digest()
+
+
+def load(k: str) -> np.ndarray | None:
+    """The float64 vector stored under ``k``; None where there is none, or the file is not a
+    complete, finite entry written for ``k``."""
+    p = path(k)
+    if p is None:
         return None
     try:
-        arr = np.load(d / f"{k}.npy", allow_pickle=False)
-    except (OSError, ValueError, EOFError):
+        data = p.read_bytes()
+    except OSError:
         return None
-    return arr if arr.ndim == 1 and arr.dtype == np.float64 and arr.size >= 3 else None
+    head = len(MAGIC) + 32
+    if len(data) < head + 8 or not data.startswith(MAGIC) or (len(data) - head) % 8:
+        return None
+    payload = data[head:]
+    if data[len(MAGIC):head] != _seal(k, payload):
+        return None
+    arr = np.frombuffer(payload, dtype="<f8").astype(np.float64)
+    return arr if np.all(np.isfinite(arr)) else None
 
 
-def save(k: str, arr: np.ndarray) -> None:
+def save(k: str, arr) -> bool:
+    """Store the float64 vector ``arr`` under ``k`` atomically; False where nothing was written
+    (store disabled or unwritable, or ``arr`` not a finite vector)."""
     d = directory()
     if d is None:
-        return
+        return False
+    arr = np.ascontiguousarray(arr, dtype="<f8")
+    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+        return False
+    import tempfile                  # (only when writing: keeps it off the start-up path)
+
+    payload = arr.tobytes()
+    tmp = None
     try:
         d.mkdir(parents=True, exist_ok=True)
-        tmp = d / f".{k}.{os.getpid()}.tmp.npy"
-        np.save(tmp, np.asarray(arr, dtype=np.float64), allow_pickle=False)
-        os.replace(tmp, d / f"{k}.npy")
+        fd, tmp = tempfile.mkstemp(prefix=f".{k}.", suffix=".tmp", dir=d)
+        with os.fdopen(fd, "wb") as f:
+            f.write(MAGIC + _seal(k, payload) + payload)
+        os.replace(tmp, d / f"{k}{SUFFIX}")
+        return True
     except OSError:
-        pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+        return False

@@ -10,17 +10,23 @@ per-sublayer update maps are written in terms of the block gains, and sympy's ``
   to the hyperbolic law when the block's backward gain equals its forward gain;
 * Pre-LN with norm scale 1/sqrt(l) (LayerNorm Scaling): variance harmonic in N;
 * skip^2 + branch^2 = 1 (DeepScaleLM): variance relaxes geometrically to the block gain;
-* Post-LN: unit variance, gradient geometric in N;
+* Post-LN: unit variance, gradient geometric in N with the transients' prefactor;
 * otherwise the recurrence itself.
 
 Each closed form holds under a named assumption (block gains held at their value at the top
 of the model, where the correlation has settled); the derivation reports the closed form's
-value at N beside the layer-by-layer prediction, so the assumption's cost is visible.
+value at N beside the layer-by-layer prediction and their relative error, and labels a form
+more than 10% off an approximation outside its range.  The Post-LN gradient is given in its
+asymptotic form C rho^N: rho the per-layer factor where both the stream's and the gradient's
+token correlations have settled, C the prefactor of the transients at both ends, both read
+off the layer-by-layer prediction of a deeper stack of the same layer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import sympy as sp
@@ -36,6 +42,7 @@ class Derivation:
     lines: list[str] = field(default_factory=list)
     assumption: str = ""
     exprs: list = field(default_factory=list)
+    forms: list = field(default_factory=list)     # ClosedForm, each with its error
 
 
 l, N, k = sp.symbols("l N k", integer=True, nonnegative=True)
@@ -119,6 +126,63 @@ def derive(model) -> list[Derivation]:
     return out
 
 
+#: a closed form further than this (relative) from the layer-by-layer value is labelled an
+#: approximation outside its range
+RANGE_TOLERANCE = 0.10
+
+
+class ClosedForm(NamedTuple):
+    """One closed form evaluated at the model's depth beside the layer-by-layer prediction.
+    Values are natural logarithms (the gradient ratio of a deep Post-LN model leaves a double)."""
+
+    quantity: str           # what it gives, e.g. "sigma2(N)" or "g2(0)/g2(N)"
+    formula: str            # sympy's string of the closed form
+    log_value: float        # log of the closed form's value at N
+    log_layer_by_layer: float
+
+    @property
+    def value(self) -> float:
+        return _exp(self.log_value)
+
+    @property
+    def layer_by_layer(self) -> float:
+        return _exp(self.log_layer_by_layer)
+
+    @property
+    def relative_error(self) -> float:
+        """|closed form / layer-by-layer - 1|."""
+        return abs(math.expm1(self.log_value - self.log_layer_by_layer)) \
+            if self.log_value - self.log_layer_by_layer < 709 else math.inf
+
+    @property
+    def within_range(self) -> bool:
+        return self.relative_error <= RANGE_TOLERANCE
+
+    def text(self, n_layers: int) -> str:
+        """The comparison line: both values, the relative error and, past RANGE_TOLERANCE, the label."""
+        out = (f"{self.quantity} at N = {n_layers}: closed form {_g(self.log_value)}, layer-by-layer "
+               f"{_g(self.log_layer_by_layer)}, relative error {_pct(self.relative_error)}")
+        if not self.within_range:
+            out += (f" (closed form / layer-by-layer = {_g(self.log_value - self.log_layer_by_layer)}): "
+                    f"an approximation outside its range")
+        return out
+
+
+def _exp(v: float) -> float:
+    return math.exp(v) if v < 709 else math.inf
+
+
+def _g(log_v: float) -> str:
+    if abs(log_v) < 700:
+        return f"{math.exp(log_v):.6g}"
+    k = math.floor(log_v / math.log(10))
+    return f"{math.exp(log_v - k * math.log(10)):.4f}e{k:+d}"
+
+
+def _pct(e: float) -> str:
+    return f"{100 * e:.2g}%" if e < 0.1 else f"{100 * e:.0f}%" if math.isfinite(e) else "inf"
+
+
 def _closed_forms(model, records, grads, gains) -> Derivation:
     att, ffc = model.attention, model.ffn
     pre = not np.concatenate([att.post, ffc.post]).any()
@@ -127,55 +191,154 @@ def _closed_forms(model, records, grads, gains) -> Derivation:
     b_att, b_ffn = _const(att.branch_scale), _const(ffc.branch_scale)
     n_att = att.norm_scale
     Nv = model.n_layers
-    sig_top = float(np.exp(records[-1].out_log_var))
+    log_sig_top = float(records[-1].out_log_var)
+    log_g_ratio = float(grads[0][0]) - math.log(model.grad.var) if grads else 0.0
     der = Derivation("Closed forms in N")
+    forms = der.forms
     if pre and a is not None and b_att is not None and b_ffn is not None:
         c_sym = sp.Symbol("c", positive=True)
         c_val = b_att**2 * gains["attention"][0] + b_ffn**2 * gains["ffn"][0]
+        # the branches' backward gains times the stream variance they divide by (per layer)
+        gam_val = sum(G * math.exp(rec.x_log_var) for _, G, rec in gains.values())
         lns = np.allclose(n_att**2 * np.arange(1, Nv + 1), n_att[0] ** 2, rtol=1e-9)
         if a == 1 and np.allclose(n_att, 1.0):
             sol = sp.rsolve(s(l + 1) - s(l) - c_sym, s(l), {s(0): s0})
             der.lines.append(f"sigma2(l) = {_pretty(sol)}   [rsolve of sigma2(l+1) = sigma2(l) + c; linear in depth]")
             gam = sp.Symbol("gamma", positive=True)
-            prod = sp.product(1 + gam / (s0 + c_sym * k), (k, l, N - 1))
-            der.lines.append(f"g2(l) = g2_N * {_pretty(sp.simplify(prod))}   [product of (1 + gamma / sigma2(k))]")
-            der.lines.append(f"  with gamma = c: g2(l) = g2_N * {_pretty(sp.simplify(prod.subs(gam, c_sym)))}"
+            prod = sp.simplify(sp.product(1 + gam / (s0 + c_sym * k), (k, l, N - 1)))
+            der.lines.append(f"g2(l) = g2_N * {_pretty(prod)}   [product of (1 + gamma / sigma2(k))]")
+            hyp = sp.simplify(prod.subs(gam, c_sym))
+            der.lines.append(f"  with gamma = c: g2(l) = g2_N * {_pretty(hyp)}"
                              "   [telescopes: hyperbolic, g2 proportional to 1/sigma2(l)]")
-            pred = float(sol.subs({s0: model.input.var, c_sym: c_val, l: Nv}))
+            num = {s0: model.input.var, c_sym: c_val, gam: gam_val, l: 0, N: Nv}
+            forms.append(ClosedForm("sigma2(N)", _pretty(sol), _log_eval(sol.subs(l, N), num), log_sig_top))
+            forms.append(ClosedForm("g2(0)/g2(N)", _pretty(prod.subs(l, 0)), _log_eval(prod, num), log_g_ratio))
+            forms.append(ClosedForm("g2(0)/g2(N), gamma = c", _pretty(hyp.subs(l, 0)), _log_eval(hyp, num),
+                                    log_g_ratio))
+            der.lines.append(f"numbers: c = {c_val:.6g}, gamma = {gam_val:.6g} (block gains at the top layer)")
         elif a == 1 and lns:
             # sigma2(l) = sigma2(l-1) + c / l  (norm scale 1/sqrt(l) scales the branch variance by 1/l)
             sol = s0 + sp.summation(c_sym / k, (k, 1, l))
             der.lines.append(f"sigma2(l) = {_pretty(sol)}   [LayerNorm Scaling: sigma2(l) = sigma2(l-1) + c/l summed; harmonic]")
-            pred = float(sp.N(sol.subs({s0: model.input.var, c_sym: c_val, l: Nv})))
+            num = {s0: model.input.var, c_sym: c_val, l: Nv}
+            forms.append(ClosedForm("sigma2(N)", _pretty(sol), _log_eval(sol, num), log_sig_top))
+            der.lines.append(f"numbers: c = {c_val:.6g} (block gains at the top layer, times l)")
         else:
             # one layer = attention then FFN sublayer: sigma2 -> a^4 sigma2 + a^2 b_A^2 V_A + b_F^2 V_F
             A = sp.Symbol("Lambda", positive=True)
             c_val = a**2 * b_att**2 * gains["attention"][0] + b_ffn**2 * gains["ffn"][0]
-            sol = sp.rsolve(s(l + 1) - A * s(l) - c_sym, s(l), {s(0): s0})
-            der.lines.append(f"sigma2(l) = {_pretty(sp.simplify(sol))}   [per layer sigma2(l+1) = Lambda sigma2(l) + c, "
+            sol = sp.simplify(sp.rsolve(s(l + 1) - A * s(l) - c_sym, s(l), {s(0): s0}))
+            der.lines.append(f"sigma2(l) = {_pretty(sol)}   [per layer sigma2(l+1) = Lambda sigma2(l) + c, "
                              "Lambda = a^4, c = a^2 b_A^2 V_A + b_F^2 V_F]")
-            der.lines.append(f"  fixed point c / (1 - Lambda) = {c_val / (1 - a**4):.6g}: the variance is conserved "
-                             "when it equals sigma2_0" if a != 1 else "")
-            pred = float(sp.N(sol.subs({s0: model.input.var, c_sym: c_val, A: a**4, l: Nv})))
-        der.lines.append(f"numbers: c = {c_val:.6g}; closed form at N = {Nv}: {pred:.6g}; "
-                         f"layer-by-layer prediction: {sig_top:.6g}")
+            if a != 1:
+                der.lines.append(f"  fixed point c / (1 - Lambda) = {c_val / (1 - a**4):.6g}: the variance is "
+                                 "conserved when it equals sigma2_0")
+            rho = sp.Symbol("rho", positive=True)
+            rho_val = 1.0
+            for _, G, rec in gains.values():
+                rho_val *= a**2 + G
+            geo = rho**N
+            der.lines.append("g2(0) = g2_N*rho**N   [g2(l) = rho g2(l+1), rho = (a^2 + Gamma_A)(a^2 + Gamma_F) "
+                             "at the top layer: geometric in depth]")
+            num = {s0: model.input.var, c_sym: c_val, A: a**4, l: Nv, rho: rho_val, N: Nv}
+            forms.append(ClosedForm("sigma2(N)", _pretty(sol.subs(l, N)), _log_eval(sol, num), log_sig_top))
+            forms.append(ClosedForm("g2(0)/g2(N)", _pretty(geo), _log_eval(geo, num), log_g_ratio))
+            der.lines.append(f"numbers: c = {c_val:.6g}, rho = {rho_val:.6g} per layer (block gains at the top layer)")
         der.assumption = ("block gains held at their top-layer value (the correlation has settled); "
                           "the FFN gain is exactly homogeneous in the input variance, attention's only approximately")
     elif allpost and a is not None:
-        rho = sp.Symbol("rho", positive=True)
+        rho, C = sp.Symbol("rho", positive=True), sp.Symbol("C", positive=True)
         j = sp.Symbol("j", integer=True, nonnegative=True)     # j = N - l layers below the top
         h = sp.Function("h")
         sol = sp.rsolve(h(j + 1) - rho * h(j), h(j), {h(0): gN}).subs(j, N - l)
-        rho_val = 1.0
+        der.lines.append(f"g2(l) = {_pretty(sol)}   [g2(l) = rho g2(l+1) where both correlations have settled: "
+                         "geometric in depth]")
+        der.lines.append("g2(0) = C*g2_N*rho**N   [asymptotic in N: rho the settled per-layer factor, "
+                         "C the prefactor of the transients at both ends]")
+        rho_top = 1.0
         for kind in ("attention", "ffn"):
             _, G, rec = gains[kind]
-            rho_val *= rec.z_gain * (a**2 + G)  # LayerNorm factor times (skip + branch); G includes b^2
-        der.lines.append(f"g2(l) = {_pretty(sol)}   [g2(l) = rho g2(l+1): geometric in depth]")
-        g_in = float(np.exp(grads[0][0]))
-        der.lines.append(f"numbers: rho = {rho_val:.6g} per layer; closed form g2(0)/g2(N) = rho^N = {rho_val ** Nv:.6g}; "
-                         f"layer-by-layer prediction: {g_in / model.grad.var:.6g}")
-        der.assumption = "per-layer gradient factor held at its top-layer value"
+            rho_top *= rec.z_gain * (a**2 + G)  # LayerNorm factor times (skip + branch); G includes b^2
+        asym = _asymptote(model)
+        if asym is None:
+            der.lines.append(f"numbers: per-layer factor at the top layer {rho_top:.6g}; the layers differ, so "
+                             "no settled factor is defined")
+        else:
+            log_rho, log_C, settled, depth = asym
+            expr = C * rho**N
+            forms.append(ClosedForm("g2(0)/g2(N)", _pretty(expr), log_C + Nv * log_rho, log_g_ratio))
+            der.lines.append(f"numbers: rho = {math.exp(log_rho):.6g} per layer, C = {_g(log_C)} (from a {depth}-layer "
+                             f"stack of this model's layer{'' if settled else '; rho not settled there'}); "
+                             f"the top layer's own factor is {rho_top:.6g} (gradient correlation 0 there)")
+        der.assumption = ("the per-layer gradient factor depends on the stream's and the gradient's token "
+                          "correlations; both settle away from the ends, the gradient's over tens of layers "
+                          "from the top")
     else:
         der.lines.append("no closed form for this combination of placements and scales: the per-sublayer "
                          "recurrence above is iterated numerically (`sigprop predict`)")
+    for f in forms:
+        der.lines.append(f.text(Nv))
     return der
+
+
+def _log_eval(expr, values: dict) -> float:
+    """log of a closed form at numbers (sympy evaluates, at 30 digits)."""
+    v = sp.N(expr.subs(values), 30)
+    if not v.is_real or not v.is_positive:
+        return math.nan
+    return float(sp.log(v).evalf(30))
+
+
+#: the deepest stack the Post-LN asymptote is read off (about 0.5 s of prediction), and the
+#: shallowest (causal models pay O(L^2) per sublayer: 512 causal layers at 256 tokens take
+#: about 4 s, so they get 128 and the line says when rho has not settled there)
+ASYMPTOTE_MAX_DEPTH = 4096
+ASYMPTOTE_MIN_DEPTH = 512
+ASYMPTOTE_MIN_DEPTH_CAUSAL = 128
+
+
+def _asymptote(model) -> tuple[float, float, bool, int] | None:
+    """For a stack of identical layers: (log rho, log C, settled, depth) of the gradient's
+    asymptotic form g2(0)/g2(N) ~ C rho^N, read off the layer-by-layer prediction of a deeper
+    stack of the same layer (4 N layers, at least ASYMPTOTE_MIN_DEPTH(_CAUSAL), at most
+    ASYMPTOTE_MAX_DEPTH): rho the per-layer factor at its middle,
+    C the product of every layer's factor over rho.  ``settled``: the factor at the middle
+    and an eighth of the depth below it agree to 1e-6 (relative).  None when the layers differ."""
+    from sigprop.model.predict import run
+    from sigprop.model.spec import Model
+
+    if len(model.layer_runs()) != 2:
+        return None
+    least = ASYMPTOTE_MIN_DEPTH_CAUSAL if model.causal else ASYMPTOTE_MIN_DEPTH
+    depth = max(min(4 * model.n_layers, ASYMPTOTE_MAX_DEPTH), least)
+    obj = model.to_json()
+    obj["layers"] = [obj["layers"][-1]] * depth
+    obj["n_layers"] = depth
+    _, grads = run(Model.from_json(obj))
+    per = 2 if len(grads) == 2 * depth else 1
+    lg = np.array([grads[i][0] for i in range(0, len(grads), per)] + [math.log(model.grad.var)])
+    f = lg[:-1] - lg[1:]                   # log of each layer's factor g2(l-1)/g2(l)
+    mid = depth // 2
+    log_rho = float(f[mid])
+    settled = abs(f[mid] - f[mid - depth // 8]) <= 1e-6
+    log_C = float(lg[0] - lg[-1] - depth * log_rho)
+    return log_rho, log_C, bool(settled), depth
+
+
+def to_json(blocks: list[Derivation]) -> dict:
+    """The derivation as a JSON object (``predict --json --symbolic``): every block's title,
+    lines and assumption, and every closed form with its value, the layer-by-layer value and
+    their relative error (overflowed values as the strings "inf"/"-inf", with log10 fields)."""
+    from sigprop.model.trace import num
+
+    forms = []
+    for b in blocks:
+        for f in b.forms:
+            forms.append({"quantity": f.quantity, "formula": f.formula, "value": num(f.value),
+                          "layer_by_layer": num(f.layer_by_layer),
+                          "log10_value": num(f.log_value / math.log(10)),
+                          "log10_layer_by_layer": num(f.log_layer_by_layer / math.log(10)),
+                          "relative_error": num(f.relative_error), "within_range": f.within_range})
+    return {"blocks": [{"title": b.title, "lines": [ln for ln in b.lines if ln.strip()],
+                        "assumption": b.assumption} for b in blocks],
+            "closed_forms": forms, "range_tolerance": RANGE_TOLERANCE}

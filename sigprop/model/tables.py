@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from sigprop import progress
 from sigprop.errors import DomainError
 from sigprop.model import store
 from sigprop.rules import get
@@ -43,6 +44,52 @@ BUILD_AFTER = 3
 #: = 1 - 5e-9 is evaluated directly
 TH_MIN = 1e-4
 R_MAX = math.cos(TH_MIN)
+#: node counts a Table tries, in order (the first whose interpolant passes verification)
+NODES = (17, 33, 65)
+#: the tabulated rows (:func:`_rows`)
+ROWS = ("mean", "var", "cov", "A", "B", "C", "D")
+
+
+#: building a table costs tens of evaluations of its chain (17 nodes and 16 midpoints; 33 and
+#: 32 more where that fails, and 33 for the variance derivative), against one per sublayer
+#: evaluated directly, and the attention rule's cost grows with the row logit variance (its
+#: quadrature grids widen with the logit scale).  Where the mean row logit variance exceeds
+#: COSTLY_LOGIT_VAR somewhere in the table's correlation range, builds also fail their first
+#: node count (measured at 6.5: 33 nodes; a 4-layer Pre-LN prediction took 56 s cold on a busy
+#: 2-core machine and 1.05 s evaluated directly), so such a chain is tabulated only where at
+#: least COSTLY_USES sublayers share it; ordinary inits (logit variance ~0.1-1) from
+#: BUILD_AFTER uses (:func:`worth_tabulating`).
+COSTLY_LOGIT_VAR = 2.0
+COSTLY_USES = 96
+
+
+def table_logit_var(ops, x: Forward) -> float:
+    """The largest mean row logit variance an attention op of chain ``ops`` meets over a table
+    at input ``x``'s mean and variance (its correlation range starts at min(0, corr); the
+    variance falls as the correlation rises); 0 for chains without attention."""
+    if all(name != "attention" for name, _ in ops):
+        return 0.0
+    x = Forward(float(x.mean), float(x.var), min(0.0, float(x.corr)))
+    for name, params in ops:
+        if name == "attention":
+            from sigprop.rules.attention import mean_row_logit_var
+
+            return mean_row_logit_var(params, x)
+        try:
+            y, _ = get(name).evaluate(Forward(np.array([x.mean]), np.array([x.var]), np.array([x.corr])), None, **params)
+        except DomainError:
+            return math.inf
+        x = Forward(float(y.mean[0]), float(y.var[0]), float(y.corr[0]))
+    return 0.0
+
+
+def worth_tabulating(ops, x: Forward, uses: int) -> bool:
+    """Whether chain ``ops`` at input ``x``, shared by ``uses`` sublayers, gets a table: at
+    least BUILD_AFTER uses, and COSTLY_USES where its attention is costly to evaluate (see
+    COSTLY_LOGIT_VAR).  A function of the model alone, never of the store."""
+    if uses < BUILD_AFTER:
+        return False
+    return uses >= COSTLY_USES or table_logit_var(ops, x) <= COSTLY_LOGIT_VAR
 
 
 def _cheb(n: int, lo: float, hi: float) -> np.ndarray:
@@ -160,63 +207,90 @@ class Table:
             self.save()
 
     # -- the on-disk store (sigprop.model.store) ------------------------------------------
+    # An entry is [n, 1, has_d, values at the n nodes (7 x n), direct evaluation at the n - 1
+    # midpoints (the build's verification points), d(values)/d(var) if has_d], or [0, 0, 0] for
+    # a table that failed its build (then the chain is evaluated directly).  Loading applies
+    # the build's own acceptance test to the stored numbers; an entry that fails it, or has
+    # any other shape, is rebuilt.
     def _load(self, key: str) -> bool:
         arr = store.load(key)
         if arr is None:
             return False
-        try:
-            n, ok, has_d = int(arr[0]), bool(arr[1]), bool(arr[2])
-            k = (arr.size - 3) // (n * (2 if has_d else 1))
-            vals = arr[3:3 + k * n].reshape(k, n)
-            dvals = arr[3 + k * n:].reshape(k, n) if has_d else None
-        except (ValueError, IndexError):
+        n, ok, has_d = arr[0], arr[1], arr[2]
+        if arr.size == 3 and n == 0 and ok == 0 and has_d == 0:
+            self.ok = False                         # a stored failure: evaluate directly
+            return True
+        if n not in NODES or ok != 1 or has_d not in (0, 1):
             return False
-        self.ok = ok
-        if n > 0:
-            self.nodes = _cheb(n, TH_MIN, math.acos(self.lo))
-            self.w, self.vals, self.nodes_n = _bary_weights(n), vals, n
-            self.dvals = None
+        n, has_d = int(n), bool(has_d)
+        k = len(ROWS)
+        if arr.size != 3 + k * n + k * (n - 1) + (k * n if has_d else 0):
+            return False
+        vals = arr[3:3 + k * n].reshape(k, n)
+        mid = arr[3 + k * n:3 + k * (2 * n - 1)].reshape(k, n - 1)
+        th = _cheb(n, TH_MIN, math.acos(self.lo))
+        if not self._accept(th, vals, mid):
+            return False
+        self.nodes, self.w, self.vals, self.mid, self.nodes_n = th, _bary_weights(n), vals, mid, n
+        self.dvals = None
+        try:
             self._set_coefficients()
-            if dvals is not None:
-                self.dvals, self.dcoef = dvals, self._coef_of(dvals)
-                self._stacked = np.vstack([self.coef, self.dcoef])
+        except AssertionError:
+            return False
+        if has_d:
+            dvals = arr[3 + k * (2 * n - 1):].reshape(k, n)
+            self.dvals, self.dcoef = dvals, self._coef_of(dvals)
+            self._stacked = np.vstack([self.coef, self.dcoef])
+        self.ok = True
         return True
 
     def save(self) -> None:
-        n = getattr(self, "nodes_n", 0)
-        parts = [np.array([n, float(self.ok), float(getattr(self, "dvals", None) is not None)])]
-        if n:
-            parts.append(self.vals.ravel())
-            if self.dvals is not None:
-                parts.append(self.dvals.ravel())
+        if not self.ok:
+            store.save(self.store_key, np.zeros(3))
+            return
+        has_d = self.dvals is not None
+        parts = [np.array([self.nodes_n, 1.0, float(has_d)]), self.vals.ravel(), self.mid.ravel()]
+        if has_d:
+            parts.append(self.dvals.ravel())
         store.save(self.store_key, np.concatenate(parts))
+
+    @staticmethod
+    def _accept(th: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
+        """The build's acceptance test: finite values whose interpolant matches the direct
+        evaluation at the midpoints between nodes to TOL (relative, :func:`_max_rel_err`)."""
+        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
+            return False
+        w = _bary_weights(len(th))
+        th_mid = (th[1:] + th[:-1]) / 2
+        approx = np.stack([_interp(x, th, w, vals) for x in th_mid], axis=1)
+        return _max_rel_err(approx, direct, vals) < TOL
 
     def _build(self, lo: float, var: float) -> None:
         # interpolation variable theta = arccos(corr): the arc-cosine kernels (ReLU, GeLU near
         # r = 1) have a square-root singularity at r = 1 in r but are analytic in theta
         th_hi = math.acos(lo)
-        for n in (17, 33, 65):
-            th = _cheb(n, TH_MIN, th_hi)
-            nodes = np.cos(th)
-            th_mid = (th[1:] + th[:-1]) / 2
-            try:
-                vals = self._values(nodes, var)
-                direct = self._values(np.cos(th_mid), var)
-            except DomainError:
-                # part of the table's range lies outside a rule's domain (e.g. the attention
-                # rule's logit-variance range at low correlations): no table, the predictor
-                # evaluates the chain at the states it actually meets
-                return
-            w = _bary_weights(n)
-            approx = np.stack([_interp(x, th, w, vals) for x in th_mid], axis=1)
-            if np.all(np.isfinite(vals)) and _max_rel_err(approx, direct, vals) < TOL:
-                self.nodes, self.w, self.vals = th, w, vals
-                self.dvals = None
-                self.nodes_n = n
-                self._set_coefficients()
-                # linearity in the gradient, checked at a node (exact table values there)
-                self.ok = self._linear_in_gradient(float(np.cos(th[n // 2])))
-                break
+        with progress.task("sigprop: building an interpolation table", total=len(NODES)) as bar:
+            for n in NODES:
+                th = _cheb(n, TH_MIN, th_hi)
+                nodes = np.cos(th)
+                th_mid = (th[1:] + th[:-1]) / 2
+                try:
+                    vals = self._values(nodes, var)
+                    direct = self._values(np.cos(th_mid), var)
+                except DomainError:
+                    # part of the table's range lies outside a rule's domain (e.g. the attention
+                    # rule's logit-variance range at low correlations): no table, the predictor
+                    # evaluates the chain at the states it actually meets
+                    return
+                bar.advance()
+                if self._accept(th, vals, direct):
+                    self.nodes, self.w, self.vals, self.mid = th, _bary_weights(n), vals, direct
+                    self.dvals = None
+                    self.nodes_n = n
+                    self._set_coefficients()
+                    # linearity in the gradient, checked at a node (exact table values there)
+                    self.ok = self._linear_in_gradient(float(np.cos(th[n // 2])))
+                    break
 
     def _evaluate(self, corr, var, g):
         c = np.asarray(corr, dtype=float)
@@ -346,24 +420,35 @@ class VarTable:
         vals[1:3] /= w
         return vals
 
+    GRIDS = ((17, 17), (33, 25))
+
     def _build(self) -> None:
         th_hi = math.acos(self.lo)
         u_hi = self._u0 + self._u_span
-        for nt, nu in ((17, 17), (33, 25)):
-            th, u = _cheb(nt, TH_MIN, th_hi), _cheb(nu, self._u0, u_hi)
-            try:
-                vals = self._grid_values(th, u)
-                direct = self._grid_values((th[1:] + th[:-1]) / 2, (u[1:] + u[:-1]) / 2)
-            except DomainError:
-                return                    # part of the range outside a rule's domain: no table
-            if not np.all(np.isfinite(vals)):
-                continue
-            self._set(th, u, vals)
-            approx = np.array([[self._row_at(t, w) for w in (u[1:] + u[:-1]) / 2]
-                               for t in (th[1:] + th[:-1]) / 2]).transpose(2, 0, 1)
-            if _max_rel_err(approx, direct, vals) < TOL:
-                self.ok = self._linear_in_gradient(th[nt // 2], u[nu // 2])
-                return
+        with progress.task("sigprop: building an interpolation table (correlation x variance)",
+                           total=len(self.GRIDS)) as bar:
+            for nt, nu in self.GRIDS:
+                th, u = _cheb(nt, TH_MIN, th_hi), _cheb(nu, self._u0, u_hi)
+                try:
+                    vals = self._grid_values(th, u)
+                    direct = self._grid_values((th[1:] + th[:-1]) / 2, (u[1:] + u[:-1]) / 2)
+                except DomainError:
+                    return                    # part of the range outside a rule's domain: no table
+                bar.advance()
+                if self._accept(th, u, vals, direct):
+                    self.mid = direct
+                    self.ok = self._linear_in_gradient(th[nt // 2], u[nu // 2])
+                    return
+
+    def _accept(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
+        """The build's acceptance test (sets the interpolant): finite values whose interpolant
+        matches the direct evaluation on the grid of midpoints to TOL relative."""
+        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
+            return False
+        self._set(th, u, vals)
+        approx = np.array([[self._row_at(t, w) for w in (u[1:] + u[:-1]) / 2]
+                           for t in (th[1:] + th[:-1]) / 2]).transpose(2, 0, 1)
+        return _max_rel_err(approx, direct, vals) < TOL
 
     def _set(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray) -> None:
         nt, nu = len(th), len(u)
@@ -399,27 +484,33 @@ class VarTable:
     forward_of = staticmethod(Table.forward_of)
     backward_of = staticmethod(Table.backward_of)
 
-    # -- the on-disk store (as Table) -----------------------------------------------------
+    # -- the on-disk store (as Table): [nt, nu, 1, values (7 x nt x nu), direct evaluation
+    # on the grid of midpoints (7 x (nt-1) x (nu-1))], or [0, 0, 0] for a failed build -----
     def save(self) -> None:
         if not self.ok:
-            store.save(self.store_key, np.array([0.0, 0.0, 0.0]))
+            store.save(self.store_key, np.zeros(3))
             return
         nt, nu = self.vals.shape[1:]
-        store.save(self.store_key, np.concatenate([np.array([nt, nu, 1.0]), self.vals.ravel()]))
+        store.save(self.store_key, np.concatenate([np.array([nt, nu, 1.0]), self.vals.ravel(), self.mid.ravel()]))
 
     def _load(self, key: str) -> bool:
         arr = store.load(key)
         if arr is None:
             return False
-        try:
-            nt, nu, ok = int(arr[0]), int(arr[1]), bool(arr[2])
-            if ok:
-                vals = arr[3:].reshape(7, nt, nu)
-        except (ValueError, IndexError):
+        if arr.size == 3 and not np.any(arr):
+            self.ok = False                         # a stored failure: evaluate directly
+            return True
+        if (arr[0], arr[1]) not in self.GRIDS or arr[2] != 1:
             return False
-        if ok:
-            self._set(_cheb(nt, TH_MIN, math.acos(self.lo)), _cheb(nu, self._u0, self._u0 + self._u_span), vals)
-        self.ok = ok
+        nt, nu = int(arr[0]), int(arr[1])
+        if arr.size != 3 + 7 * nt * nu + 7 * (nt - 1) * (nu - 1):
+            return False
+        vals = arr[3:3 + 7 * nt * nu].reshape(7, nt, nu)
+        mid = arr[3 + 7 * nt * nu:].reshape(7, nt - 1, nu - 1)
+        th, u = _cheb(nt, TH_MIN, math.acos(self.lo)), _cheb(nu, self._u0, self._u0 + self._u_span)
+        if not self._accept(th, u, vals, mid):
+            return False
+        self.mid, self.ok = mid, True
         return True
 
 
@@ -460,40 +551,63 @@ class ThetaTable:
     largest of them all).  Kept in the table store under ``store_key`` ([n, 1, 0, values...],
     or [0, 0, 0] for a failure, which then evaluates directly)."""
 
+    NODES = (9, 17)
+
     def __init__(self, fn, mean: float, var: float, lo: float, store_key: str, tol: float,
                  size=None, n_values: int | None = None):
         self.mean, self.var, self.lo, self.ok = mean, var, lo, False
+        self.tol, self.size = tol, size
         hi = float(np.arccos(lo))
         arr = store.load(store_key)
         if arr is not None and self._unpack(arr, hi, n_values):
             return
-        for n in (9, 17):
-            th = _cheb(n, TH_MIN, hi)
-            vals = np.stack([fn(t) for t in th], axis=1)
-            w = _bary_weights(n)
-            scale = np.max(np.abs(vals)) if size is None else size(vals)
-            err = 0.0
-            for t in ((th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2):
-                direct = fn(t)
-                err = max(err, float(np.max(np.abs(_interp(t, th, w, vals) - direct)
-                                            / np.maximum(np.abs(direct), scale + 1e-300))))
-            if np.all(np.isfinite(vals)) and err < tol:
-                self.nodes, self.w, self.vals, self.ok = th, w, vals, True
-                break
-        store.save(store_key, np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel()]) if self.ok
-                   else np.array([0.0, 0.0, 0.0]))
+        with progress.task("sigprop: building an attention statistics table", total=len(self.NODES)) as bar:
+            for n in self.NODES:
+                th = _cheb(n, TH_MIN, hi)
+                vals = np.stack([fn(t) for t in th], axis=1)
+                direct = np.stack([fn(t) for t in self._checks(th)], axis=1)
+                bar.advance()
+                if self._accept(th, vals, direct):
+                    self.nodes, self.w, self.vals, self.direct, self.ok = th, _bary_weights(n), vals, direct, True
+                    break
+        store.save(store_key, np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel(), self.direct.ravel()])
+                   if self.ok else np.zeros(3))
+
+    @staticmethod
+    def _checks(th: np.ndarray) -> tuple:
+        """The verification points: the midpoints nearest both ends."""
+        return (th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2
+
+    def _accept(self, th: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
+        """The build's acceptance test: finite values, and at both verification points every
+        entry's error below ``tol`` of max(|direct value|, its scale)."""
+        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
+            return False
+        w = _bary_weights(len(th))
+        scale = np.max(np.abs(vals)) if self.size is None else self.size(vals)
+        err = 0.0
+        for j, t in enumerate(self._checks(th)):
+            d = direct[:, j]
+            err = max(err, float(np.max(np.abs(_interp(t, th, w, vals) - d) / np.maximum(np.abs(d), scale + 1e-300))))
+        return err < self.tol
 
     def _unpack(self, arr: np.ndarray, hi: float, n_values: int | None) -> bool:
-        n = int(arr[0])
-        if n == 0:
+        """A stored entry ([n, 1, 0, values (k x n), values at the two verification points
+        (k x 2)], or [0, 0, 0] for a failed build), accepted only if it passes the build's
+        test."""
+        if arr.size == 3 and not np.any(arr):
             return True                       # a stored failure: evaluate directly
-        try:
-            vals = arr[3:].reshape(-1, n)
-        except ValueError:
+        if arr[0] not in self.NODES or arr[1] != 1 or arr[2] != 0 or (arr.size - 3) % (int(arr[0]) + 2):
             return False
-        if n_values is not None and vals.shape[0] != n_values:
+        n = int(arr[0])
+        k = (arr.size - 3) // (n + 2)
+        if k == 0 or (n_values is not None and k != n_values):
             return False
-        self.nodes, self.w, self.vals, self.ok = _cheb(n, TH_MIN, hi), _bary_weights(n), vals, True
+        vals, direct = arr[3:3 + k * n].reshape(k, n), arr[3 + k * n:].reshape(k, 2)
+        th = _cheb(n, TH_MIN, hi)
+        if not self._accept(th, vals, direct):
+            return False
+        self.nodes, self.w, self.vals, self.direct, self.ok = th, _bary_weights(n), vals, direct, True
         return True
 
     def covers(self, x: Forward) -> bool:
@@ -625,16 +739,19 @@ class TableCache:
             hit = self._canon[fast_key] = _Handle(canon, scale, key, canonical=canon is not ops)
         return hit
 
-    def get(self, ops: list, x: Forward, eager: bool = False, handle: _Handle | None = None):
+    def get(self, ops: list, x: Forward, eager: bool = False, handle: _Handle | None = None,
+            uses: int = 0):
         """The table for chain ``ops`` (or its ``handle``) at input ``x`` (None: evaluate
-        directly).  ``eager``: build it at the first request rather than the BUILD_AFTER-th."""
+        directly).  ``eager``: build it at the first request rather than the BUILD_AFTER-th;
+        ``uses``: the number of sublayers known to share the chain (the requests so far count
+        too; a costly chain needs COSTLY_USES of them, :func:`worth_tabulating`)."""
         if handle is None:
             handle = self.handle(ops)
         tables = handle.by_mean.get(x.mean)
         if tables and tables[0].covers(x):          # the common case, as _get would find it
             t = tables[0]
         else:
-            t = self._get(handle, x, eager)
+            t = self._get(handle, x, eager, uses)
         return None if t is None else _view(handle, t)
 
     def get_var(self, ops: list, x: Forward, v_lo: float, v_hi: float, handle: _Handle | None = None):
@@ -661,7 +778,7 @@ class TableCache:
         tables.append(t)
         return _view(handle, t) if t.covers(x) else None
 
-    def _get(self, handle: _Handle, x: Forward, eager: bool) -> Table | None:
+    def _get(self, handle: _Handle, x: Forward, eager: bool, uses: int = 0) -> Table | None:
         mean = float(x.mean)
         tables = handle.by_mean.get(mean)
         if tables is None:
@@ -675,6 +792,8 @@ class TableCache:
         if (n < BUILD_AFTER and not eager) or len(tables) >= 4:
             return None
         ops, chain_key = handle.canon, handle.key
+        if not worth_tabulating(ops, x, max(n, uses, BUILD_AFTER if eager else 0)):
+            return None
         lo = min(0.0, float(x.corr))
         skey = store.key("table", chain_key, mean, float(x.var), lo, TOL, TH_MIN)
         t = Table(Chain(ops), {}, mean, float(x.var), lo, store_key=skey)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from sigprop import __version__
-from sigprop.model.growth import classify, sci_log10
+from sigprop.model.growth import BOUNDED_LAWS, COMPOUNDING_LAWS, _times, classify
 
 LOG10E = 1.0 / math.log(10.0)
 
@@ -46,7 +46,7 @@ def thin(points: list, every: int) -> list:
 
 def summary(points: list) -> dict:
     first, last = points[0], points[-1]
-    per_layer = [p for p in points if p.sublayer == "ffn"]
+    per_layer = [p for p in points if p.sublayer in ("ffn", "block")]
     depth = np.array([p.layer for p in per_layer], dtype=float)
     fw = classify(depth, np.array([p.log_var for p in per_layer]))
     # gradient as a function of depth measured from the input: the point entering layer l
@@ -59,6 +59,10 @@ def summary(points: list) -> dict:
     # the law is fitted from layer 1 on; the verdict's "overall" factor is the summary's (input
     # to top), as is the gradient's
     fw = fw._replace(log_ratio=log_ratio_fw)
+    bw = bw._replace(log_ratio=-log_ratio_bw)      # top over input, as the law was fitted
+    if len(per_layer) < 3:
+        # too few layers for a law: judged on the whole model's change, input to top
+        fw, bw = _few_layers(fw), _few_layers(bw)
     out = {
         "forward_var_final": num(last.var),
         "forward_var_growth": num(_exp(log_ratio_fw)),
@@ -69,48 +73,124 @@ def summary(points: list) -> dict:
         "grad_law": bw.law,
         "corr_top": num(last.corr),
         "max_logit_var": num(max(logits)) if logits else None,
+        "n_layers": int(last.layer),
+        # where the prediction stopped because the model left the rules' domain (a softmax
+        # saturated beyond the attention rule's range), and why; None for a complete trace
+        "saturation_layer": getattr(points, "saturation_layer", None),
+        "domain_note": getattr(points, "domain_note", None),
     }
     out["verdict"] = verdict(fw, bw, out)
+    out["verdict_class"] = out["verdict"].split(":", 1)[0]
     return out
+
+
+def _few_layers(g):
+    return g._replace(law="constant" if abs(g.log_ratio) < math.log(1.1) else "undetermined")
 
 
 def _exp(v: float) -> float:
     return math.exp(v) if v < 709 else math.inf
 
 
+#: verdict thresholds (documented in README.md, "The verdict"): total factors (last / first
+#: of the forward variance, input / output of the gradient variance, either direction)
+STABLE_FACTOR = 2.0
+BOUNDED_FACTOR = 10.0
+UNSTABLE_FACTOR = 1000.0
+#: per-layer factor beyond which a series that compounds (exponential law, or too few layers
+#: to name one) is unstable however small its total
+STEP_FACTOR = 2.0
+#: attention logit variance beyond which the softmax is near its hard-max limit
+LOGIT_SATURATION = 10.0
+#: token correlation at the top: beyond the first the representation is collapsing, beyond
+#: the second it has collapsed
+CORR_COLLAPSING = 0.9
+CORR_COLLAPSED = 0.99
+CLASSES = ("stable", "bounded", "drifting", "unstable")
+
+
 def verdict(fw, bw, s: dict) -> str:
-    parts = [fw.describe("forward variance"), _grad_words(bw, s)]
-    corr = s["corr_top"]
-    if isinstance(corr, float) and corr > 0.9:
-        parts.append(f"token correlation reaches {corr:.3f} at the top (rank collapse)")
-    if s["max_logit_var"] not in (None,) and isinstance(s["max_logit_var"], float) and s["max_logit_var"] > 10:
-        parts.append(f"attention logit variance up to {s['max_logit_var']:.3g} (softmax saturates)")
-    stable = fw.law == "constant" and bw.law == "constant"
-    # unstable: geometric growth or decay that has compounded beyond a factor of 10 (an
-    # exponential law with a rate ~ 1/N, as in DeepScaleLM's beta^2 = k/N, stays bounded)
-    unstable = any(g.law == "exponential" and abs(g.log_ratio) > math.log(10.0) for g in (fw, bw))
-    return ("stable: " if stable else "unstable: " if unstable else "drifting: ") + "; ".join(parts)
+    """One of :data:`CLASSES`, a colon, then the reasons with their numbers.
+
+    From magnitudes and growth laws together (``fw``, ``bw``: the Growth of the forward and
+    gradient variances, their ``log_ratio`` the whole model's; ``s``: the summary so far):
+
+    * unstable: a total factor beyond x1000; or a compounding series (exponential law, or
+      too few layers to name a law) beyond x10 in total or x2 per layer; or the token
+      correlation at the top beyond 0.99 (rank collapse);
+    * drifting: a total factor beyond x10 of a series that does not settle (laws other than
+      constant and bounded); or logit variance beyond 10; or top correlation beyond 0.9;
+    * bounded: every total factor within x10, or a settling series (bounded law) within x1000;
+    * stable: every total factor within x2 and no flag.
+    """
+    if s.get("saturation_layer") is not None:
+        return f"unstable: softmax saturates at layer {s['saturation_layer']} ({s['domain_note']})"
+    n_layers = max(int(s.get("n_layers") or 1), 1)
+    # (name, growth, log of the factor as reported, sign from the law's direction to it)
+    series = (("forward variance", fw, fw.log_ratio, 1.0), ("gradient input/output", bw, -bw.log_ratio, -1.0))
+    reasons: dict[str, list[str]] = {c: [] for c in CLASSES}
+    for what, g, log_f, _ in series:
+        lr = abs(log_f)
+        per_layer = lr / n_layers
+        total = _factor(log_f)
+        if lr > math.log(UNSTABLE_FACTOR):
+            reasons["unstable"].append(f"{what} changes {total}, beyond x{UNSTABLE_FACTOR:g}")
+        elif g.law in COMPOUNDING_LAWS and lr > math.log(BOUNDED_FACTOR):
+            reasons["unstable"].append(f"{what} compounds ({g.law}) to {total}, beyond x{BOUNDED_FACTOR:g}")
+        elif g.law in COMPOUNDING_LAWS and per_layer > math.log(STEP_FACTOR):
+            reasons["unstable"].append(f"{what} changes {_factor(log_f / n_layers)} per layer, "
+                                       f"beyond x{STEP_FACTOR:g}")
+        elif lr > math.log(BOUNDED_FACTOR) and g.law not in BOUNDED_LAWS:
+            reasons["drifting"].append(f"{what} changes {total}, beyond x{BOUNDED_FACTOR:g}")
+        elif lr > math.log(BOUNDED_FACTOR):
+            reasons["bounded"].append(f"{what} settles at {total} by layer {g.length:.0f}, "
+                                      f"within x{UNSTABLE_FACTOR:g}")
+        elif lr > math.log(STABLE_FACTOR):
+            reasons["bounded"].append(f"{what} changes {total}, beyond x{STABLE_FACTOR:g} but "
+                                      f"within x{BOUNDED_FACTOR:g}")
+    corr = s.get("corr_top")
+    if isinstance(corr, float) and corr > CORR_COLLAPSED:
+        reasons["unstable"].append(f"token correlation reaches {corr:.4f} at the top, beyond "
+                                   f"{CORR_COLLAPSED:g} (rank collapse)")
+    elif isinstance(corr, float) and corr > CORR_COLLAPSING:
+        reasons["drifting"].append(f"token correlation reaches {corr:.3f} at the top, beyond "
+                                   f"{CORR_COLLAPSING:g} (rank collapse)")
+    lv = s.get("max_logit_var")
+    if isinstance(lv, float) and lv > LOGIT_SATURATION:
+        reasons["drifting"].append(f"attention logit variance up to {lv:.3g}, beyond {LOGIT_SATURATION:g} "
+                                   "(the softmax nears its hard-max limit)")
+    elif lv == "inf":
+        reasons["drifting"].append("attention logit variance overflows (the softmax is a hard max)")
+    cls = next((c for c in reversed(CLASSES) if reasons[c]), "stable")
+    why = "; ".join(reasons[cls]) if cls != "stable" else f"every change within x{STABLE_FACTOR:g}"
+    laws = [_describe(what, g, log_f, sign, n_layers) for what, g, log_f, sign in series]
+    # the correlation and logit flags of a lower class stay in the sentence
+    laws += [r for c in CLASSES if c != cls for r in reasons[c] if r.startswith(("token", "attention"))]
+    return f"{cls}: {why}. " + "; ".join(laws)
 
 
-def _grad_words(g, s) -> str:
-    r = s["grad_ratio_input_output"]
-    l10 = s.get("log10_grad_ratio_input_output")
-    if isinstance(r, float) and math.isfinite(r) and r > 0:
-        rs = f"{r:.3g}"
-    elif isinstance(l10, float) and math.isfinite(l10):
-        rs = sci_log10(l10)
-    else:
-        rs = str(r)
+def _factor(log_value: float) -> str:
+    """'x<factor>', with its inverse for a factor below 1 ('x0.0797 = 1/12.5')."""
+    if log_value < -math.log(1.05):
+        return f"{_times(log_value)} = 1/{_times(-log_value)[1:]}"
+    return _times(log_value)
+
+
+def _describe(what: str, g, log_ratio: float, sign: float, n_layers: int) -> str:
+    """One series in words: its total factor, its law, and the law's own number (``sign``
+    turns the law's per-layer slope into the direction of the reported factor)."""
+    total = _times(log_ratio)
     if g.law == "constant":
-        return f"gradient variance conserved (input/output {rs})"
-    towards = "grows" if (isinstance(l10, float) and l10 > 0) else "shrinks"
+        return f"{what} {total} (constant)"
+    if g.law == "bounded":
+        return f"{what} {total} (bounded: settles by layer {g.length:.0f})"
+    if g.law == "undetermined":
+        return f"{what} {total} over {n_layers} layer{'s' if n_layers != 1 else ''} (too few layers for a growth law)"
     if g.law == "exponential":
-        word = "explodes" if towards == "grows" else "vanishes"
-        return f"gradient {word} geometrically towards the input (input/output {rs})"
+        return f"{what} {total} (exponential in depth, {_times(sign * g.slope, 4)} per layer)"
     if g.law == "mixed":
-        return (f"gradient {towards} towards the input without a single growth law "
-                f"(input/output {rs}; best fit {g.best}, R^2 {g.r2:.2f})")
-    return f"gradient {g.law} in depth (input/output {rs})"
+        return f"{what} {total} (no single growth law; best fit {g.best}, R^2 {g.r2:.2f})"
+    return f"{what} {total} ({g.law} in depth)"
 
 
 def _with_log(points: list) -> bool:
@@ -134,16 +214,16 @@ def trace(model, points: list, every: int = 1) -> dict:
     }
 
 
-def trace_text(model, points: list, every: int = 1) -> str:
+def trace_text(model, points: list, every: int = 1, extra: dict | None = None) -> str:
     """``json.dumps(trace(model, points, every))``, the same text, built faster (`sigprop
     predict --json`): the points are written straight to text (:func:`point_text`) instead
     of through dicts, and the model's layers are serialised once per run of identical
-    layers (Model.layer_runs)."""
+    layers (Model.layer_runs).  ``extra``: more top-level fields, after "summary"."""
     kept = thin(points, every)
     with_log = _with_log(points)
     model_head = {**model.json_head(), "layers": _LAYERS}
     head = {"schema": "sigprop.trace/1", "version": __version__, "model": model_head,
-            "points": _POINTS, "summary": summary(points)}
+            "points": _POINTS, "summary": summary(points), **(extra or {})}
     texts = []
     runs = model.layer_runs()
     for start, end in zip(runs[:-1], runs[1:]):          # one text per run of identical layers

@@ -132,3 +132,75 @@ class GeLU(Rule):
 
 register(ReLU())
 register(GeLU())
+
+
+# ---- SiLU -----------------------------------------------------------------------------
+def sigmoid(m, x):
+    """Logistic sigmoid 1/(1 + e^-x), written as (1 + tanh(x/2))/2 (no overflow in NumPy)."""
+    return (1 + m.tanh(x / 2)) / 2
+
+
+def silu(m, x):
+    """SiLU (swish) x sigmoid(x)."""
+    return x * sigmoid(m, x)
+
+
+def silu_prime(m, x):
+    """d/dx [x sigmoid(x)] = sigmoid(x) (1 + x (1 - sigmoid(x)))."""
+    s = sigmoid(m, x)
+    return s * (1 + x * (1 - s))
+
+
+def gaussian_moments(m, f, s2, r):
+    """(E[f(x)], E[f(x)^2], E[f(x_i) f(x_j)]) for x ~ N(0, s2), two tokens with correlation r,
+    f analytic in |Im x| < pi (SiLU and its derivative: poles at +-i pi).  The cross moment
+    as an iterated expectation, x_j | x_i ~ N(r x_i, s2 (1 - r^2))."""
+    mean = m.expect_normal_strip(f, s2)
+    second = m.expect_normal_strip(lambda a: f(a) ** 2, s2)
+    cross = m.expect_normal_strip(
+        lambda a: f(a) * m.expect_normal_strip(f, s2 * (1 - r**2), mean=r * a), s2)
+    return mean, second, cross
+
+
+class SiLU(Rule):
+    """SiLU (swish) f(x) = x sigmoid(x) on x ~ N(0, s2) with token correlation r.
+
+    No closed form exists (logistic-normal integrals), so every moment is a Gaussian
+    expectation evaluated by quadrature:
+
+    * mean E[f(x)], var E[f(x)^2] - mean^2;
+    * cross moment E[f(x_i) f(x_j)] as the iterated expectation over x_i and x_j | x_i
+      ~ N(r x_i, s2 (1 - r^2)); cov = that - mean^2;
+    * grad var = g2 E[f'(x)^2], grad cov = rg g2 E[f'(x_i) f'(x_j)],
+      f'(x) = sigmoid(x) (1 + x (1 - sigmoid(x))).
+
+    Numerically the integrals use the trapezoid rule in the standardised variable with a
+    spacing set by the distance of f's poles (+-i pi) from the real axis
+    (:func:`sigprop.backend.numeric.expect_normal_strip`): relative error < 1e-12 against
+    mpmath for s2 from 1e-4 to 1e3 (tests; Gauss-Hermite with 256 nodes is off by 2e-3 at
+    s2 = 100).  Symbolically they are unevaluated integrals.  Unit variance input:
+    E[f] = 0.20662, E[f^2] = 0.35578, E[f'^2] = 0.37948.
+    """
+
+    name = "silu"
+    title = "SiLU x sigmoid(x)"
+    params = ()
+    assumptions = _ASSUMPTIONS + (
+        "Exact up to quadrature error (< 1e-12 relative for input variance 1e-4 .. 1e3, "
+        "< 2e-6 up to 1e4; no closed-form stand-in such as x Phi(1.702 x) is used).",
+    )
+    references = ("Elfwing, Uchibe & Doya 2018, SiLU; Ramachandran, Zoph & Le 2017, Swish",
+                  "Shazeer 2020, GLU variants (SwiGLU)")
+    zero_mean_input = True
+
+    def forward(self, m, x, p):
+        mean, second, cross = gaussian_moments(m, lambda t: silu(m, t), x.var, x.corr)
+        var = second - mean**2
+        return Forward(mean, var, (cross - mean**2) / var)
+
+    def backward(self, m, x, g, p):
+        _, k_var, k_cross = gaussian_moments(m, lambda t: silu_prime(m, t), x.var, x.corr)
+        return Backward(g.var * k_var, g.corr * k_cross / k_var)
+
+
+register(SiLU())

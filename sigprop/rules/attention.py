@@ -85,6 +85,16 @@ _VMIN = 1e-30   # floor for the row logit variance where it divides (v -> 0 limi
 ROW_LOGIT_VAR_MAX = 100.0
 
 
+def mean_row_logit_var(p: dict, x: Forward) -> float:
+    """The mean row logit variance vbar = (1 - r) s2 d sk^2 (d sq^2 (s2 + mu^2) + sbq^2) at
+    input ``x`` (floats; ``p`` the rule's parameters as a dict): the quantity the rule's domain
+    bounds (ROW_LOGIT_VAR_MAX) and on which its cost grows (the softmax quadratures' grids
+    widen with the logit scale)."""
+    tau = (1 - x.corr) * x.var
+    vq = p["d"] * p["q_std"] ** 2 * (x.var + x.mean ** 2) + p.get("q_bias_std", 0.0) ** 2
+    return float(tau * p["d"] * p["k_std"] ** 2 * vq)
+
+
 def _num(m, guard, x):
     """A purely numerical guard (a floor against 0/0, a clip against rounding): applied by
     the numeric backend, the identity in the symbolic one (where it would only add Max/Min
@@ -133,7 +143,7 @@ class _Ctx:
                     f"attention: row logit variance {worst:.4g} is beyond the {ROW_LOGIT_VAR_MAX:g} this rule "
                     "evaluates (softmax saturated; validated by Monte Carlo up to ~13): smaller "
                     "Q/K weight stds or input variance")
-        kap = (x.var**2 + 2 * x.var * x.mean**2) / self.S2**2
+        kap = (x.var**2 + 2 * x.var * x.mean**2) / _floor(m, self.S2)**2
         self.relvar = 2 / p.d + 2 * (vx**2 + 2 * vx * p.q_bias_std**2) / (p.d_head * vqf**2) \
             + self.fx**2 * 2 * kap / p.d
         self.ra = (p.d * sq2 * self.c2 + p.q_bias_std**2) / vqf

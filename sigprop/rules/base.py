@@ -92,7 +92,9 @@ def probability(name: str, doc: str, default=0.0) -> Param:
 
 STATE_PARAMS = {
     "x_mean": Param("x_mean", "input mean"),
-    "x_var": Param("x_var", "input variance", lo=0.0, open_lo=True),
+    # a zero variance (a branch whose weights are all 0) is a state like any other: the rules
+    # give its image, and its correlation is reported as 0 (_corr_where_defined)
+    "x_var": Param("x_var", "input variance", lo=0.0),
     "x_corr": Param("x_corr", "input token correlation", lo=-1.0, hi=1.0),
     "g_var": Param("g_var", "variance of the gradient at the output", lo=0.0),
     "g_corr": Param("g_corr", "token correlation of the gradient at the output", lo=-1.0, hi=1.0),

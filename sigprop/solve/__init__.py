@@ -28,12 +28,16 @@ TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
 
 def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | None = None,
           logit_var: float | None = None, value: float | None = None, max_ratio: float | None = None,
-          n_max: int | None = None, tol: float | None = None, verify: bool = True, **options):
+          n_max: int | None = None, tol: float | None = None, verify: bool = True, strict: bool = False,
+          **options):
     """Solve ``target`` for the model described by ``arch``, ``init`` and the options of
     :func:`sigprop.model.presets.resolve` (n_layers, d_model, n_heads, ..., beta_k).
 
     * unit-variance / unit-forward: arch "preln" or "postln"; ``logit_var`` (default 1) fixes
-      sigma_q sigma_k; beta^2 = beta_k / N.
+      sigma_q sigma_k; beta^2 = beta_k / N.  Both solve the forward variance exactly;
+      unit-variance also reports the solved model's gradient (``solution.extra["gradient"]``,
+      ``solution.note``) and, with ``strict``, is infeasible unless the gradient is within
+      ``tol`` of 1 at every sublayer.
     * logit-var: ``value`` (the logit variance), any arch and init.
     * max-depth: ``max_ratio`` R, any arch and init; ``n_max`` caps the search (default 4096).
     """
@@ -47,11 +51,15 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
             raise DomainError("init does not apply to the unit targets: they solve every weight std")
         if value is not None or max_ratio is not None:
             raise DomainError(f"{target}: --value and --max-grad-ratio belong to the logit-var and max-depth targets")
+        if strict and target != "unit-variance":
+            raise DomainError("--strict applies to --target unit-variance only")
         if target == "unit-variance" and not verify:
             raise DomainError("unit-variance decides feasibility from the prediction of the solved model: "
                               "it cannot skip it (use unit-forward)")
         return solver.solve_unit(arch, target, logit_var=solver.DEFAULT_LOGIT_VAR if logit_var is None else logit_var,
-                                 tol=tol, verify=verify, **options)
+                                 tol=tol, verify=verify, strict=strict, **options)
+    if strict:
+        raise DomainError("--strict applies to --target unit-variance only")
     if target == "logit-var":
         if value is None:
             raise DomainError("target logit-var needs --value V (the attention logit variance)")

@@ -12,6 +12,7 @@ outside the band.
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ def max_depth(max_ratio: float, arch: str = "preln", init: str | None = None, n_
 
     def inside(n: int) -> bool:
         _, _, lr = evaluate(n)
-        evals.append((n, math.exp(lr) if lr < 709 else math.inf))
+        bisect.insort(evals, (n, math.exp(lr) if lr < 709 else math.inf))   # kept sorted by N
         return abs(lr) <= limit
 
     ok1 = inside(1)

@@ -63,16 +63,16 @@ def steps(sol) -> list[Step]:
 
 def _logit_block(eqs, value, s2_first, s2_rest, g) -> list[Step]:
     out = [
-        Step("q and k are linear projections of the attention input (mean 0 after LayerNorm, second moment "
-             "S_2); the linear rule gives their variances, and the logit q.k/sqrt(d_head) has variance "
-             "var(q) var(k):", sp.Eq(E.ell, eqs.logit_expr)),
-        Step("sympy.solve with sigma_q = sigma_k:", sp.Eq(E.sq, eqs.qk_solution)),
+        Step("$q$ and $k$ are linear projections of the attention input (mean 0 after LayerNorm, second moment "
+             "$S_2$); the linear rule gives their variances, and the logit $q.k/sqrt(d_head)$ has variance "
+             "$var(q) var(k)$:", sp.Eq(E.ell, eqs.logit_expr)),
+        Step("sympy.solve with $sigma_q = sigma_k$:", sp.Eq(E.sq, eqs.qk_solution)),
     ]
     nums = {E.ell: value, E.d: g.d}
-    out.append(Step(f"with ell = {value:g}, d = {g.d}, S_2 = {s2_rest:.8g}:",
+    out.append(Step(f"with $ell = {value:g}$, $d = {g.d}$, $S_2 = {s2_rest:.8g}$:",
                     sp.Eq(E.sq, _f(eqs.qk_solution.subs({**nums, E.S2: s2_rest})))))
     if abs(s2_first - s2_rest) > 1e-12:
-        out.append(Step(f"first layer (S_2 = {s2_first:.8g}):",
+        out.append(Step(f"first layer ($S_2 = {s2_first:.8g}$):",
                         sp.Eq(E.sq, _f(eqs.qk_solution.subs({**nums, E.S2: s2_first})))))
     return out
 
@@ -85,35 +85,35 @@ def _unit_steps(sol) -> list[Step]:
     out: list[Step] = []
     sN = sp.Symbol("sigma_{s+1}^2", positive=True)
     if post:
-        out.append(Step("Post-LN sublayer s (contract): x' = LN(lambda x + beta Dropout(F(x))); the LayerNorm's "
+        out.append(Step("Post-LN sublayer $s$: $x' = LN(lambda x + beta Dropout(F(x)))$; the LayerNorm's "
                         "input has variance", sp.Eq(sp.Symbol("sigma_z^2"), E.lam**2 * E.sigma2 + E.beta**2 * E.V)))
     else:
-        out.append(Step("Pre-LN sublayer s (contract): x' = lambda x + beta Dropout(F(n LN(x))); the branch is "
+        out.append(Step("Pre-LN sublayer $s$: $x' = lambda x + beta Dropout(F(n LN(x)))$; the branch is "
                         "independent of the stream at initialisation, so the stream variance is", sp.Eq(
                             sN, E.lam**2 * E.sigma2 + E.beta**2 * E.V)))
     out.append(Step("forward target: that variance is 1 at every sublayer", eqs.forward))
     out.append(Step("sympy.solve for the variance the branch must deliver:", sp.Eq(E.V, eqs.required)))
     k_val = sol.beta_k if sol.beta_k is not None else 1.0
     b2 = k_val / N
-    out.append(Step(f"residual scales: lambda^2 + beta^2 = 1 and beta^2 = k/N (k = {k_val:g}, N = {N})",
+    out.append(Step(f"residual scales: $lambda^2 + beta^2 = 1$ and $beta^2 = k/N$ ($k = {k_val:g}$, $N = {N}$)",
                     sp.Eq(E.beta, sp.sqrt(E.k / E.N))))
     out.append(Step("numbers:", sp.Eq(sp.Tuple(E.lam, E.beta), sp.Tuple(_f(math.sqrt(1 - b2), 8), _f(math.sqrt(b2), 8)))))
     if sol.sublayers:
         s0 = sol.sublayers[0]
-        out.append(Step(f"the input has sigma^2 = {s0.x.var:g}, so the first branch must deliver V = "
-                        f"{s0.required:.8g}; from then on sigma^2 = 1 and every branch must deliver V = 1"
+        out.append(Step(f"the input has $sigma^2 = {s0.x.var:g}$, so the first branch must deliver $V = "
+                        f"{s0.required:.8g}$; from then on $sigma^2 = 1$ and every branch must deliver $V = 1$"
                         + (" (up to the LayerNorm's eps)" if post else ""),
                         sp.Eq(E.V, _f(s0.required, 8))))
     grad_target = sol.target == "unit-variance"
     bw = eqs.backward_post if post else eqs.backward_pre
-    out.append(Step("gradient recursion (the branch path adds beta^2 Gamma_s; " +
+    out.append(Step("gradient recursion (the branch path adds $beta^2 Gamma_s$; " +
                     ("the LayerNorm divides both paths by the variance of its input" if post else
-                     "the branch's LayerNorm divides it by sigma_s^2") + "); "
-                    + ("target: g_s = g_{s+1} at every sublayer" if grad_target else
+                     "the branch's LayerNorm divides it by $sigma_s^2$") + "); "
+                    + ("the gradient is as flat as $g_s = g_{s+1}$ allows" if grad_target else
                        "not a target of unit-forward, reported after the solve"), bw))
     if grad_target and not post:
-        out.append(Step("sympy.solve for the backward gain the branch must have (1 when sigma_s^2 = 1 and "
-                        "lambda^2 + beta^2 = 1): every branch needs Gamma_s = V_s", sp.Eq(E.Gamma, eqs.required_gain)))
+        out.append(Step("sympy.solve for the backward gain the branch must have (1 when $sigma_s^2 = 1$ and "
+                        "$lambda^2 + beta^2 = 1$): exact conservation needs $Gamma_s = V_s$ in every branch", sp.Eq(E.Gamma, eqs.required_gain)))
 
     # logits
     att_subs = [s for s in sol.sublayers if s.kind == "attention"]
@@ -121,33 +121,33 @@ def _unit_steps(sol) -> list[Step]:
         s2s = [s.branch_in.var + s.branch_in.mean ** 2 for s in att_subs]
         out += _logit_block(eqs, sol.logit_var, s2s[0], s2s[-1], g)
         out.append(Step(f"(the logit variance {sol.logit_var:g} is DeepScaleLM's convention for a LayerNorm'd "
-                        "input; --logit-var changes it: the forward equation alone does not fix sigma_q sigma_k)"))
+                        "input; --logit-var changes it: the forward equation alone does not fix $sigma_q sigma_k$)"))
 
     # FFN
     f = eqs.ffn()
-    out.append(Step(f"FFN branch composed from the rules (linear -> {g.activation} -> dropout p_f -> linear -> "
-                    "hidden dropout p_h), input variance v, token correlation r: forward variance",
+    out.append(Step(f"FFN branch composed from the rules (linear, {g.activation}, dropout $p_f$, linear, "
+                    "hidden dropout $p_h$), input variance $v$, token correlation $r$: forward variance",
                     sp.Eq(sp.Symbol("V_F"), f["V"])))
     out.append(Step("and backward gain per unit upstream gradient variance (at the branch input)",
                     sp.Eq(sp.Symbol("Gamma_F"), f["Gamma"])))
     eq, closed = eqs.ffn_solution()
     ffn_subs = [s for s in sol.sublayers if s.kind == "ffn"]
     if closed is not None:
-        out.append(Step("homogeneous of degree 4 in sigma_in = sigma_out = s; sympy.solve of V_F = V_req:",
+        out.append(Step("homogeneous of degree 4 in $sigma_in = sigma_out = s$; sympy.solve of $V_F = V_req$:",
                         sp.Eq(E.s, closed)))
     else:
-        out.append(Step("GeLU is not homogeneous: V_F(s) = V_req is solved by sympy.nsolve", eq))
+        out.append(Step("GeLU is not homogeneous: $V_F(s) = V_req$ is solved by sympy.nsolve", eq))
     if ffn_subs:
         fs = ffn_subs[-1]
         nums = dict(f["numbers"])
         nums.update({E.v_in: fs.branch_in.var, E.R: fs.required})
-        out.append(Step(f"numbers (d = {g.d}, d_ff = {g.d_ff}, p_f = {g.p_ffn:g}, p_h = {g.p_hid:g}, "
-                        f"v = {fs.branch_in.var:.8g}, V_req = {fs.required:.8g}):",
+        out.append(Step(f"numbers ($d = {g.d}$, $d_ff = {g.d_ff}$, $p_f = {g.p_ffn:g}$, $p_h = {g.p_hid:g}$, "
+                        f"$v = {fs.branch_in.var:.8g}$, $V_req = {fs.required:.8g}$):",
                         sp.Eq(E.s, _f(fs.stds["in"], 8))))
         ratio = sp.simplify((f["Gamma"] / f["V"]).subs({E.s_in: E.s, E.s_out: E.s}))
         rv = float(ratio.subs({**f["numbers"], E.v_in: fs.branch_in.var, E.s: fs.stds["in"]}))
         if grad_target:
-            out.append(Step(f"FFN gradient equation: Gamma_F / V_F = {rv:.8g} at the solved std (times the "
+            out.append(Step(f"FFN gradient equation: $Gamma_F / V_F = {rv:.8g}$ at the solved std (times the "
                             "LayerNorm's backward factor); the two equations "
                             + ("coincide" if abs(rv * fs.branch_in.var - 1) < 1e-9 or abs(rv - 1) < 1e-9 else
                                "differ: no common solution"), sp.Eq(sp.Symbol("Gamma_F") / sp.Symbol("V_F"), ratio)))
@@ -157,46 +157,64 @@ def _unit_steps(sol) -> list[Step]:
         a0 = att_subs[0]
         probe = _homogeneity_probe(g, a0)
         out.append(Step("attention branch (rule 'attention', then the hidden dropout): output variance and backward "
-                        "gain are homogeneous of degree 2 in sigma_v and in sigma_o (value and output projections "
-                        f"act after the softmax); checked on the rule at layer 1: doubling sigma_v = sigma_o "
-                        f"multiplies them by {probe[0]:.9g} and {probe[1]:.9g}; so V_A = s^4 V-hat_A(r)",
+                        "gain are homogeneous of degree 2 in $sigma_v$ and in $sigma_o$ (value and output projections "
+                        f"act after the softmax); checked on the rule at layer 1: doubling $sigma_v = sigma_o$ "
+                        f"multiplies them by {probe[0]:.9g} and {probe[1]:.9g}; so $V_A = s^4 V-hat_A(r)$",
                         sp.Eq(sp.Symbol("V_A"), E.s**4 * E.vhat)))
-        out.append(Step("sympy.solve of s^4 V-hat = V_req (s = sigma_v = sigma_o, the symmetric choice):",
+        out.append(Step("sympy.solve of $s^4 V-hat = V_req$ ($s = sigma_v = sigma_o$, the symmetric choice):",
                         sp.Eq(E.s, eqs.scale_solution)))
         rs, rF, rn = sp.Symbol("r_s"), sp.Symbol("r_{B,s}"), sp.Symbol("r_{s+1}")
-        out.append(Step("V-hat_A depends on the branch input's token correlation r, which follows the stream's "
+        out.append(Step("$V-hat_A$ depends on the branch input's token correlation $r$, which follows the stream's "
                         "recursion (residual rule" + (", then the LayerNorm's correlation factor" if post else "")
                         + "), evaluated numerically with the solved stds:",
                         sp.Eq(rn, (E.lam**2 * E.sigma2 * rs + E.beta**2 * E.V * rF) / (E.lam**2 * E.sigma2 + E.beta**2 * E.V))))
         picks = sorted({0, len(att_subs) // 2, len(att_subs) - 1})
         for i in picks:
             a = att_subs[i]
-            out.append(Step(f"layer {a.layer}: branch input correlation r = {a.branch_in.corr:.6g} (stream "
-                            f"{a.x.corr:.6g}), V-hat_A = {a.vhat:.8g}, V_req = {a.required:.8g}",
+            out.append(Step(f"layer {a.layer}: branch input correlation $r = {a.branch_in.corr:.6g}$ (stream "
+                            f"{a.x.corr:.6g}), $V-hat_A = {a.vhat:.8g}$, $V_req = {a.required:.8g}$",
                             sp.Eq(sp.Symbol(f"sigma_v^{{({a.layer})}}"), _f(a.stds["v"], 8))))
         # DeepScaleLM's simplification
         r_sym = sp.Symbol("r_l", positive=True)
         dslm = ((1 - E.p_h) / (r_sym * E.d * E.width)) ** sp.Rational(1, 4)
         out.append(Step("DeepScaleLM keeps only the token-average part of the attention output (small logits, "
-                        "large L): V-hat_A = d w r/(1-p_h), i.e.", sp.Eq(E.s, dslm)))
+                        "large $L$): $V-hat_A = d w r/(1-p_h)$, i.e.", sp.Eq(E.s, dslm)))
         for j, i in enumerate(picks):
             a = att_subs[i]
             dv = float(dslm.subs({E.p_h: g.p_hid, r_sym: a.x.corr, E.d: g.d, E.width: g.width}))
-            why = (": the solved V-hat adds the rule's 1/L terms (each token's own share of its attention average, "
-                   "amplified by the softmax's non-uniformity exp((1-r) ell) and by the attention dropout) and the "
-                   "LayerNorm's finite-d correlation factor, both of which the simplified form drops") if j == 0 else ""
-            out.append(Step(f"layer {a.layer} with the stream correlation r = {a.x.corr:.6g}: DeepScaleLM {dv:.6g}, "
+            why = (": the solved $V-hat$ adds the rule's $1/L$ terms (each token's own share of its attention average, "
+                   "amplified by the softmax's non-uniformity $exp((1-r) ell)$ and by the attention dropout) and the "
+                   "LayerNorm's finite-$d$ correlation factor, both of which the simplified form drops") if j == 0 else ""
+            out.append(Step(f"layer {a.layer} with the stream correlation $r = {a.x.corr:.6g}$: DeepScaleLM {dv:.6g}, "
                             f"solved {a.stds['v']:.6g} ({100 * (a.stds['v'] / dv - 1):+.2f}%){why}"))
         if grad_target and sol.points:
             out += _attention_gradient_steps(sol, att_subs[0], eqs)
     # verdict
     dev = sol.deviations()
     if dev:
-        out.append(Step(f"prediction of the solved model (sigprop.model.predict): max |forward var - 1| = "
-                        f"{dev['forward_var_max_dev']:.3g}, gradient input/output = {dev['grad_ratio_input_output']:.6g} "
-                        f"(max |g - 1| = {dev['grad_var_max_dev']:.3g})"))
-    out.append(Step(("feasible" if sol.feasible else "infeasible: " + (sol.reason or "")) ))
+        out.append(Step(f"prediction of the solved model (sigprop.model.predict): $max |var - 1|$ = "
+                        f"{dev['forward_var_max_dev']:.3g}, gradient input/output $g_0/g_N$ = "
+                        f"{dev['grad_ratio_input_output']:.6g} ($max |g/g_N - 1|$ = {dev['grad_var_max_dev']:.3g})"))
+    if sol.note:
+        out.append(Step("note: " + sol.note))
+    out.append(Step(verdict(sol)))
     return out
+
+
+def verdict(sol) -> str:
+    """The one-line verdict of a solution (prose markup): feasible, with the gradient the
+    unit-variance solution reaches, or infeasible with the reason."""
+    if not sol.feasible:
+        return "infeasible: " + (sol.reason or "")
+    grad = getattr(sol, "extra", {}).get("gradient") if sol.target == "unit-variance" else None
+    if not grad:
+        return "feasible"
+    if grad["within_tol"]:
+        return (f"feasible: forward and gradient variance within {sol.tol:g} of 1 at every sublayer "
+                f"(gradient input/output {grad['ratio_input_output']:.4g})")
+    return (f"feasible: forward variance within {sol.tol:g} of 1 at every sublayer; the gradient is as flat as the "
+            f"free quantities allow, input/output $g_0/g_N$ = {grad['ratio_input_output']:.4g} "
+            f"($max |g/g_N - 1|$ = {grad['max_dev']:.3g}; --strict requires it within {sol.tol:g})")
 
 
 def _homogeneity_probe(g, a0) -> tuple[float, float]:
@@ -212,9 +230,35 @@ def _homogeneity_probe(g, a0) -> tuple[float, float]:
     return float(r2[0] / r1[0]), float(r2[2] / r1[2])
 
 
+def split_probes(g, a0, f0) -> dict:
+    """Which free quantities change a branch's backward gain over its forward variance, on the
+    rules at layer 1: the ratio (Gamma/V after) / (Gamma/V before) for sigma_v x 2 with
+    sigma_o / 2 (attention), sigma_in x 2 with sigma_out / 2 (FFN), and the logit variance
+    doubled (sigma_q = sigma_k times 2^(1/4)); upstream gradient correlation 0."""
+    from sigprop.solve.blocks import branch_rows
+
+    def ratio(kind, x, st):
+        rows = branch_rows(kind, g, x, st, backward=True)
+        return float(rows[2] / rows[0])
+
+    out = {}
+    st = dict(a0.stds)
+    base = ratio("attention", a0.branch_in, st)
+    out["attention_base"] = base
+    out["v_o_split"] = ratio("attention", a0.branch_in, dict(st, v=2 * st["v"], o=st["o"] / 2)) / base
+    q = 2 ** 0.25
+    out["logit_var_x2"] = ratio("attention", a0.branch_in, dict(st, q=q * st["q"], k=q * st["k"])) / base
+    if f0 is not None:
+        sf = dict(f0.stds)
+        fb = ratio("ffn", f0.branch_in, sf)
+        out["ffn_base"] = fb
+        out["in_out_split"] = ratio("ffn", f0.branch_in, dict(sf, **{"in": 2 * sf["in"], "out": sf["out"] / 2})) / fb
+    return out
+
+
 def _attention_gradient_steps(sol, a0, eqs) -> list[Step]:
     """Layer 1's attention gradient equation with the rule's backward gain at the gradient
-    correlation the prediction finds there."""
+    correlation the prediction finds there, and which free quantities could change it."""
     from sigprop.solve.blocks import branch_rows
 
     g = eqs.g
@@ -236,30 +280,48 @@ def _attention_gradient_steps(sol, a0, eqs) -> list[Step]:
     system = [sp.Eq(E.s**4 * _f(vh, 8), _f(a0.required, 8)), sp.Eq(E.s**4 * _f(gh, 8), _f(gam_req, 8))]
     sols = sp.solve(system, E.s)
     sols = sols if isinstance(sols, list) else []
-    return [
-        Step(f"attention gradient equation at layer 1: the rule's backward gain per s^4 at the predicted gradient "
-             f"correlation r_g = {rg:.4g} (B0 + r_g B1, times the LayerNorm's factor) is Gamma-hat = {gh:.6g}, "
-             f"against V-hat = {vh:.6g} (ratio {gh / vh:.4g}); the value path carries ~(1/L + r_g), the forward "
-             "variance ~r"),
-        Step("the forward and the gradient equation of that branch, in s = sigma_v = sigma_o:", sp.Tuple(*system)),
-        Step("sympy.solve of the system for s gives the solution set", sp.FiniteSet(*sols) if sols else sp.S.EmptySet),
-        Step("no s satisfies both: with the logit variance fixed, sigma_v sigma_o is the attention's only unknown"
-             if not sols else "both equations hold"),
+    f0 = next((s for s in sol.sublayers if s.kind == "ffn"), None)
+    pr = split_probes(g, a0, f0)
+    sol.extra["split_probes"] = pr
+    out = [
+        Step(f"attention gradient equation at layer 1: the rule's backward gain per $s^4$ at the predicted gradient "
+             f"correlation $r_g = {rg:.4g}$ ($B_0 + r_g B_1$, times the LayerNorm's factor) is "
+             f"$Gamma-hat = {gh:.6g}$, against $V-hat = {vh:.6g}$ (ratio {gh / vh:.4g}); the value path carries "
+             "$~ 1/L + r_g$, the forward variance $~ r$"),
+        Step("the forward and the gradient equation of that branch, in $s = sigma_v = sigma_o$:", sp.Tuple(*system)),
+        Step("sympy.solve of the system for $s$ gives the solution set", sp.FiniteSet(*sols) if sols else sp.S.EmptySet),
     ]
+    if sols:
+        out.append(Step("both equations hold"))
+        return out
+    k = sol.beta_k if sol.beta_k is not None else 1.0
+    ffn_txt = ""
+    if "in_out_split" in pr:
+        ffn_txt = (f"; doubling $sigma_in$ and halving $sigma_out$ multiplies the FFN's by {pr['in_out_split']:.9g}"
+                   + (" (a ReLU FFN is homogeneous in each)" if g.activation == "relu" else
+                      " (GeLU is not homogeneous: the split moves its pre-activation variance)"))
+    out.append(Step(
+        "which free quantities change $Gamma/V$ with the forward held (on the rules at layer 1, upstream "
+        f"$r_g = 0$): doubling $sigma_v$ and halving $sigma_o$ multiplies attention's $Gamma/V$ by {pr['v_o_split']:.9g}"
+        + ffn_txt + f"; doubling the logit variance (--logit-var) multiplies it by {pr['logit_var_x2']:.4g}; "
+        f"$beta^2 = k/N$ ($k = {k:g}$, --beta-k) sets how much each branch adds and so how much the mismatch "
+        "counts, not the mismatch. So at the given logit variance the symmetric solution is already as flat "
+        "as the free quantities allow"))
+    return out
 
 
 def _logit_steps(sol) -> list[Step]:
     eqs = sol.equations
     g = eqs.g
     s2 = sol.extra["attention_input_s2"]
-    out = [Step(f"target: attention logit variance ell = {sol.logit_var:g} at every layer of the "
+    out = [Step(f"target: attention logit variance $ell = {sol.logit_var:g}$ at every layer of the "
                 f"{sol.arch} model (other weights from the init '{sol.model.notes.get('init')}')")]
     out += _logit_block(eqs, sol.logit_var, float(s2[0]), float(s2[-1]), g)
     from sigprop.solve.formula import compress
 
     fq = compress(sol.column("attention", "q"))
     if fq.expr is not None and fq.law != "constant":
-        out.append(Step(f"per layer (S_2 varies with the norm scale): {fq.law} law in l", sp.Eq(E.sq, fq.expr)))
+        out.append(Step(f"per layer ($S_2$ varies with the norm scale): {fq.law} law in $l$", sp.Eq(E.sq, fq.expr)))
     if "logit_var_max_dev" in sol.extra:
         out.append(Step(f"prediction of the solved model: logit variance within {sol.extra['logit_var_max_dev']:.2g} "
                         f"(relative) of {sol.logit_var:g} at every layer"))
@@ -269,16 +331,16 @@ def _logit_steps(sol) -> list[Step]:
 def _depth_steps(res) -> list[Step]:
     n_sym = sp.Symbol("N", positive=True, integer=True)
     ratio = sp.Function("rho")(n_sym)
-    out = [Step(f"gradient ratio between the model's input and output, rho(N) = g_0 / g_N, predicted layer by layer "
-                f"for the {res.arch} model with init '{res.init}'; target |log rho(N)| <= log R, R = {res.max_ratio:g}",
+    out = [Step(f"gradient ratio between the model's input and output, $rho(N) = g_0 / g_N$, predicted layer by layer "
+                f"for the {res.arch} model with init '{res.init}'; target $|log rho(N)| <= log R$, $R = {res.max_ratio:g}$",
                 sp.Le(sp.Abs(sp.log(ratio)), sp.log(_f(res.max_ratio))))]
-    out.append(Step("search: doubling N until the ratio leaves the band, then bisection (assumes the ratio is "
+    out.append(Step("search: doubling $N$ until the ratio leaves the band, then bisection (assumes the ratio is "
                     "monotone in N; every evaluation is listed)"))
     for n, rv in res.evaluations:
-        out.append(Step(f"N = {n}: rho = {rv:.6g}" + ("" if abs(math.log(rv)) <= math.log(res.max_ratio) else "  (outside)")))
+        out.append(Step(f"$N = {n}$: $rho = {rv:.6g}$" + ("" if abs(math.log(rv)) <= math.log(res.max_ratio) else "  (outside)")))
     if res.max_depth is None:
-        out.append(Step(f"no limit found up to N = {res.n_max}: growth law of the gradient there: {res.law}"))
+        out.append(Step(f"no limit found up to $N = {res.n_max}$: growth law of the gradient there: {res.law}"))
     else:
-        out.append(Step(f"largest N: {res.max_depth}; the limit comes from the gradient's {res.law} growth law "
+        out.append(Step(f"largest $N$: {res.max_depth}; the limit comes from the gradient's {res.law} growth law "
                         f"({res.law_detail})"))
     return out

@@ -7,15 +7,21 @@ import importlib
 
 from sigprop.errors import DomainError
 
-# module name per component; each module defines COMPONENT and SWEEP
+# module name per component; each module defines COMPONENT and SWEEP (or, for several
+# components, COMPONENTS and SWEEPS keyed by component name)
 _MODULES = ["linear", "dropout", "residual", "relu", "gelu", "layernorm", "embedding",
-            "softmax", "attention"]
+            "softmax", "attention", "silu", "rmsnorm", "glu"]
 
 
 def _load():
     comps, sweeps = {}, {}
     for mod in _MODULES:
         m = importlib.import_module(f"sigprop.mc.components.{mod}")
+        if hasattr(m, "COMPONENTS"):        # several components in one module (glu)
+            for c in m.COMPONENTS:
+                comps[c.name] = c
+                sweeps[c.name] = m.SWEEPS[c.name]
+            continue
         comps[m.COMPONENT.name] = m.COMPONENT
         sweeps[m.COMPONENT.name] = m.SWEEP
     return comps, sweeps
@@ -25,7 +31,16 @@ COMPONENTS, SWEEPS = _load()
 
 
 def get(name: str):
+    """The Monte Carlo component ``name``; DomainError naming the known ones otherwise (a rule
+    without a component of its own, e.g. an alternative softmax rule, is named as such)."""
     try:
         return COMPONENTS[name]
     except KeyError:
-        raise DomainError(f"unknown component {name!r}; known: {', '.join(sorted(COMPONENTS))}") from None
+        pass
+    from sigprop.rules import REGISTRY
+
+    known = ", ".join(sorted(COMPONENTS))
+    if name in REGISTRY:
+        raise DomainError(f"{name!r} is a rule without a Monte Carlo component of its own (`sigprop rules "
+                          f"{name}` shows it); components: {known}")
+    raise DomainError(f"unknown component {name!r}; known: {known}")

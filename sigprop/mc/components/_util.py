@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 
+from sigprop.mc.backend import backend_of, np_dtype
 from sigprop.mc.sampling import keep_mask
 
 
@@ -18,11 +19,16 @@ def batch_for(n_shared: float, width: int, runs: int, lo: int = 1, hi: int = 409
     return int(min(hi, max(lo, math.ceil(n_shared / (runs * width)))))
 
 
-def dropout_mask(rng: np.random.Generator, shape, p: float, dtype) -> np.ndarray | None:
-    """Keep-mask already scaled by 1/(1-p); None when p == 0."""
+def dropout_mask(rng, shape, p: float, dtype):
+    """Keep-mask already scaled by 1/(1-p), of ``dtype`` (a NumPy dtype or the backend's), on
+    the Rng's backend; None when p == 0."""
     if p == 0:
         return None
-    return np.multiply(keep_mask(rng, shape, p), dtype(1.0 / (1.0 - p)), dtype=dtype)
+    keep = keep_mask(rng, shape, p)
+    if isinstance(keep, np.ndarray):
+        return np.multiply(keep, np_dtype(dtype)(1.0 / (1.0 - p)), dtype=np_dtype(dtype))
+    bk = backend_of(keep)
+    return bk.xp.astype(keep, bk.dtype(np_dtype(dtype))) * (1.0 / (1.0 - p))
 
 
 SQRT = {0.316: math.sqrt(0.1), 3.16: math.sqrt(10.0)}

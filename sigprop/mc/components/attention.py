@@ -9,7 +9,8 @@ Forward (contract.md, attention F), per head h with width ``d_head``::
 
 The backward is written by hand through Wo, the value product, attention dropout, the
 softmax (with its mask), and the query and key products back to X.  Arrays are
-(B, H, L, d_head) and (B, H, L, L) so that every contraction is one batched ``np.matmul``.
+(B, H, L, d_head) and (B, H, L, L) so that every contraction is one batched ``matmul``
+(written against the array API: :mod:`sigprop.mc.backend`).
 :meth:`AttentionMC.backward_paths` returns the three contributions to dLoss/dX (through
 V, Q and K) separately; :meth:`backward` is their sum (one fused GEMM).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sigprop.mc.backend import backend_of, np_dtype
 from sigprop.mc.component import Component
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.sampling import keep_mask, standard_normal
@@ -41,38 +43,54 @@ _NAMES = ("q", "k", "v")
 _EXP_SAFE = 60.0
 
 
-def _mean_and_square(S: np.ndarray) -> tuple[float, float]:
-    """Mean and mean square of all entries of S (B, H, L, L): float32 partial sums over each
-    head's L x L block (pairwise / multi-accumulator, relative error ~1e-6), float64 across."""
-    rows = S.reshape(S.shape[0] * S.shape[1], -1)
-    first = np.sum(rows.sum(axis=1), dtype=np.float64) / S.size
-    second = np.sum(np.einsum("ij,ij->i", rows, rows), dtype=np.float64) / S.size
-    return float(first), float(second)
+def _mean_and_square(S, bk) -> tuple[float, float]:
+    """Mean and mean square of all entries of S (B, H, L, L): partial sums in S's precision over
+    each head's L x L block (pairwise / multi-accumulator, relative error ~1e-6), float64 across."""
+    xp = bk.xp
+    n = S.shape[0] * S.shape[1] * S.shape[2] * S.shape[3]
+    rows = xp.reshape(S, (S.shape[0] * S.shape[1], S.shape[2] * S.shape[3]))
+    first = float(xp.sum(xp.sum(rows, axis=1), dtype=xp.float64)) / n
+    second = float(xp.sum(bk.rowdot(rows, rows), dtype=xp.float64)) / n
+    return first, second
 
 
 class AttentionMC(Component):
     name = "attention"
     rule = "attention"
+    array_api = True
 
     def dims(self, params):
         return params["L"], params["d"], params["d"]
+
+    def memory(self, params, batch):
+        """The weights (4 d H dh, with copies), the (B, L, 3 H dh) projections and their
+        gradients, and about four (B, H, L, L) arrays (logits/probabilities, dropout mask,
+        dropped-out weights, their gradient)."""
+        L, d, _ = self.dims(params)
+        hd = params.get("n_heads", 1) * params["d_head"]
+        return 8.0 * d * hd + batch * L * (4.0 * d + 8.0 * hd) + 4.0 * batch * params.get("n_heads", 1) * L * L
 
     def sample_weights(self, rng, params, dtype):
         """Wq, Wk, Wv side by side in one (d, 3 H dh) matrix (one GEMM each way)."""
         d, H, dh = params["d"], params.get("n_heads", 1), params["d_head"]
         hd = H * dh
         qkv = standard_normal(rng, (d, 3, hd), dtype)
-        qkv *= np.array([params[f"{nm}_std"] for nm in _NAMES], dtype=dtype)[:, None]
-        bias = np.zeros((3, hd), dtype=dtype)
+        bk = backend_of(qkv)
+        xp = bk.xp
+        qkv *= bk.asarray(np.array([params[f"{nm}_std"] for nm in _NAMES], dtype=dtype)[:, None])
+        bias, any_bias = None, False
         for i, nm in enumerate(_NAMES):
             bstd = params.get(f"{nm}_bias_std", 0.0)
             if bstd:
-                bias[i] = standard_normal(rng, hd, dtype) * dtype(bstd)
+                if bias is None:
+                    bias = bk.zeros((3, hd), dtype)
+                bias[i, :] = standard_normal(rng, hd, dtype) * float(bstd)
+                any_bias = True
         wo = standard_normal(rng, (hd, d), dtype)
-        wo *= dtype(params["o_std"])
+        wo *= float(params["o_std"])
         bo_std = params.get("o_bias_std", 0.0)
-        bo = standard_normal(rng, d, dtype) * dtype(bo_std) if bo_std else None
-        return {"qkv": qkv.reshape(d, 3 * hd), "bqkv": bias.reshape(-1) if bias.any() else None,
+        bo = standard_normal(rng, d, dtype) * float(bo_std) if bo_std else None
+        return {"qkv": xp.reshape(qkv, (d, 3 * hd)), "bqkv": xp.reshape(bias, (3 * hd,)) if any_bias else None,
                 "o": wo, "bo": bo}
 
     def forward(self, X, W, params, rng):
@@ -81,51 +99,53 @@ class AttentionMC(Component):
         Two exact rewrites keep passes over the L x L arrays out: 1/sqrt(dh) is folded into
         the query weights (W_eff's Wq; Qs = X Wq / sqrt(dh) is what the softmax sees) and the
         dropout rescale 1/(1-p) into W_o (A = P * keep without it, Y = (A V) W_o / (1-p)); the
-        backward differentiates exactly these effective maps."""
-        dtype = X.dtype.type
+        backward differentiates exactly these effective maps.  The softmax is
+        exp(S - max) / sum (the standard has none), the max shift skipped where no logit can
+        overflow or underflow (|S| <= 60)."""
+        bk = backend_of(X)
+        xp = bk.xp
         B, L, d = X.shape
         H, dh = params.get("n_heads", 1), params["d_head"]
         hd = H * dh
         p = params.get("p", 0.0)
         causal = bool(params.get("causal", 0))
-        s = dtype(1.0 / np.sqrt(dh))
-        wqkv = W["qkv"].copy()
+        s = float(np.float32(1.0 / np.sqrt(dh))) if X.dtype == xp.float32 else 1.0 / float(np.sqrt(dh))
+        wqkv = xp.asarray(W["qkv"], copy=True)
         wqkv[:, :hd] *= s
-        Z = X.reshape(B * L, d) @ wqkv                           # (B L, 3 H dh)
+        Z = xp.reshape(X, (B * L, d)) @ wqkv                      # (B L, 3 H dh)
         if W["bqkv"] is not None:
-            b = W["bqkv"].copy()
+            b = xp.asarray(W["bqkv"], copy=True)
             b[:hd] *= s
             Z += b
-        Z = Z.reshape(B, L, 3, H, dh).transpose(2, 0, 3, 1, 4)   # (3, B, H, L, dh) views
-        Qs, K, V = Z[0], Z[1], Z[2]
-        S = np.matmul(Qs, K.transpose(0, 1, 3, 2))              # (B, H, L, L)
-        logits = _mean_and_square(S)                             # all L x L, mask aside
-        keep_causal = np.tri(L, dtype=bool) if causal else None
-        if -_EXP_SAFE <= S.min() and S.max() <= _EXP_SAFE:
-            P = np.exp(S, out=S)
+        Z = xp.permute_dims(xp.reshape(Z, (B, L, 3, H, dh)), (2, 0, 3, 1, 4))   # (3, B, H, L, dh) views
+        Qs, K, V = Z[0, ...], Z[1, ...], Z[2, ...]
+        S = xp.matmul(Qs, xp.matrix_transpose(K))               # (B, H, L, L)
+        logits = _mean_and_square(S, bk)                         # all L x L, mask aside
+        keep_causal = bk.tri(L) if causal else None
+        if -_EXP_SAFE <= float(xp.min(S)) and float(xp.max(S)) <= _EXP_SAFE:
+            P = bk.exp_(S)
             if causal:
-                P *= keep_causal
+                P = bk.mul_(P, keep_causal)
         else:
             if causal:
-                S[..., ~keep_causal] = -np.inf
-            S -= S.max(axis=-1, keepdims=True)
-            P = np.exp(S, out=S)
-        rs = P.sum(axis=-1, keepdims=True)
-        np.reciprocal(rs, out=rs)
+                S = xp.where(keep_causal, S, -xp.inf)
+            S -= xp.max(S, axis=-1, keepdims=True)
+            P = bk.exp_(S)
+        rs = 1.0 / xp.sum(P, axis=-1, keepdims=True)
         P *= rs
         wo = W["o"]
         if p > 0:
             keep = keep_mask(rng, P.shape, p)
-            A = np.multiply(P, keep)
-            wo = wo * dtype(1.0 / (1.0 - p))
+            A = bk.mul(P, keep)
+            wo = wo * float(np.float32(1.0 / (1.0 - p)) if X.dtype == xp.float32 else 1.0 / (1.0 - p))
         else:
             keep, A = None, P
-        O = np.empty((B, L, H, dh), dtype=X.dtype)
-        np.matmul(A, V, out=O.transpose(0, 2, 1, 3))            # heads side by side
-        Y = O.reshape(B * L, hd) @ wo
+        O = bk.empty((B, L, H, dh), np_dtype(X.dtype))
+        bk.matmul(A, V, out=xp.permute_dims(O, (0, 2, 1, 3)))      # heads side by side
+        Y = xp.reshape(O, (B * L, hd)) @ wo
         if W["bo"] is not None:
             Y += W["bo"]
-        return Y.reshape(B, L, d), ({"qkv": wqkv, "o": wo}, Qs, K, V, P, keep, A, logits, O, H, dh)
+        return xp.reshape(Y, (B, L, d)), ({"qkv": wqkv, "o": wo}, Qs, K, V, P, keep, A, logits, O, H, dh)
 
     def logit_moments(self, cache) -> tuple[float, float]:
         """Mean and second moment of all L x L pre-softmax logits (measured in the forward)."""
@@ -135,40 +155,45 @@ class AttentionMC(Component):
         """Gradients with respect to Qs (the scaled queries), K and V, each (B, H, L, dh);
         written into ``out`` (B, L, 3, H, dh) when given."""
         W, Qs, K, V, P, keep, A, _, O, H, dh = cache
+        bk = backend_of(GY)
+        xp = bk.xp
         B, L, d = GY.shape
         if out is None:
-            out = np.empty((B, L, 3, H, dh), dtype=GY.dtype)
-        dQ, dK, dV = (out[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
-        GO2 = GY.reshape(B * L, d) @ W["o"].T                    # (B L, H dh)
-        GO = GO2.reshape(B, L, H, dh).transpose(0, 2, 1, 3)
-        np.matmul(A.transpose(0, 1, 3, 2), GO, out=dV)           # A^T G
-        dP = np.matmul(GO, V.transpose(0, 1, 3, 2))              # G V^T, then through dropout
+            out = bk.empty((B, L, 3, H, dh), np_dtype(GY.dtype))
+        dQ, dK, dV = (xp.permute_dims(out[:, :, i, ...], (0, 2, 1, 3)) for i in range(3))
+        GO2 = xp.reshape(GY, (B * L, d)) @ W["o"].T               # (B L, H dh)
+        GO = xp.permute_dims(xp.reshape(GO2, (B, L, H, dh)), (0, 2, 1, 3))
+        bk.matmul(xp.matrix_transpose(A), GO, out=dV)           # A^T G
+        dP = xp.matmul(GO, xp.matrix_transpose(V))              # G V^T, then through dropout
         if keep is not None:
-            dP *= keep
+            dP = bk.mul_(dP, keep)
         # sum_j P_ij dP_ij = G_i . sum_j A_ij V_j = G_i . O_i (O = A V from the forward)
-        rowdot = np.einsum("blhe,blhe->bhl", GO2.reshape(B, L, H, dh), O)
-        dP -= rowdot[..., None]
+        rowdot = xp.permute_dims(bk.rowdot(xp.reshape(GO2, (B, L, H, dh)), O), (0, 2, 1))
+        dP -= xp.expand_dims(rowdot, axis=-1)
         dP *= P                                                  # dS = P (dP - rowdot)
-        np.matmul(dP, K, out=dQ)                                 # dL/dQs (1/sqrt(dh) is in W_eff)
-        np.matmul(dP.transpose(0, 1, 3, 2), Qs, out=dK)
+        bk.matmul(dP, K, out=dQ)                                 # dL/dQs (1/sqrt(dh) is in W_eff)
+        bk.matmul(xp.matrix_transpose(dP), Qs, out=dK)
         return dQ, dK, dV
 
     def backward(self, GY, cache):
+        bk = backend_of(GY)
+        xp = bk.xp
         B, L, d = GY.shape
         H, dh = cache[-2], cache[-1]
-        Z = np.empty((B, L, 3, H, dh), dtype=GY.dtype)
+        Z = bk.empty((B, L, 3, H, dh), np_dtype(GY.dtype))
         self._core_backward(GY, cache, out=Z)
-        return (Z.reshape(B * L, 3 * H * dh) @ cache[0]["qkv"].T).reshape(B, L, d)
+        return xp.reshape(xp.reshape(Z, (B * L, 3 * H * dh)) @ cache[0]["qkv"].T, (B, L, d))
 
     def backward_paths(self, GY, cache) -> dict:
         """dLoss/dX split into the query, key and value paths (for diagnostics and tests)."""
+        xp = backend_of(GY).xp
         B, L, d = GY.shape
         W, H, dh = cache[0], cache[-2], cache[-1]
         hd = H * dh
         out = {}
         for i, (nm, g) in enumerate(zip(_NAMES, self._core_backward(GY, cache))):
-            Zc = g.transpose(0, 2, 1, 3).reshape(B * L, hd)
-            out[nm] = (Zc @ W["qkv"][:, i * hd:(i + 1) * hd].T).reshape(B, L, d)
+            Zc = xp.reshape(xp.permute_dims(g, (0, 2, 1, 3)), (B * L, hd))
+            out[nm] = xp.reshape(Zc @ W["qkv"][:, i * hd:(i + 1) * hd].T, (B, L, d))
         return out
 
     def flops(self, params, batch):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import batch_for, dropout_mask, grid_std
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.state import Backward, Forward
@@ -11,13 +11,15 @@ from sigprop.state import Backward, Forward
 class DropoutMC(Component):
     name = "dropout"
     rule = "dropout"
-    sim_params = ("L", "d")
+    array_api = True
+    weights = False
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params.get("d", 64), params.get("d", 64)
+        return params.get("L", SEQ.default), params.get("d", WIDTH.default), params.get("d", WIDTH.default)
 
     def forward(self, X, W, params, rng):
-        mask = dropout_mask(rng, X.shape, params["p"], X.dtype.type)
+        mask = dropout_mask(rng, X.shape, params["p"], X.dtype)
         return (X if mask is None else X * mask), mask
 
     def backward(self, GY, mask):

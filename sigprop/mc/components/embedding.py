@@ -22,7 +22,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.backend import backend_of, np_dtype
+from sigprop.mc.component import WIDTH, Component
+from sigprop.rules.base import Param
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.rules.embedding import zipf_frequencies
 from sigprop.state import Backward, Forward
@@ -62,28 +64,51 @@ def _grouping(tok: np.ndarray, V: int):
 class EmbeddingMC(Component):
     name = "embedding"
     rule = "embedding"
+    array_api = True
+    weights = False
+    #: L is the rule's; the simulation draws token ids from Zipf(zipf_s, V), segment ids from
+    #: SEGMENT_FREQS
+    sim_params = (WIDTH, Param("V", "vocabulary size of the simulation", 30000, lo=1, integer=True),
+                  Param("zipf_s", "Zipf exponent of the simulated token frequencies", 1.0, lo=0.0))
 
     def dims(self, params):
         return params["L"], 1, params["d"]
 
+    def memory(self, params, batch):
+        """The token distribution's cumulative frequencies (V doubles) and a few (B, L, d)
+        arrays (rows drawn lazily: at most B L of the V)."""
+        return 2.0 * params["V"] + 6.0 * batch * params["L"] * params["d"]
+
+    derives = ("word_collision",)
+
+    def derived(self, rule_params, sim):
+        """The rule's collision probabilities from the simulated distributions."""
+        cw = _power_sums(float(sim["zipf_s"]), int(sim["V"]))[0]
+        q = np.asarray(SEGMENT_FREQS) / sum(SEGMENT_FREQS)
+        return {"word_collision": cw, "segment_collision": float(q @ q)}
+
     def forward(self, X, W, params, rng):
+        """Token and segment ids and their grouping are drawn and computed on the host (NumPy);
+        the tables and the output live on X's backend."""
+        bk = backend_of(X)
+        xp = bk.xp
         B, L = X.shape[:2]
         d, V = params["d"], params["V"]
-        dt = X.dtype.type
+        dt = np_dtype(X.dtype)
         tok = _draw(rng, _zipf_cdf(float(params["zipf_s"]), int(V)), (B, L))
         uniq, inv = np.unique(tok, return_inverse=True)
         inv = inv.ravel()
         if "word" in W:
-            rows = W["word"][uniq]
+            rows = xp.take(W["word"], bk.asarray(uniq), axis=0)
         else:
             rows = rng.standard_normal((len(uniq), d), dtype=dt)
-            rows *= dt(params["word_std"])
-        Y = rows[inv].reshape(B, L, d)
+            rows *= float(params["word_std"])
+        Y = xp.reshape(xp.take(rows, bk.asarray(inv), axis=0), (B, L, d))
         pos_std = params.get("pos_std", 0.0)
         if "pos" in W:
-            Y += W["pos"][:L]
+            Y += W["pos"][:L, ...]
         elif pos_std:
-            Y += rng.standard_normal((L, d), dtype=dt) * dt(pos_std)
+            Y += rng.standard_normal((L, d), dtype=dt) * float(pos_std)
         seg_std = params.get("seg_std", 0.0)
         if "seg" in W or seg_std:
             q = np.cumsum(params.get("segment_freqs", SEGMENT_FREQS), dtype=float)
@@ -92,23 +117,28 @@ class EmbeddingMC(Component):
             if "seg" in W:
                 S = W["seg"]
             else:
-                S = rng.standard_normal((len(q), d), dtype=dt) * dt(seg_std)
-            Y += S[seg]
+                S = rng.standard_normal((len(q), d), dtype=dt) * float(seg_std)
+            Y += xp.reshape(xp.take(S, bk.asarray(seg.ravel()), axis=0), (B, L, d))
         return Y, _grouping(tok, int(V))
 
     def backward(self, GY, cache):
         """Scatter-add dLoss/dY per sequence: the row of token i in sequence b is the sum of
-        GY[b, t] over the positions t holding i; laid out in (B, L, d) slots."""
+        GY[b, t] over the positions t holding i; laid out in (B, L, d) slots.  Done on the host
+        (the standard has no scatter-add) and moved back to GY's backend."""
+        bk = backend_of(GY)
+        G = bk.to_numpy(GY)
         order, starts, seq, slot, _ = cache
-        B, L, d = GY.shape
-        sums = np.add.reduceat(GY.reshape(-1, d)[order], starts, axis=0)
-        T = np.zeros_like(GY)
+        B, L, d = G.shape
+        sums = np.add.reduceat(G.reshape(-1, d)[order], starts, axis=0)
+        T = np.zeros_like(G)
         T[seq, slot] = sums
-        return T
+        return bk.asarray(T)
 
     @staticmethod
     def table_gradient(T, cache, V: int) -> np.ndarray:
-        """The (V, d) word-table gradient of the whole batch from :meth:`backward`'s slots."""
+        """The (V, d) word-table gradient of the whole batch from :meth:`backward`'s slots
+        (a host NumPy array)."""
+        T = backend_of(T).to_numpy(T)
         _, _, seq, slot, token = cache
         out = np.zeros((V, T.shape[-1]), dtype=np.float64)
         rows = T[seq, slot].astype(np.float64)

@@ -1,7 +1,8 @@
 """Exact GeLU x Phi(x): Monte Carlo component and published sweep (theory.md section 7).
 
-Forward uses :func:`sigprop.backend.numeric.Phi` (erfc approximation, fractional error
-< 1.2e-7; no scipy), backward the exact derivative Phi(x) + x phi(x) cached by the forward.
+Forward on NumPy arrays uses :func:`sigprop.backend.numeric.Phi` (erfc approximation,
+fractional error < 1.2e-7; no scipy), on other backends their erf (:meth:`Backend.erf`);
+backward the exact derivative Phi(x) + x phi(x) cached by the forward.
 
 Grid and sample-size design as for ReLU (see :mod:`sigprop.mc.components.relu`): the
 published 450 configurations with the unnamed 2-level factor taken as width d {100, 1000},
@@ -16,10 +17,12 @@ import math
 import numpy as np
 
 from sigprop.backend.numeric import _ERFC_C, Phi
-from sigprop.mc.component import Component
+from sigprop.mc.backend import backend_of
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
+_INV_SQRT_2 = 1.0 / math.sqrt(2.0)
 _CHUNK = 16384  # elements per Phi call in the forward
 
 
@@ -60,11 +63,23 @@ def _forward_f32(xf, yf, df):
 class GeLUMC(Component):
     name = "gelu"
     rule = "gelu"
+    array_api = True
+    weights = False
+
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
+        bk = backend_of(X)
+        if not bk.is_numpy:
+            # Phi through the backend's erf (torch.special.erf, cupyx's; the erfc approximation
+            # where the namespace has none): f = x Phi(x), f' = Phi(x) + x phi(x)
+            xp = bk.xp
+            cdf = 0.5 * (1.0 + bk.erf(X * _INV_SQRT_2))
+            return X * cdf, cdf + X * (xp.exp(-0.5 * (X * X)) * _INV_SQRT_2PI)
         # f(x) = x Phi(x) and f'(x) = Phi(x) + x phi(x) (kept for the backward).  Phi works in
         # float64 through ~30 elementwise passes, so it runs over cache-sized chunks (about
         # twice as fast as one pass over a large array); float32 arrays take _forward_f32.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 
+from sigprop.mc.backend import backend_of
 from sigprop.mc.component import Component
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.sweep import Case, SweepSpec
@@ -18,29 +18,34 @@ class LayerNormMC(Component):
 
     name = "layernorm"
     rule = "layernorm"
+    array_api = True
+    weights = False
 
     def dims(self, params):
         return params.get("L", 16), params["d"], params["d"]
 
     def forward(self, X, W, params, rng):
-        dt = X.dtype.type
+        bk = backend_of(X)
+        xp = bk.xp
         eps = params.get("eps", 1e-5)
         d = X.shape[-1]
-        Z = X - X.mean(axis=-1, keepdims=True)
-        ss = np.einsum("...f,...f->...", Z, Z)
-        inv = 1.0 / np.sqrt(ss / d + eps)             # 1 / sigma_t, one per token
-        inv = inv.astype(dt, copy=False)[..., None]
+        Z = X - xp.mean(X, axis=-1, keepdims=True)
+        ss = bk.rowdot(Z, Z)
+        inv = 1.0 / xp.sqrt(ss / d + eps)             # 1 / sigma_t, one per token
+        inv = xp.expand_dims(xp.astype(inv, X.dtype, copy=False), axis=-1)
         Z *= inv                                       # Z is now the output Y
         return Z, (Z, inv)
 
     def backward(self, GY, cache):
         # dy/dx = (1/sigma) (P - y y^T / d):  gx = (g - mean_f g - y mean_f(y g)) / sigma
         Y, inv = cache
+        bk = backend_of(Y)
+        xp = bk.xp
         d = Y.shape[-1]
-        yg = (np.einsum("...f,...f->...", Y, GY) / d).astype(Y.dtype, copy=False)[..., None]
+        yg = xp.expand_dims(xp.astype(bk.rowdot(Y, GY) / d, Y.dtype, copy=False), axis=-1)
         GX = Y * -yg
         GX += GY
-        GX -= GY.mean(axis=-1, keepdims=True)
+        GX -= xp.mean(GY, axis=-1, keepdims=True)
         GX *= inv
         return GX
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.backend import backend_of
+from sigprop.mc.component import SEQ, Component
 from sigprop.mc.components._util import batch_for, grid_std
 from sigprop.mc.sampling import standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
@@ -14,28 +15,31 @@ from sigprop.state import Backward, Forward
 class LinearMC(Component):
     name = "linear"
     rule = "linear"
+    array_api = True
 
     def dims(self, params):
-        return params.get("L", 16), params["d_in"], params["d_out"]
+        return params.get("L", SEQ.default), params["d_in"], params["d_out"]
 
     def sample_weights(self, rng, params, dtype):
         W = standard_normal(rng, (params["d_in"], params["d_out"]), dtype)
-        W *= dtype(params["w_std"])
+        W *= float(params["w_std"])
         b_std = params.get("b_std", 0.0)
-        b = standard_normal(rng, params["d_out"], dtype) * dtype(b_std) if b_std else None
+        b = standard_normal(rng, params["d_out"], dtype) * float(b_std) if b_std else None
         return {"W": W, "b": b}
 
     def forward(self, X, W, params, rng):
         # 2-D products: NumPy's stacked (B, L, d) @ (d, e) is several times slower than BLAS
+        xp = backend_of(X).xp
         B, L, d = X.shape
-        Y = X.reshape(B * L, d) @ W["W"]
+        Y = xp.reshape(X, (B * L, d)) @ W["W"]
         if W["b"] is not None:
             Y += W["b"]
-        return Y.reshape(B, L, -1), W["W"]
+        return xp.reshape(Y, (B, L, Y.shape[-1])), W["W"]
 
     def backward(self, GY, W):
+        xp = backend_of(GY).xp
         B, L, e = GY.shape
-        return (GY.reshape(B * L, e) @ W.T).reshape(B, L, -1)
+        return xp.reshape(xp.reshape(GY, (B * L, e)) @ W.T, (B, L, W.shape[0]))
 
 
 COMPONENT = LinearMC()

@@ -20,24 +20,33 @@ from __future__ import annotations
 
 import numpy as np
 
-from sigprop.mc.component import Component
+from sigprop.mc.backend import backend_of
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import activation_sweep
 
 
 class ReLUMC(Component):
     name = "relu"
     rule = "relu"
+    array_api = True
+    weights = False
+
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params["d"], params["d"]
+        d = params.get("d", WIDTH.default)
+        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
+        bk = backend_of(X)
         mask = X > 0
-        return np.maximum(X, X.dtype.type(0)), mask
+        if bk.is_numpy:
+            return np.maximum(X, X.dtype.type(0)), mask
+        return bk.xp.where(mask, X, bk.xp.zeros_like(X)), mask
 
     def backward(self, GY, mask):
         # d relu / dx = 1 for x > 0, else 0 (the kink has probability 0)
-        return GY * mask
+        return backend_of(GY).mul(GY, mask)
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)

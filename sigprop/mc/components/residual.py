@@ -6,7 +6,7 @@ x, as the rule assumes; the gradient reported is the skip path's (to x).
 
 from __future__ import annotations
 
-from sigprop.mc.component import Component
+from sigprop.mc.component import SEQ, WIDTH, Component
 from sigprop.mc.components._util import batch_for, grid_std
 from sigprop.mc.sampling import correlated
 from sigprop.mc.sweep import Case, SweepSpec
@@ -16,13 +16,15 @@ from sigprop.state import Backward, Forward
 class ResidualMC(Component):
     name = "residual"
     rule = "residual"
-    sim_params = ("L", "d")
+    array_api = True
+    weights = False
+    sim_params = (SEQ, WIDTH)
 
     def dims(self, params):
-        return params.get("L", 16), params.get("d", 64), params.get("d", 64)
+        return params.get("L", SEQ.default), params.get("d", WIDTH.default), params.get("d", WIDTH.default)
 
     def forward(self, X, W, params, rng):
-        Y = correlated(rng, X.shape, params["y_mean"], params["y_var"], params["y_corr"], X.dtype.type)
+        Y = correlated(rng, X.shape, params["y_mean"], params["y_var"], params["y_corr"], X.dtype)
         return params["a"] * X + params["b"] * Y, params["a"]
 
     def backward(self, GY, a):

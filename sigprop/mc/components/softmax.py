@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from sigprop.backend import numeric
+from sigprop.mc.backend import backend_of
 from sigprop.mc.component import Component
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.sweep import Case, SweepSpec
@@ -32,18 +33,23 @@ from sigprop.state import Backward, Forward
 class SoftmaxMC(Component):
     name = "softmax"
     rule = "softmax"
+    array_api = True
+    weights = False
 
     def dims(self, params):
         return params["L"], 1, 1
 
     def forward(self, X, W, params, rng):
-        P = X - X.max(axis=1, keepdims=True)
-        np.exp(P, out=P)
-        P /= P.sum(axis=1, keepdims=True)
+        # exp(x - max) / sum: the standard has no softmax
+        bk = backend_of(X)
+        xp = bk.xp
+        P = bk.exp_(X - xp.max(X, axis=1, keepdims=True))
+        P /= xp.sum(P, axis=1, keepdims=True)
         return P, P
 
     def backward(self, GY, P):
-        GX = GY - np.sum(P * GY, axis=1, keepdims=True)
+        xp = backend_of(GY).xp
+        GX = GY - xp.sum(P * GY, axis=1, keepdims=True)
         GX *= P
         return GX
 

@@ -1,0 +1,80 @@
+"""RMSNorm (gain 1): Monte Carlo component and sweep grid (sigprop's own; none is published).
+
+Grid: input std {0.316, 1, 3.16} x input mean {-3.33, 0, 1} (RMSNorm keeps the mean, so
+mean/std ratios from 0 to 10.5) x r, rg {0, 1/3, 2/3} x grad std {0.316, 1, 3.16} x
+d {100, 316, 1000} x L {16, 128}; eps 1e-6.  Sample sizes follow LayerNorm's noise model
+(:mod:`sigprop.mc.components.layernorm`), with at least 4e5 / d sequences.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from sigprop.mc.component import Component
+from sigprop.mc.components._util import grid_std
+from sigprop.mc.components.layernorm import MAX_RUN_ELEMENTS, MIN_RUNS, _sequences
+from sigprop.mc.sweep import Case, SweepSpec
+from sigprop.state import Backward, Forward
+
+
+class RMSNormMC(Component):
+    """y = x / sqrt(mean_f x^2 + eps) per token (as torch.nn.RMSNorm and LLaMA's RMSNorm),
+    gain 1; params: d, eps (default 1e-6), L."""
+
+    name = "rmsnorm"
+    rule = "rmsnorm"
+
+    def dims(self, params):
+        return params.get("L", 16), params["d"], params["d"]
+
+    def forward(self, X, W, params, rng):
+        dt = X.dtype.type
+        eps = params.get("eps", 1e-6)
+        d = X.shape[-1]
+        ss = np.einsum("...f,...f->...", X, X)
+        inv = (1.0 / np.sqrt(ss / d + eps)).astype(dt, copy=False)[..., None]    # 1 / rho_t
+        Y = X * inv
+        return Y, (Y, inv)
+
+    def backward(self, GY, cache):
+        # dy/dx = (I - y y^T / d) / rho:  gx = (g - y mean_f(y g)) / rho
+        Y, inv = cache
+        d = Y.shape[-1]
+        yg = (np.einsum("...f,...f->...", Y, GY) / d).astype(Y.dtype, copy=False)[..., None]
+        GX = Y * -yg
+        GX += GY
+        GX *= inv
+        return GX
+
+    def flops(self, params, batch):
+        L, d, _ = self.dims(params)
+        return 10.0 * batch * L * d
+
+
+COMPONENT = RMSNormMC()
+
+
+def _case(pt: dict) -> Case:
+    d, L = pt["d"], pt["L"]
+    rule = {"d": d, "eps": 1e-6}
+    nseq = max(_sequences(d, L, pt["x_corr"], pt["g_corr"]), int(math.ceil(4e5 / d)))
+    batch = max(1, min(nseq // MIN_RUNS, MAX_RUN_ELEMENTS // (L * d)))
+    runs = int(math.ceil(nseq / batch))
+    return Case(rule, {**rule, "L": L},
+                Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
+                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
+
+
+SWEEP = SweepSpec(
+    component=COMPONENT,
+    grid={
+        "x_std": (0.316, 1.0, 3.16), "x_mean": (-3.33, 0.0, 1.0), "x_corr": (0.0, 1 / 3, 2 / 3),
+        "g_corr": (0.0, 1 / 3, 2 / 3), "g_std": (0.316, 1.0, 3.16),
+        "d": (100, 316, 1000), "L": (16, 128),
+    },
+    make_case=_case,
+    published={m: None for m in ("x_mean", "x_var", "x_corr", "g_var", "g_corr")},
+    note="Own grid (no published one); sample sizes as for LayerNorm, at least 4e5/d sequences.",
+)
