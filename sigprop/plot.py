@@ -222,7 +222,7 @@ def _matplotlib():
 
     import matplotlib
 
-    if "matplotlib.pyplot" not in sys.modules:   # never switch an interactive session's backend
+    if "matplotlib.pyplot" not in sys.modules:   # never switch an interactive Python process's backend
         matplotlib.use("Agg")
     return matplotlib
 

@@ -1,4 +1,4 @@
-"""Frozen moment states (theory.md section 1).
+"""Frozen moment states.
 
 ``Forward``: mean ``mean``, variance ``var = E[x^2] - mean^2`` and token correlation
 ``corr`` (covariance of two different tokens at the same feature, over ``var``) of a hidden

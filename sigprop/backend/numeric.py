@@ -102,7 +102,7 @@ def integrate_smoothed(outer, inner, var, args=(), window=(-40.0, 40.0)):
     together to the configuration shape, which is the shape of the result.  ``outer`` may
     return a tuple (several integrals sharing the S's; then a tuple of results).
 
-    Contract for the callables: each ``f_i`` is a function of the node array w = u + e
+    Requirement on the callables: each ``f_i`` is a function of the node array w = u + e
     alone (it must not capture per-configuration arrays: pass those through ``args``); the
     same function object listed several times is evaluated once, and all ``f_i`` are called
     in order on the same array, so they may share work (memoise on ``w``'s identity).

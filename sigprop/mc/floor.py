@@ -1,4 +1,4 @@
-"""Accuracy-floor matrix (issue: whole-model prediction, item 6): `sigprop check` semantics
+"""Accuracy-floor matrix: `sigprop check` semantics
 for every arch with its default init and with ``torch-default`` and ``normal``, at d_model 256,
 4 heads, d_ff 1024, seq 128, depths 12/48/96, dropout 0 and 0.1, bidirectional and causal.
 
@@ -167,17 +167,17 @@ miss an R^2 floor were simulated again on independent samples of 32 draws x batc
 (`--raw DIR2 --trials 32 --seed 1 --inits ... --out docs/validation/floor_more`; 1-7 minutes
 each on a loaded core), the second table above.
 
-Results at 8 draws (204 of 204 pass; judged with the rules of session 5, which added the
+Results at 8 draws (204 of 204 pass; judged with the rules of 2026-11-22's last revision, which added the
 Post-LN attention share along the stream and cross term, the causal key-path pair weights and
 the Post-LN LayerNorm's per-position token statistics; the 162 Post-LN, Mix-LN, DeepNorm,
 DSLM-Post and causal configurations re-judged, the 42 bidirectional Pre-LN, DSLM and LNS ones
 unchanged bit for bit):
-- Mix-LN `torch-default`, 96 layers, dropout 0.1, causal, the one failure of session 4 (the
+- Mix-LN `torch-default`, 96 layers, dropout 0.1, causal, the one failure under the previous revision of the rules (the
   gradient near layer 6 predicted 6.98 against 5.92 +- 0.24), passes (gradient R^2 0.9880 ->
   0.9904). Both its samples showed the prediction 6-7% high at the input below the Post-LN
   layers (2.0-2.6 SE at every point of the 32-draw sample); MC/pred at the input 0.856 ->
   0.865 (8 draws), 0.943 -> 0.953 (32 draws).
-- Post-LN `torch-default`, 96 layers, dropout 0.1, causal, which failed in session 3 (forward
+- Post-LN `torch-default`, 96 layers, dropout 0.1, causal, which failed under an earlier revision (forward
   token correlation 0.03 high near layer 79), passes since the causal position model carries
   the stream's correlation over pairs of positions (docs/design.md).
 - R^2: measured-variance change above 2x in 62 forward and 71 gradient series; R^2 below the
@@ -192,12 +192,12 @@ unchanged bit for bit):
   together. From 120 pooled draws of that configuration, random subsets scored against the
   mean of the other draws (a near-perfect predictor) fall below R^2 0.99 85% of the time for
   8-draw subsets (median 0.968) and 52% for 32-draw subsets (median 0.9896); the prediction
-  (the rules before session 5's fixes) does the same (86%, median 0.965; 56%, median 0.9876).
+  (the rules before that revision's fixes) does the same (86%, median 0.965; 56%, median 0.9876).
   Pooled over all 120 draws, MC/pred at
   the input is 1.067 +- 0.055 and the prediction's R^2 against the pooled mean 0.9906.
 - What remains in causal Post-LN gradients: the gradient's concentration at the first
   positions is over-predicted in the first layers (DSLM-Post 12 layers, 96 draws: MC/pred at
-  the input 0.969 before session 5's key-path fix, log error -31 -> -15 e-3 after it, SE 9);
+  the input 0.969 before the key-path fix, log error -31 -> -15 e-3 after it, SE 9);
   the value path's attention weights beyond uniform at logit variance ~1 are the next
   candidate (a first-order correction overshot). The attention output's own per-token
   dispersion (kappa_F ~ 2 rather than the Gaussian 1) would add ~0.16e-3 per Post-LN attention

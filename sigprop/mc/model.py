@@ -1,9 +1,9 @@
-"""Whole-model Monte Carlo with exactly the contract's semantics (contract.md):
+"""Whole-model Monte Carlo with exactly the specified semantics (docs/formats.md):
 
     pre:  x' = a x + b * Dropout_hidden(F(n * LN(x)))
     post: x' = LN(a x + b * Dropout_hidden(F(x)))
 
-written here from the contract, independently of the predictor's rule chains, but built from
+written here from the specified semantics, independently of the predictor's rule chains, but built from
 the Monte Carlo components (each with a hand-written backward checked against finite
 differences).  Weights are drawn independently for every layer and every trial; the
 upstream gradient at the top is sampled with the model's ``grad`` variance and token
@@ -160,7 +160,7 @@ class _Trial:
         return Y, backward, None
 
     def sublayer(self, kind, l, X):
-        """One sublayer of the contract; returns (x', backward closure, logit moments)."""
+        """One sublayer of the specified semantics; returns (x', backward closure, logit moments)."""
         m = self.m
         cols = getattr(m, kind)
         a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])

@@ -1,6 +1,6 @@
 """Sampling hidden states with a given mean, variance and token correlation.
 
-Convention (contract.md, "Input"): a Gaussian component shared by all tokens of a sequence
+Convention (docs/formats.md, "Input"): a Gaussian component shared by all tokens of a sequence
 carries the correlation.  For shape (B, L, d),
 
     x = mean + sqrt(var) * (sqrt(corr) * c + sqrt(1 - corr) * e),

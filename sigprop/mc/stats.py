@@ -1,4 +1,4 @@
-"""Moment estimators over arrays of shape (B, L, d) (theory.md section 1).
+"""Moment estimators over arrays of shape (B, L, d).
 
 Per call we return *sums* (first moment, second moment, cross-token moment), so that
 independent runs can be pooled and a standard error taken from their spread.

@@ -1,4 +1,4 @@
-"""Grid sweeps in the published error metric (theory.md section 7).
+"""Grid sweeps in the published error metric.
 
 Each Monte Carlo component module declares a :class:`SweepSpec`: the published grid, how a
 grid point becomes a :class:`Case` (rule parameters, component parameters, input and

@@ -176,7 +176,7 @@ on {platform.machine()}, 2 shared cores. Do not edit by hand: the per-sweep resu
 
 Each sweep measures a seeded random subset of {', '.join(map(str, ns))} points of the component's
 grid (the whole grid when it is smaller), seed {', '.join(map(str, seeds))}. Errors are in percent, at the 50th / 90th / 99th
-percentile over configurations, in the published error metric of [TGS] (theory.md section 7):
+percentile over configurations, in the published error metric of [TGS]:
 `|measured - predicted| / |measured|` for variances; for covariances ("cov" columns, scored on
 correlation x variance) the smaller of that and `|measured - predicted| / predicted variance`.
 **One deliberate difference:** for means the published metric divides by the predicted

@@ -1,5 +1,4 @@
-"""DeepNorm constants ([DeepNet] Wang et al. 2022, arXiv:2203.00555, Table 1; theory.md
-section 5).
+"""DeepNorm constants ([DeepNet] Wang et al. 2022, arXiv:2203.00555, Table 1).
 
 DeepNorm is Post-LN with an up-weighted skip, ``x' = LN(alpha x + G(x))``, and the V, O,
 FFN-in and FFN-out weights initialised Xavier-normal with gain ``beta`` (Q and K with gain 1).

@@ -1,6 +1,6 @@
 """Name the growth law of a moment along depth.
 
-Candidates (theory.md section 3): constant; linear in depth, y = c0 + c1 l (Pre-LN forward
+Candidates: constant; linear in depth, y = c0 + c1 l (Pre-LN forward
 variance); harmonic, y = c0 + c1 H_l (LayerNorm Scaling); hyperbolic, y = 1/(c0 + c1 l)
 (Pre-LN gradient, counted from the input); exponential, log y = c0 + c1 l (Post-LN
 gradient).  Each law is a least-squares fit in the space where it is linear, weighted to

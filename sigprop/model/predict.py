@@ -1,6 +1,6 @@
 """Whole-model prediction: compose the component rules sublayer by sublayer.
 
-Semantics are the contract's (contract.md, "Model specification"):
+Semantics are those of the model object (docs/formats.md, "The model object"):
 
     pre:  x' = a x + b * Dropout_hidden(F(n * LN(x)))
     post: x' = LN(a x + b * Dropout_hidden(F(x)))
@@ -1036,7 +1036,7 @@ class Points(list):
 
 
 def predict(model, stop_at_saturation: bool = False) -> Points:
-    """The contract's trace points: the input point, then one per sublayer.
+    """The trace points: the input point, then one per sublayer.
 
     An attention sublayer whose softmax is saturated beyond the attention rule's domain (mean
     row logit variance above ``sigprop.rules.attention.ROW_LOGIT_VAR_MAX``) is refused

@@ -36,7 +36,7 @@ from sigprop.model.spec import MAX_LAYERS, WEIGHTS, Dropout, Model, Sublayers
 from sigprop.state import Backward, Forward
 
 #: measured BERT/Wikipedia embedding token correlation before embedding dropout, hard-coded
-#: in the DSLM authors' verification code ([TGS-code]; theory.md section 2, "Embedding")
+#: in the DSLM authors' verification code ([TGS-code], "Embedding")
 R0_EMBEDDING = 0.221
 
 #: The default model (no ``dropout`` given) is the DSLM figure model: attention and hidden
@@ -403,7 +403,7 @@ def ffn_block_from_rules(d_model: int, d_ff: int, activation: str, p_ffn: float,
     """The FFN block composed from the registered component rules: W_in (linear), the
     activation, ffn dropout, W_out (linear), hidden dropout; the block input is the
     LayerNorm'd stream (mean 0).  Nothing is retyped: for ReLU this is the (uncentred)
-    arc-cosine correlation (1-p)(r + (sqrt(1-r^2) - r arccos r)/pi) of theory.md section 3,
+    arc-cosine correlation (1-p)(r + (sqrt(1-r^2) - r arccos r)/pi) ([TGS] section 3),
     obtained from the "relu" rule's centred moments through the linear rule."""
     from sigprop.rules import REGISTRY, get
 
@@ -470,7 +470,7 @@ def affine_scan(A: np.ndarray, B: np.ndarray, x0: float) -> np.ndarray:
 
 def dslm_stream(scales: Scales, p_hid: float, inp: Forward, ffn_block: FFNBlock, s_ffn: float,
                 method: str = "newton") -> DSLMStream:
-    """The DSLM stream-correlation recursion ([TGS] section 3-4; theory.md sections 3, 4),
+    """The DSLM stream-correlation recursion ([TGS] section 3-4),
     for any placement and scales (layer l's attention sublayer, then its FFN sublayer):
 
     * branch input: Pre-LN: variance n^2, the stream's correlation r (LayerNorm keeps the

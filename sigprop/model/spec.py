@@ -1,5 +1,5 @@
-"""The whole-model specification: the contract's model object (contract.md, "Model
-specification"), held column-wise.
+"""The whole-model specification: the model object (docs/formats.md, "The model
+object"), held column-wise.
 
 A :class:`Model` is fully resolved: every number needed to build the same network elsewhere,
 nothing that depends on a preset name (``arch`` is informational).  Per-layer settings are
@@ -7,7 +7,7 @@ stored as one NumPy column per field and sublayer kind (:class:`Sublayers`), nev
 per-layer Python objects, so that a 100,000-layer model is cheap to build, to compare and to
 vectorise over.  Columns are read-only.
 
-JSON: :meth:`Model.to_json` writes exactly the contract's layout ("layers": one dict per
+JSON: :meth:`Model.to_json` writes exactly the documented layout ("layers": one dict per
 layer); :meth:`Model.from_json` validates every field (types, ranges, known keys, lengths)
 and raises :class:`sigprop.errors.DomainError` with the JSON path of the first bad value,
 e.g. ``model.layers[3].attention.init.q.std must be >= 0, got -1``.  The round trip is
@@ -29,7 +29,7 @@ import numpy as np
 from sigprop.errors import DomainError
 from sigprop.state import Backward, Forward
 
-#: weight names per sublayer kind, in the contract's order
+#: weight names per sublayer kind, in the documented order
 #: the deepest model sigprop resolves and predicts: the prediction keeps every sublayer's
 #: state (about 5 KB of memory per layer, ~0.4 KB of trace JSON), so 10^6 layers need ~5 GB
 MAX_LAYERS = 1_000_000
@@ -205,7 +205,7 @@ class Sublayers(_Frozen):
     __hash__ = None  # type: ignore[assignment]
 
     def _json_columns(self, rows=None) -> list:
-        """Per-layer sublayer dicts in the contract's layout, built column-wise (``rows``: only
+        """Per-layer sublayer dicts in the documented layout, built column-wise (``rows``: only
         those layers, 0-based indices)."""
         names = self.names
 
@@ -264,7 +264,7 @@ class Dropout(_Frozen):
 # ---------------------------------------------------------------------------------------
 
 class Model(_Frozen):
-    """A fully resolved model (contract.md, "Model specification").
+    """A fully resolved model (docs/formats.md, "The model object").
 
     ``input`` is the stream entering layer 1 (a :class:`sigprop.state.Forward`: mean, var,
     corr); ``grad`` is dLoss/dx at the output of the last sublayer (a
@@ -280,7 +280,7 @@ class Model(_Frozen):
     def __init__(self, arch: str, n_layers: int, d_model: int, n_heads: int, d_head: int, d_ff: int,
                  seq_len: int, activation: str, norm: str, causal: bool, dropout: Dropout, input: Forward,
                  grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None):
-        # ``notes``: extra information (not part of the contract's object, not written by
+        # ``notes``: extra information (not part of the model object, not written by
         # to_json, not compared)
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
@@ -350,7 +350,7 @@ class Model(_Frozen):
 
     # -- JSON -----------------------------------------------------------------------------
     def to_json(self) -> dict:
-        """The contract's model object (plain dicts, lists, floats; ``json.dumps``-ready)."""
+        """The model object (plain dicts, lists, floats; ``json.dumps``-ready)."""
         with _no_gc():
             return self._to_json()
 
@@ -358,7 +358,7 @@ class Model(_Frozen):
         return {**self.json_head(), "layers": self.layers_json()}
 
     def layers_json(self, rows=None) -> list:
-        """The contract's per-layer objects (``rows``: only those layers, 0-based)."""
+        """The model object's per-layer objects (``rows``: only those layers, 0-based)."""
         att = self.attention._json_columns(rows)
         ffn = self.ffn._json_columns(rows)
         return [{"attention": a, "ffn": f} for a, f in zip(att, ffn)]
@@ -387,7 +387,7 @@ class Model(_Frozen):
 
     @classmethod
     def from_json(cls, obj, where: str = "model") -> "Model":
-        """Validate a contract model object and build the Model (DomainError with the JSON
+        """Validate a model object and build the Model (DomainError with the JSON
         path of the first bad value otherwise)."""
         with _no_gc():
             return _parse_model(obj, where)

@@ -1,4 +1,4 @@
-"""The contract's trace object (`sigprop predict --json`) and the prediction summary."""
+"""The trace object (`sigprop predict --json`) and the prediction summary."""
 
 from __future__ import annotations
 

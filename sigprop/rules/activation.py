@@ -8,7 +8,7 @@ pre-activation).  Backward is dx = g * f'(x), so
 
     grad var = g2 E[f'(x)^2],      grad cov = rg g2 E[f'(x_i) f'(x_j)].
 
-Formulas are the [TGS-code] ones (theory.md section 2).  Every one was checked here against
+Formulas are the [TGS-code] ones.  Every one was checked here against
 independent quadrature (mpmath adaptive and 240-point Gauss-Hermite in float64) for
 s2 in {0.01, 0.1, 1, 10, 100, 1000} and r in [-1, 1]: all agree to round-off, so no
 published expression needed correcting.  tests/test_activation.py repeats the quadrature
@@ -91,7 +91,7 @@ class GeLU(Rule):
                  + rho ((s2+1)(2 s2+3) - 2 r^2 s2^2)/((s2+1)^2 - r^2 s2^2)^(3/2))].
 
     Checked against independent quadrature (module docstring): the published expressions are
-    correct as stated in theory.md; the variance forms are the cross-moment forms at r = 1
+    correct as published; the variance forms are the cross-moment forms at r = 1
     (a symbolic test checks this identity).
     """
 

@@ -1,6 +1,6 @@
 """Multi-head scaled dot-product attention: forward and backward moment rules.
 
-Definition (contract.md, attention F).  Input X: L tokens x d features, mean mu, variance s2,
+Definition (docs/formats.md, attention F).  Input X: L tokens x d features, mean mu, variance s2,
 token correlation r.  Q = X Wq + bq, K = X Wk + bk, V = X Wv + bv (d -> H dh); per head
 A = Dropout_p(softmax(Q K^T / sqrt(dh))) (causal mask if ``causal``), O = A V; heads
 concatenated; Y = O Wo + bo (H dh -> d).  Weights iid N(0, std^2), biases N(0, bias_std^2).
@@ -79,7 +79,7 @@ _NS, _NS2, _NR = 6, 4, 3
 _VMIN = 1e-30   # floor for the row logit variance where it divides (v -> 0 limits)
 #: the largest mean row logit variance the rule evaluates.  The softmax integrals run over
 #: grids whose width grows with the logit scale (evaluation time grows with it: ~2 s per call
-#: at 100 before tables) and the Monte Carlo validation reaches ~13 (theory.md section 7 grid);
+#: at 100 before tables) and the Monte Carlo validation reaches ~13;
 #: at ~1000 the quadratures break down (NaN).  Beyond it the softmax is saturated (near one-hot
 #: rows), a regime this rule does not model.
 ROW_LOGIT_VAR_MAX = 100.0
@@ -499,7 +499,7 @@ register(_RULE)
 
 
 class AttentionPublished(Rule):
-    """[TGS] single-head formulas (theory.md section 2), per head, with the output
+    """[TGS] single-head formulas, per head, with the output
     projection Wo applied exactly (a linear map: var and cov times H dh so2 forward, the
     gradient into the core d so2 g2).  For comparison in the validation table."""
 
@@ -508,7 +508,7 @@ class AttentionPublished(Rule):
     params = Attention.params
     zero_mean_input = True
     assumptions = (
-        "[TGS] single-head attention formulas (theory.md section 2), applied per head; "
+        "[TGS] single-head attention formulas, applied per head; "
         "biases ignored; the causal flag is ignored (bidirectional formulas).",
         "Backward keeps only the value path (the published weakness).",
     )

@@ -1,6 +1,5 @@
 """Embedding: sum of a word table, a learned absolute-position table and an optional
-segment (token-type) table, looked up at random token ids ([TGS] section on embeddings;
-theory.md section 2).
+segment (token-type) table, looked up at random token ids ([TGS] section on embeddings).
 
     x[b, t] = W_word[tok[b, t]] + W_pos[t] + W_seg[seg[b, t]]
 

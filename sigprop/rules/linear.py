@@ -1,4 +1,4 @@
-"""Linear layer y = x W + b ([TGS] Table 1; theory.md section 2)."""
+"""Linear layer y = x W + b ([TGS] Table 1)."""
 
 from sigprop.rules.base import Rule, positive_int, register, std
 from sigprop.state import Backward, Forward

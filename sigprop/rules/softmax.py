@@ -20,7 +20,7 @@ E[(f_i - sum_k P_k f_k)^2] = (1-rg) g2 (1 - 2 P_i + sum_k P_k^2) for the iid par
            = g2 (1-rg) (E P_1^2 - 2 E P_1^3 + E P_1^4 + (L-1) E P_1^2 P_2^2);
 - grad token correlation: exactly -1/(L-1) (gradient rows sum to 0).
 
-The published forms ([TGS-code], theory.md section 2) are registered as "softmax-approx"
+The published forms ([TGS-code]) are registered as "softmax-approx"
 and "softmax-full" for comparison; both are small-logit-variance approximations and are
 off by ~1.8x at logit std 2.
 """

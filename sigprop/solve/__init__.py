@@ -8,7 +8,7 @@ Library entry points:
   value=1.0, arch=..., init=...)``, ``solve("max-depth", max_ratio=10.0, arch=..., init=...)``;
   returns a :class:`~sigprop.solve.solver.Solution` (or a
   :class:`~sigprop.solve.depth.DepthResult`) with ``.model`` (a
-  :class:`sigprop.model.spec.Model`, contract JSON via ``.model.to_json()``), ``.feasible``
+  :class:`sigprop.model.spec.Model`, model JSON via ``.model.to_json()``), ``.feasible``
   and ``.reason``.
 * :func:`steps` -- the derivation as data: a list of :class:`~sigprop.solve.explain.Step`
   (``.text``, ``.expr`` a sympy expression or equation or None; ``.as_tuple()``), for text or

@@ -1,7 +1,7 @@
 """Numeric side of the solver: the residual branches composed from the registered rules.
 
 A branch is what a sublayer adds to the stream: attention or FFN, then the hidden dropout
-(contract.md: ``b * Dropout_hidden(F(.))``).  At initialisation (zero biases) every branch is
+(docs/formats.md: ``b * Dropout_hidden(F(.))``).  At initialisation (zero biases) every branch is
 homogeneous in its weight stds in a known way:
 
 * attention: output variance and backward gain are both proportional to sigma_v^2 sigma_o^2

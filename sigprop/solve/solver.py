@@ -1,7 +1,7 @@
 """The moment-conserving initialisation, sublayer by sublayer (targets unit-forward,
 unit-variance, logit-var).
 
-Equations (contract semantics; sublayer s with skip scale a = lambda, branch scale b = beta,
+Equations (the specified semantics; sublayer s with skip scale a = lambda, branch scale b = beta,
 norm scale n, stream variance sigma_s^2 entering it):
 
 * forward, Pre-LN  x' = a x + b Drop(F(n LN x)):  sigma_{s+1}^2 = a^2 sigma_s^2 + b^2 V_s;

@@ -1,6 +1,6 @@
 """Multi-head scaled dot-product attention: Monte Carlo component and published sweep.
 
-Forward (contract.md, attention F), per head h with width ``d_head``::
+Forward (docs/formats.md, attention F), per head h with width ``d_head``::
 
     Q = X Wq + bq,  K = X Wk + bk,  V = X Wv + bv          (d -> n_heads * d_head)
     S = Q K^T / sqrt(d_head)  (+ causal mask: key j > query i removed)

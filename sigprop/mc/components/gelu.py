@@ -1,4 +1,4 @@
-"""Exact GeLU x Phi(x): Monte Carlo component and published sweep (theory.md section 7).
+"""Exact GeLU x Phi(x): Monte Carlo component and published sweep.
 
 Forward on NumPy arrays uses :func:`sigprop.backend.numeric.Phi` (erfc approximation,
 fractional error < 1.2e-7; no scipy), on other backends their erf (:meth:`Backend.erf`);

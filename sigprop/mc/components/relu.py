@@ -1,4 +1,4 @@
-"""ReLU max(x, 0): Monte Carlo component and published sweep (theory.md section 7).
+"""ReLU max(x, 0): Monte Carlo component and published sweep.
 
 Sweep design (shared with :mod:`sigprop.mc.components.gelu`).  The published grid has 450
 configurations: input std {0.316, 1, 3.16} x r {0, .2, .4, .6, .8} x rg {0, .2, .4, .6, .8}
