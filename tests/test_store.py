@@ -177,3 +177,20 @@ def test_costly_attention_is_evaluated_directly_unless_widely_shared():
     cheap = [("attention", {**att, "q_std": 0.05, "k_std": 0.05})]
     assert tables.worth_tabulating(cheap, x, tables.BUILD_AFTER)
     assert not tables.worth_tabulating(cheap, x, tables.BUILD_AFTER - 1)
+
+
+def test_predictions_in_one_process_do_not_depend_on_earlier_ones(monkeypatch):
+    """Which layers an interpolation table serves is decided per prediction (a table cache per
+    run): the same model predicted again, or after another model, gives the same bytes.  (With
+    one cache for the whole process, the first DSLM prediction differed from the second by
+    ~1e-8, and LNS's second from its third.)"""
+    monkeypatch.setenv("SIGPROP_CACHE_DIR", "off")
+    import sigprop
+
+    small = dict(layers=24, d_model=64, heads=2, d_ff=128, seq_len=16)
+    for arch in ("dslm", "lns"):
+        runs = [sigprop.predict(arch=arch, **small).to_json() for _ in range(3)]
+        assert runs[0] == runs[1] == runs[2], arch
+    first = sigprop.predict(arch="preln", **small).to_json()
+    sigprop.predict(arch="postln", **small)
+    assert sigprop.predict(arch="preln", **small).to_json() == first

@@ -173,7 +173,6 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
     return math.log(v), Forward(float(y.mean) / math.sqrt(v), 1.0, float(y.corr))
 
 
-_TABLES = TableCache()
 _LAYERNORM = get("layernorm")
 _LN_EPS = next(q.default for q in _LAYERNORM.params if q.name == "eps")
 _RESIDUAL = get("residual")
@@ -406,6 +405,10 @@ class Predictor:
         for kind in ("attention", "ffn"):
             self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
         self.var_ranges = self._var_ranges()
+        # the interpolation tables of this prediction: a cache per run, so that which layers a
+        # table serves never depends on what was predicted before in the same process (built
+        # tables come back from the store, bit for bit)
+        self._tables = TableCache()
         self._chains: dict = {}
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
@@ -672,7 +675,7 @@ class Predictor:
             if not post:
                 ops.insert(0, Op("residual", dict(a=n, b=0.0)))     # norm scale n
             chain = tuple((op.rule, op.params) for op in ops)
-            hit = self._chains[gid] = (chain, _TABLES.handle(chain))
+            hit = self._chains[gid] = (chain, self._tables.handle(chain))
         return hit
 
     def _branch_forward(self, rec: SublayerRecord, chain: tuple, handle, h: Forward,
@@ -691,12 +694,12 @@ class Predictor:
             rule, params = chain[0]
             rest = self._rest_handles.get(id(chain))
             if rest is None:
-                rest = self._rest_handles[id(chain)] = _TABLES.handle(chain[1:])
-            table = _TABLES.get_var(chain[1:], get(rule).fast(h, None, params)[0], *var_range, handle=rest)
+                rest = self._rest_handles[id(chain)] = self._tables.handle(chain[1:])
+            table = self._tables.get_var(chain[1:], get(rule).fast(h, None, params)[0], *var_range, handle=rest)
             if table is not None:
                 table = _Prescaled(table, chain[0])
         else:
-            table = _TABLES.get(chain, h, eager=eager, handle=handle, uses=uses)
+            table = self._tables.get(chain, h, eager=eager, handle=handle, uses=uses)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
             return table.forward_of(rec.chain_x)
@@ -707,7 +710,7 @@ class Predictor:
                 # (no VarTable here: the causal attention rule costs ~40 ms per (corr, var)
                 # point even at seq 16, so a 545-point build took ~20 s, and the position
                 # profile's per-layer rows, evaluated directly, dominate a causal LNS model)
-                t = _TABLES.get(((op.rule, op.params),), h, eager=eager, uses=uses)
+                t = self._tables.get(((op.rule, op.params),), h, eager=eager, uses=uses)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)
