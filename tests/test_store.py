@@ -12,14 +12,7 @@ from sigprop.model.predict import predict
 
 def _fresh_predict(model):
     """Predict with an empty in-memory table cache (so tables come from the store or a build)."""
-    import sigprop.model.predict as pm
-
-    saved = pm._TABLES
-    pm._TABLES = tables.TableCache()
-    try:
-        return predict(model)
-    finally:
-        pm._TABLES = saved
+    return predict(model, tables=tables.TableCache())
 
 
 def _values(points):

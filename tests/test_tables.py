@@ -65,11 +65,10 @@ def _assert_same_trace(with_tables, direct):
 @pytest.mark.parametrize("arch", ["preln", "postln"])
 def test_prediction_with_tables_equals_rule_by_rule(arch, monkeypatch):
     m = resolve(arch, n_layers=16, d_model=256, n_heads=4, d_ff=1024, seq_len=64)
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
-    with_tables = pred_mod.predict(m)
-    assert any(t.ok for ts in pred_mod._TABLES.tables.values() for t in ts)
+    cache = tables.TableCache()
+    with_tables = pred_mod.predict(m, tables=cache)
+    assert any(t.ok for ts in cache.tables.values() for t in ts)
     monkeypatch.setattr(tables, "BUILD_AFTER", 10**9)
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     direct = pred_mod.predict(m)
     _assert_same_trace(with_tables, direct)
 
@@ -79,13 +78,12 @@ def test_layer_dependent_value_weights_share_a_table(monkeypatch):
     (the attention rule is homogeneous in v_std o_std), equal to the rule-by-rule prediction."""
     m = resolve("dslm", n_layers=12, d_model=256, n_heads=4, d_ff=1024, seq_len=64)
     assert len(set(m.attention.std["v"])) > 1
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
-    with_tables = pred_mod.predict(m)
-    att_tables = [t for key, ts in pred_mod._TABLES.tables.items() for t in ts
+    cache = tables.TableCache()
+    with_tables = pred_mod.predict(m, tables=cache)
+    att_tables = [t for key, ts in cache.tables.items() for t in ts
                   if any(name == "attention" for name, _ in key[0])]
     assert len(att_tables) == 1 and att_tables[0].ok
     monkeypatch.setattr(tables, "BUILD_AFTER", 10**9)
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     direct = pred_mod.predict(m)
     _assert_same_trace(with_tables, direct)
 
@@ -159,7 +157,6 @@ def test_var_tables_only_where_they_pay(monkeypatch):
     assert pred_mod.Predictor(resolve("preln", n_layers=12, d_model=64, n_heads=2, d_ff=256, seq_len=16)).var_ranges == {}
     ranges = pred_mod.Predictor(_lns(12)).var_ranges
     assert set(ranges) == set(range(12)) and ranges[0] == pytest.approx((1 / 12 / 2, 1.0), rel=1e-12)
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     records, _ = pred_mod.run(_lns(12, input_var=1e-4, init_std=1e-3))
     assert all(isinstance(r.chain_table, tables._Prescaled) for r in records if r.kind == "attention")
 
@@ -170,14 +167,13 @@ def test_layernorm_scaling_with_var_tables_equals_rule_by_rule(monkeypatch):
     them, equal to the rule-by-rule prediction."""
     monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 16)
     m = _lns(24)
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
     records, grads = pred_mod.run(m)
     assert all(isinstance(r.chain_table, tables._Prescaled) for r in records if r.kind == "attention")
     with_tables = pred_mod._points(m, records, grads)
     monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 10**9)
-    monkeypatch.setattr(pred_mod, "_TABLES", tables.TableCache())
-    direct = pred_mod.predict(m)
-    assert not any(pred_mod._TABLES.var_tables.values())
+    cache = tables.TableCache()
+    direct = pred_mod.predict(m, tables=cache)
+    assert not any(cache.var_tables.values())
     _assert_same_trace(with_tables, direct)
 
 

@@ -390,7 +390,7 @@ def _exp_rel(lv: float, ref: float) -> float:
 class Predictor:
     """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
 
-    def __init__(self, model, stop_at_saturation: bool = False):
+    def __init__(self, model, stop_at_saturation: bool = False, tables: TableCache | None = None):
         self.model = model
         self.stop_at_saturation = stop_at_saturation
         self.saturation: tuple[int, str] | None = None
@@ -408,7 +408,7 @@ class Predictor:
         # the interpolation tables of this prediction: a cache per run, so that which layers a
         # table serves never depends on what was predicted before in the same process (built
         # tables come back from the store, bit for bit)
-        self._tables = TableCache()
+        self._tables = TableCache() if tables is None else tables
         self._chains: dict = {}
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
@@ -1002,22 +1002,22 @@ class Predictor:
         return clipped - log_var
 
 
-def run(model) -> tuple[list[SublayerRecord], list]:
+def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], list]:
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
-    records, grads, _ = _run(model, False)
+    records, grads, _ = _run(model, False, tables)
     return records, grads
 
 
-def _run(model, stop_at_saturation: bool):
+def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
     if model.n_layers > MAX_LAYERS:
         raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
     # (a branch that adds nothing evaluates 0/0 for its correlation, which the rules report as
     # 0: NumPy's warnings about it are silenced)
     with _no_gc(), np.errstate(divide="ignore", invalid="ignore"), progress.task("sigprop: predicting"):
-        pr = Predictor(model, stop_at_saturation)
+        pr = Predictor(model, stop_at_saturation, tables)
         try:
             records = pr.forward()
             return records, pr.backward(records), pr.saturation
@@ -1038,7 +1038,7 @@ class Points(list):
     domain_note: str | None = None
 
 
-def predict(model, stop_at_saturation: bool = False) -> Points:
+def predict(model, stop_at_saturation: bool = False, tables: TableCache | None = None) -> Points:
     """The trace points: the input point, then one per sublayer.
 
     An attention sublayer whose softmax is saturated beyond the attention rule's domain (mean
@@ -1049,7 +1049,7 @@ def predict(model, stop_at_saturation: bool = False) -> Points:
     model's upstream gradient (``model.grad``) at the output of the last predicted
     sublayer, as for the model cut off there."""
     with _no_gc():
-        records, grads, sat = _run(model, stop_at_saturation)
+        records, grads, sat = _run(model, stop_at_saturation, tables)
         pts = Points(_points(model, records, grads))
     if sat is not None:
         pts.saturation_layer, pts.domain_note = sat
