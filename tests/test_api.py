@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _cli import cli
 
 import sigprop
 from sigprop.api import KEYWORDS, flag
@@ -31,21 +32,6 @@ COMMANDS = {"predict": "predict", "check": "check", "solve_init": "solve-init", 
 RENDER_ONLY = {"as_json", "symbolic", "latex", "output"}
 
 
-def cli(capsys, *args):
-    """Run the CLI in-process as the console script does; (exit code, stdout, stderr)."""
-    from sigprop.cli import main
-
-    old = sys.argv
-    sys.argv = ["sigprop", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def flags(**kw) -> list[str]:

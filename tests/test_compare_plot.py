@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from _cli import cli
 
 from sigprop.compare import DEFAULT_ARCHS, compare, parse_archs, row, to_json
 from sigprop.errors import DomainError
@@ -35,21 +36,6 @@ def same_summary(a: dict, b: dict) -> bool:
     return True
 
 
-def cli(capsys, *args):
-    """Run the CLI in-process exactly as the console script does; (exit code, stdout, stderr)."""
-    from sigprop.cli import main
-
-    old = sys.argv
-    sys.argv = ["sigprop", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ---------------------------------------------------------------------------------------

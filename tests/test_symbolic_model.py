@@ -8,6 +8,7 @@ import math
 import sys
 
 import pytest
+from _cli import cli
 
 from sigprop.model import resolve
 from sigprop.model.predict import predict
@@ -72,21 +73,6 @@ def test_pre_ln_hyperbolic_gradient_form_is_labelled_where_it_is_off():
     assert forms["g2(0)/g2(N)"].relative_error < abs(hyp.value / ref - 1)
 
 
-def cli(capsys, *args):
-    """The CLI in-process as the console script runs it: (exit code, stdout, stderr)."""
-    from sigprop.cli import main
-
-    old = sys.argv
-    sys.argv = ["sigprop", *args]
-    try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = old
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_json_symbolic(capsys):

@@ -29,15 +29,16 @@ def plain(text: str) -> str:
     return text.replace("$", "")
 
 
-def _sqrt(s: str) -> str:
+def _balanced(s: str, opener: str, left: str, right: str) -> str:
+    """Every ``opener(..)`` (balanced parentheses, nested ones too) -> ``left..right``."""
     out, i = [], 0
     while True:
-        j = s.find("sqrt(", i)
+        j = s.find(opener + "(", i)
         if j < 0:
             out.append(s[i:])
             return "".join(out)
         out.append(s[i:j])
-        depth, k = 0, j + 4
+        depth, k = 0, j + len(opener)
         while k < len(s):
             if s[k] == "(":
                 depth += 1
@@ -46,30 +47,18 @@ def _sqrt(s: str) -> str:
                 if depth == 0:
                     break
             k += 1
-        out.append(r"\sqrt{" + _sqrt(s[j + 5:k]) + "}")
+        out.append(left + _balanced(s[j + len(opener) + 1:k], opener, left, right) + right)
         i = k + 1
+
+
+def _sqrt(s: str) -> str:
+    """``sqrt(..)`` -> ``\\sqrt{..}``."""
+    return _balanced(s, "sqrt", r"\sqrt{", "}")
 
 
 def _sup(s: str) -> str:
     """``^(..)`` -> ``^{..}`` (balanced parentheses)."""
-    out, i = [], 0
-    while True:
-        j = s.find("^(", i)
-        if j < 0:
-            out.append(s[i:])
-            return "".join(out)
-        out.append(s[i:j])
-        depth, k = 0, j + 1
-        while k < len(s):
-            if s[k] == "(":
-                depth += 1
-            elif s[k] == ")":
-                depth -= 1
-                if depth == 0:
-                    break
-            k += 1
-        out.append("^{" + _sup(s[j + 2:k]) + "}")
-        i = k + 1
+    return _balanced(s, "^", "^{", "}")
 
 
 def math(s: str) -> str:
