@@ -4,18 +4,13 @@ logit variance against depth, one line per architecture; --check adds Monte Carl
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 
 import typer
 
 from sigprop.cli._app import app
+from sigprop.cli._choices import DType
 from sigprop.cli._model_options import build_models, model_options
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    float64 = "float64"
 
 
 @app.command("plot")
