@@ -511,11 +511,10 @@ def solve_init(**options) -> SolveResult:
     from sigprop.model.options import solve_options
 
     opts = _options(_S, None, options)
-    arch, init, merged = solve_options({k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL})
     target = opts["target"]
-    if target != "max-depth" and merged.get("n_layers") is None:
-        merged["n_layers"] = DEFAULT_LAYERS[_S]
-    sol = solve(target, arch=arch or "preln", init=init,
+    arch, init, merged = solve_options({k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL}, target,
+                                       DEFAULT_LAYERS[_S])
+    sol = solve(target, arch=arch, init=init,
                 **{KEYWORDS[k].name: opts.get(k) for k in ("logit_var", "value", "max_grad_ratio", "max_layers",
                                                             "tol", "verify", "strict")},
                 **merged)

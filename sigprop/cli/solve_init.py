@@ -14,10 +14,6 @@ from sigprop.cli._app import app
 from sigprop.cli._model_options import model_options, solve_options
 
 
-#: layers when --layers is not given (as in `sigprop predict`); max-depth searches N instead
-DEFAULT_LAYERS = 24
-
-
 class Target(str, Enum):
     unit_variance = "unit-variance"
     unit_forward = "unit-forward"
@@ -65,13 +61,11 @@ def solve_init_cmd(
     from sigprop.errors import DomainError
     from sigprop.solve import solve
 
-    arch, init, opts = solve_options(model_opts)
+    t = target.value
+    arch, init, opts = solve_options(model_opts, t)
     if latex and not explain:
         raise DomainError("--latex goes with --explain")
-    t = target.value
-    if t != "max-depth" and opts.get("n_layers") is None:
-        opts["n_layers"] = DEFAULT_LAYERS
-    sol = solve(t, arch=arch or "preln", init=init, logit_var=logit_var, value=value, max_ratio=max_grad_ratio,
+    sol = solve(t, arch=arch, init=init, logit_var=logit_var, value=value, max_ratio=max_grad_ratio,
                 n_max=max_layers, tol=tol, verify=verify, strict=strict, **opts)
     steps = None
     if explain:
