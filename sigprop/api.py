@@ -37,6 +37,7 @@ import os
 from typing import NamedTuple
 
 from sigprop.errors import DomainError, SigpropError
+from sigprop.solve import TARGETS  # (imports no sympy)
 
 
 class UnknownOption(SigpropError, TypeError):
@@ -110,8 +111,7 @@ KEYWORDS: dict[str, Keyword] = {
     "dask": Keyword("dask", (_C,), None, str),
     "workers": Keyword("workers", (_C,), None, int),
     # solve_init (arguments of sigprop.solve.solve)
-    "target": Keyword("target", (_S,), "unit-variance", str,
-                      choices=("unit-variance", "unit-forward", "logit-var", "max-depth")),
+    "target": Keyword("target", (_S,), "unit-variance", str, choices=TARGETS),
     "value": Keyword("value", (_S,), None, float),
     "logit_var": Keyword("logit_var", (_S,), None, float),
     "max_grad_ratio": Keyword("max_ratio", (_S,), None, float),

@@ -12,13 +12,11 @@ import typer
 
 from sigprop.cli._app import app
 from sigprop.cli._model_options import model_options, solve_options
+from sigprop.solve import TARGETS
 
 
-class Target(str, Enum):
-    unit_variance = "unit-variance"
-    unit_forward = "unit-forward"
-    logit_var = "logit-var"
-    max_depth = "max-depth"
+#: the targets of :func:`sigprop.solve.solve` (unit-variance, ...), as choices of --target
+Target = Enum("Target", {t.replace("-", "_"): t for t in TARGETS}, type=str)
 
 
 @app.command("solve-init")
