@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
@@ -168,7 +167,3 @@ class _progress:
         if self.enabled:
             self.p.__exit__(*exc)
         return False
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, default=float)
