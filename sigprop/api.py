@@ -37,6 +37,7 @@ import os
 from typing import NamedTuple
 
 from sigprop.errors import DomainError, SigpropError
+from sigprop.solve import TARGETS  # (imports no sympy)
 
 
 class UnknownOption(SigpropError, TypeError):
@@ -110,8 +111,7 @@ KEYWORDS: dict[str, Keyword] = {
     "dask": Keyword("dask", (_C,), None, str),
     "workers": Keyword("workers", (_C,), None, int),
     # solve_init (arguments of sigprop.solve.solve)
-    "target": Keyword("target", (_S,), "unit-variance", str,
-                      choices=("unit-variance", "unit-forward", "logit-var", "max-depth")),
+    "target": Keyword("target", (_S,), "unit-variance", str, choices=TARGETS),
     "value": Keyword("value", (_S,), None, float),
     "logit_var": Keyword("logit_var", (_S,), None, float),
     "max_grad_ratio": Keyword("max_ratio", (_S,), None, float),
@@ -511,11 +511,10 @@ def solve_init(**options) -> SolveResult:
     from sigprop.model.options import solve_options
 
     opts = _options(_S, None, options)
-    arch, init, merged = solve_options({k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL})
     target = opts["target"]
-    if target != "max-depth" and merged.get("n_layers") is None:
-        merged["n_layers"] = DEFAULT_LAYERS[_S]
-    sol = solve(target, arch=arch or "preln", init=init,
+    arch, init, merged = solve_options({k: v for k, v in opts.items() if KEYWORDS[k].takes is _MODEL}, target,
+                                       DEFAULT_LAYERS[_S])
+    sol = solve(target, arch=arch, init=init,
                 **{KEYWORDS[k].name: opts.get(k) for k in ("logit_var", "value", "max_grad_ratio", "max_layers",
                                                             "tol", "verify", "strict")},
                 **merged)

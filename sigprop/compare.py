@@ -75,12 +75,12 @@ def parse_archs(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def row(model, points=None) -> Row:
-    """The row of one model (``points``: a prediction already made, else predict now)."""
+def row(model) -> Row:
+    """The row of one model (its prediction, stopped where a softmax saturates)."""
     from sigprop.model.predict import predict
     from sigprop.model.trace import summary
 
-    pts = predict(model, stop_at_saturation=True) if points is None else points
+    pts = predict(model, stop_at_saturation=True)
     return Row(model.arch, model, pts, summary(pts))
 
 
@@ -89,12 +89,11 @@ def compare(models) -> list[Row]:
     return [row(m) for m in models]
 
 
-def model_title(model, tex: bool = True) -> str:
-    """One line naming the shared model options (mathtext for the figure, plain otherwise)."""
+def model_title(model) -> str:
+    """One line naming the shared model options (mathtext, for the figure's title)."""
     m, d = model, model.dropout
-    dm, dff, L = ("$d$", "$d_{ff}$", "$L$") if tex else ("d_model", "d_ff", "seq")
-    return (f"{m.n_layers} layers, {dm} = {m.d_model}, {m.n_heads} heads × {m.d_head}, {dff} = {m.d_ff}, "
-            f"{L} = {m.seq_len}, {m.activation}, dropout {d.attention:g}/{d.hidden:g}/{d.ffn_inner:g}"
+    return (f"{m.n_layers} layers, $d$ = {m.d_model}, {m.n_heads} heads × {m.d_head}, $d_{{ff}}$ = {m.d_ff}, "
+            f"$L$ = {m.seq_len}, {m.activation}, dropout {d.attention:g}/{d.hidden:g}/{d.ffn_inner:g}"
             + (", causal" if m.causal else ""))
 
 

@@ -148,6 +148,22 @@ def measured_series(meas, points, every: int) -> dict:
     }
 
 
+def measure(rows, batch: int, trials: int, seed: int, dtype):
+    """Yield ``(row, measurement)`` per row, simulating each in turn: a prediction that stops
+    before a saturated softmax is that of the model cut off there (the upstream gradient
+    given at its top), so that model is simulated; None for a row whose prediction is the
+    input point alone."""
+    from sigprop.mc.model import simulate
+
+    for r in rows:
+        sat = r.saturation_layer
+        if sat == 1:
+            yield r, None
+            continue
+        yield r, simulate(r.model if sat is None else r.model.truncated(sat - 1), batch=batch, trials=trials,
+                          seed=seed, dtype=dtype)
+
+
 def figure_data(rows, measurements=None, mark_every: int | None = None, title: str | None = None) -> FigureData:
     """Arrays for the figure.  ``rows``: :class:`sigprop.compare.Row` (or anything with
     ``arch``, ``label``, ``model``, ``points``); ``measurements``: None or a list parallel to

@@ -3,41 +3,13 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
 
 import typer
 
 from sigprop.cli._app import app
+from sigprop.cli._choices import (
+    BACKEND_HELP, DASK_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, DType, Stream)
 from sigprop.cli._model_options import build_model, model_options
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    float64 = "float64"
-
-
-class ArrayBackend(str, Enum):
-    numpy = "numpy"
-    torch = "torch"
-    cupy = "cupy"
-
-
-class Device(str, Enum):
-    cpu = "cpu"
-    cuda = "cuda"
-
-
-class Stream(str, Enum):
-    host = "host"
-    device = "device"
-
-
-BACKEND_HELP = "Array library of the simulation (torch and cupy when installed)."
-DEVICE_HELP = "Device of the simulation's arrays (cuda: torch or cupy)."
-RNG_HELP = ("Random numbers: host = NumPy's generator, moved to the device (the same numbers on every backend); "
-            "device = the backend's own generator (faster on a GPU, another stream).")
-DASK_HELP = "Run the independent trials on a Dask cluster: a scheduler address (tcp://host:8786) or 'local'."
-WORKERS_HELP = "With --dask local (implied when given alone): worker processes of the local cluster."
 
 
 @app.command("check")

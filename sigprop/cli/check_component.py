@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from enum import Enum
 from typing import Optional
 
 import typer
 
 from sigprop.cli._app import app, renamed
-from sigprop.cli.check import BACKEND_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, Stream
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    float64 = "float64"
+from sigprop.cli._choices import BACKEND_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, DType, Stream
 
 
 def _parse_params(items: list[str]) -> dict:
@@ -174,7 +167,3 @@ class _progress:
         if self.enabled:
             self.p.__exit__(*exc)
         return False
-
-
-def dumps(obj) -> str:
-    return json.dumps(obj, indent=2, default=float)

@@ -68,10 +68,8 @@ def latex_cmd(
             raise export.ExportUnavailable(export.SOLVE_UNAVAILABLE)
         from sigprop.solve import solve
 
-        arch, init, opts = solve_options(model_opts)
-        if target != "max-depth" and opts.get("n_layers") is None:
-            opts["n_layers"] = 24
-        sol = solve(target, arch=arch or "preln", init=init, logit_var=logit_var, value=value,
+        arch, init, opts = solve_options(model_opts, target)
+        sol = solve(target, arch=arch, init=init, logit_var=logit_var, value=value,
                     max_ratio=max_grad_ratio, strict=strict, **opts)
         text = export.solve_latex(sol, fragment_only=fragment)
     if output is None:

@@ -4,18 +4,13 @@ logit variance against depth, one line per architecture; --check adds Monte Carl
 from __future__ import annotations
 
 import sys
-from enum import Enum
 from pathlib import Path
 
 import typer
 
 from sigprop.cli._app import app
+from sigprop.cli._choices import DType
 from sigprop.cli._model_options import build_models, model_options
-
-
-class DType(str, Enum):
-    float32 = "float32"
-    float64 = "float64"
 
 
 @app.command("plot")
@@ -47,20 +42,14 @@ def plot_cmd(
     if check:
         import numpy as np
 
-        from sigprop.mc.model import simulate
         from sigprop.model.checking import compare as check_points
 
         measurements = []
-        for r in rows:
-            sat = r.saturation_layer
-            if sat == 1:                 # the prediction is the input point alone
-                measurements.append(None)
-                continue
-            # a prediction that stops before a saturated softmax is that of the model cut off
-            # there (the upstream gradient given at its top): simulate that model
-            meas = simulate(r.model if sat is None else r.model.truncated(sat - 1), batch=batch, trials=trials,
-                            seed=seed, dtype=np.float32 if dtype is DType.float32 else np.float64)
+        for r, meas in plot.measure(rows, batch=batch, trials=trials, seed=seed,
+                                    dtype=np.float32 if dtype is DType.float32 else np.float64):
             measurements.append(meas)
+            if meas is None:
+                continue
             res = check_points(r.points, meas)
             e = res.errors
             sys.stderr.write(f"{r.arch}: Monte Carlo {meas.simulate_s:.1f} s; median error: forward var "

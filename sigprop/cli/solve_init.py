@@ -12,17 +12,11 @@ import typer
 
 from sigprop.cli._app import app
 from sigprop.cli._model_options import model_options, solve_options
+from sigprop.solve import TARGETS
 
 
-#: layers when --layers is not given (as in `sigprop predict`); max-depth searches N instead
-DEFAULT_LAYERS = 24
-
-
-class Target(str, Enum):
-    unit_variance = "unit-variance"
-    unit_forward = "unit-forward"
-    logit_var = "logit-var"
-    max_depth = "max-depth"
+#: the targets of :func:`sigprop.solve.solve` (unit-variance, ...), as choices of --target
+Target = Enum("Target", {t.replace("-", "_"): t for t in TARGETS}, type=str)
 
 
 @app.command("solve-init")
@@ -65,13 +59,11 @@ def solve_init_cmd(
     from sigprop.errors import DomainError
     from sigprop.solve import solve
 
-    arch, init, opts = solve_options(model_opts)
+    t = target.value
+    arch, init, opts = solve_options(model_opts, t)
     if latex and not explain:
         raise DomainError("--latex goes with --explain")
-    t = target.value
-    if t != "max-depth" and opts.get("n_layers") is None:
-        opts["n_layers"] = DEFAULT_LAYERS
-    sol = solve(t, arch=arch or "preln", init=init, logit_var=logit_var, value=value, max_ratio=max_grad_ratio,
+    sol = solve(t, arch=arch, init=init, logit_var=logit_var, value=value, max_ratio=max_grad_ratio,
                 n_max=max_layers, tol=tol, verify=verify, strict=strict, **opts)
     steps = None
     if explain:

@@ -71,9 +71,12 @@ def build_models(opts: dict, default_layers: int | None = None, default_archs=No
     return [build_model({**opts, "arch": a}, default_layers) for a in archs]
 
 
-def solve_options(model_opts: dict) -> tuple[str | None, str | None, dict]:
+def solve_options(model_opts: dict, target: str | None = None,
+                  default_layers: int = 24) -> tuple[str, str | None, dict]:
     """(arch, init, resolve() options) from the model flags and --config (flags win): for
-    commands that build the model themselves (solve-init, export --what solve)."""
+    commands that build the model themselves (solve-init, export --what solve, the API's
+    solve_init).  arch defaults to preln; n_layers to ``default_layers`` unless ``target`` is
+    max-depth (which searches it)."""
     from sigprop.errors import DomainError
     from sigprop.model.presets import canonical_name
 
@@ -86,4 +89,6 @@ def solve_options(model_opts: dict) -> tuple[str | None, str | None, dict]:
         merged.update(_load_config(config))
     for k, v in opts.items():
         merged[canonical_name(k) or k] = v
-    return merged.pop("arch", None), merged.pop("init", None), merged
+    if target != "max-depth" and merged.get("n_layers") is None:
+        merged["n_layers"] = default_layers
+    return merged.pop("arch", None) or "preln", merged.pop("init", None), merged
