@@ -262,17 +262,13 @@ def check(name: str, params: dict, x: Forward, g: Backward, *, trials: int = 8, 
     from sigprop import rules as R
     from sigprop.mc import components as C
     from sigprop.mc.sweep import errors
+    from sigprop.model.checking import tolerances
 
     comp = C.get(name)
     if not (backend is None or backend.is_numpy or comp.array_api):
         raise DomainError(f"component {name} runs on the numpy backend only")
     rule = R.get(comp.rule)
-    t = {**DEFAULT_TOL, **(tol or {})}
-    for k, v in t.items():
-        if k not in DEFAULT_TOL:
-            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(DEFAULT_TOL)}")
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise DomainError(f"tolerance {k} must be a finite number >= 0, got {v!r}")
+    t = tolerances(tol, DEFAULT_TOL)
     rule_params, sim = resolve_params(comp, rule, params, batch, dtype)
     px, pg = rule.evaluate(x, g, **rule_params)
     meas = measure(comp, sim, x, g, runs=trials, batch=batch, seed=seed, dtype=dtype, backend=backend,

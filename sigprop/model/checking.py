@@ -59,12 +59,13 @@ def r2_log(pred: list[float], meas: list[float]) -> float | None:
     return float(1 - np.sum((m - p) ** 2) / ss) if ss > 0 else None
 
 
-def tolerances(tol: dict | None = None) -> dict:
-    """The defaults updated with ``tol``, each checked to be a finite number >= 0."""
-    tol = {**DEFAULT_TOL, **(tol or {})}
+def tolerances(tol: dict | None = None, defaults: dict = DEFAULT_TOL) -> dict:
+    """``defaults`` (the whole-model ones unless given) updated with ``tol``, each checked to
+    be a finite number >= 0."""
+    tol = {**defaults, **(tol or {})}
     for k, v in tol.items():
-        if k not in DEFAULT_TOL:
-            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(DEFAULT_TOL)}")
+        if k not in defaults:
+            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(defaults)}")
         if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise DomainError(f"tolerance {k} must be a finite number >= 0, got {v!r}")
     return tol
