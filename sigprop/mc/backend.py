@@ -102,8 +102,6 @@ class Backend:
 
     def tri(self, n: int):
         """Boolean lower triangle (diagonal included), n x n: the causal keep-mask."""
-        if self.is_numpy:
-            return np.tri(n, dtype=bool)
         return self.xp.tril(self.xp.ones((n, n), dtype=self.xp.bool, device=self.device))
 
     # --- primitives --------------------------------------------------------------------------
@@ -138,9 +136,7 @@ class Backend:
 
     def mul(self, x, mask):
         """x * mask as a new array (mask boolean or of x's dtype)."""
-        if self.is_numpy:
-            return np.multiply(x, mask)
-        if self.name in ("torch", "cupy"):
+        if self.name in ("numpy", "torch", "cupy"):
             return x * mask
         if mask.dtype == self.xp.bool:
             mask = self.xp.astype(mask, x.dtype)
