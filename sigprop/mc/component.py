@@ -105,14 +105,21 @@ class Measurement:
     extra: dict = field(default_factory=dict)
 
 
+def _backend_for(component: Component, backend: Backend | None) -> Backend:
+    """``backend`` (default NumPy), refused with DomainError where ``component`` has no
+    array-API simulation."""
+    bk = backend or numpy_backend()
+    if not (bk.is_numpy or component.array_api):
+        raise DomainError(f"component {component.name} runs on the numpy backend only")
+    return bk
+
+
 def measure(component: Component, params: dict, x: Forward, g: Backward, *, runs: int = 8,
             batch: int = 8, seed: int = 0, dtype=np.float32, backend: Backend | None = None,
             stream: str = "host") -> Measurement:
     """``backend``: where the arrays live (default NumPy); ``stream``: the random stream
     (:class:`sigprop.mc.backend.Rng`: 'host', the same numbers on every backend, or 'device')."""
-    bk = backend or numpy_backend()
-    if not (bk.is_numpy or component.array_api):
-        raise DomainError(f"component {component.name} runs on the numpy backend only")
+    bk = _backend_for(component, backend)
     rng = Rng(seed, bk, stream)
     L, din, dout = component.dims(params)
     xs, gs = [], []
@@ -265,8 +272,7 @@ def check(name: str, params: dict, x: Forward, g: Backward, *, trials: int = 8, 
     from sigprop.model.checking import tolerances
 
     comp = C.get(name)
-    if not (backend is None or backend.is_numpy or comp.array_api):
-        raise DomainError(f"component {name} runs on the numpy backend only")
+    _backend_for(comp, backend)
     rule = R.get(comp.rule)
     t = tolerances(tol, DEFAULT_TOL)
     rule_params, sim = resolve_params(comp, rule, params, batch, dtype)
