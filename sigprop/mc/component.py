@@ -238,6 +238,8 @@ def check_memory(component: Component, sim: dict, batch: int, dtype) -> None:
 def judge(px: Forward, pg: Backward, meas: Measurement, tol: dict | None = None) -> tuple[dict, bool]:
     """Per moment: is the prediction within tolerance of the measurement?  ``tol``: see
     :data:`DEFAULT_TOL`.  Returns ({moment: bool}, all of them)."""
+    from sigprop.model.checking import within
+
     t = {**DEFAULT_TOL, **(tol or {})}
     pred = {"x_mean": px.mean, "x_var": px.var, "x_corr": px.corr, "g_var": pg.var, "g_corr": pg.corr}
     mx, mg = meas.x, meas.g
@@ -246,15 +248,13 @@ def judge(px: Forward, pg: Backward, meas: Measurement, tol: dict | None = None)
     out = {}
     for k in MOMENTS:
         p, m, s = float(pred[k]), float(got[k]), float(se[k])
-        if k == "x_var":
-            allowed = t["var"] * abs(m)
-        elif k == "g_var":
-            allowed = t["grad"] * abs(m)
+        if k in ("x_var", "g_var"):
+            tk, absolute = t["var" if k == "x_var" else "grad"], False
         elif k == "x_mean":
-            allowed = t["var"] * math.sqrt(abs(float(px.var)))
+            tk, absolute = t["var"] * math.sqrt(abs(float(px.var))), True
         else:
-            allowed = t["corr"]
-        out[k] = bool(abs(p - m) <= max(allowed, t["z"] * s if math.isfinite(s) else 0.0))
+            tk, absolute = t["corr"], True
+        out[k] = bool(within(p, m, s, tk, t["z"], absolute))
     return out, all(out.values())
 
 

@@ -34,7 +34,9 @@ class CheckResult:
     failed_points: list[bool] = None   # per point: is any of its moments outside tolerance
 
 
-def _ok(pred, meas, se, tol, z, absolute=False):
+def within(pred, meas, se, tol, z, absolute=False):
+    """|pred - meas| <= max(tolerance, z x se): ``tol`` absolute, or relative to ``meas``;
+    ``se`` counts only where finite."""
     allowed = tol if absolute else tol * abs(meas)
     if se is not None and math.isfinite(se):
         allowed = max(allowed, z * se)
@@ -102,7 +104,7 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         for name, pr, me, se, t, absolute, key in checks:
             err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else (0.0 if pr == me else math.inf)
             e[key].append(err)
-            if not _ok(pr, me, se, t, tol["z"], absolute):
+            if not within(pr, me, se, t, tol["z"], absolute):
                 fails.append(f"layer {p.layer} {p.sublayer}: {name} predicted {pr:.5g}, measured {me:.5g} ± {se:.2g}")
         failed.append(len(fails) > n_fails)
         pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
