@@ -142,6 +142,15 @@ def measure(component: Component, params: dict, x: Forward, g: Backward, *, runs
 
 MOMENTS = ("x_mean", "x_var", "x_corr", "g_var", "g_corr")
 
+
+def moments_of(x, g, se: bool = False) -> dict:
+    """{moment: float} of :data:`MOMENTS` from a forward and a backward state (or measured
+    :class:`~sigprop.mc.stats.Moments`); ``se``: their standard errors instead."""
+    sfx = "_se" if se else ""
+    return {"x_mean": float(getattr(x, "mean" + sfx)), "x_var": float(getattr(x, "var" + sfx)),
+            "x_corr": float(getattr(x, "corr" + sfx)), "g_var": float(getattr(g, "var" + sfx)),
+            "g_corr": float(getattr(g, "corr" + sfx))}
+
 #: default tolerances of :func:`check`: relative for the mean (in predicted standard
 #: deviations) and the forward variance (``var``), and for the gradient variance (``grad``);
 #: absolute for the correlations; ``z``: also pass within z standard errors
@@ -241,13 +250,10 @@ def judge(px: Forward, pg: Backward, meas: Measurement, tol: dict | None = None)
     from sigprop.model.checking import within
 
     t = {**DEFAULT_TOL, **(tol or {})}
-    pred = {"x_mean": px.mean, "x_var": px.var, "x_corr": px.corr, "g_var": pg.var, "g_corr": pg.corr}
-    mx, mg = meas.x, meas.g
-    got = {"x_mean": mx.mean, "x_var": mx.var, "x_corr": mx.corr, "g_var": mg.var, "g_corr": mg.corr}
-    se = {"x_mean": mx.mean_se, "x_var": mx.var_se, "x_corr": mx.corr_se, "g_var": mg.var_se, "g_corr": mg.corr_se}
+    pred, got, se = moments_of(px, pg), moments_of(meas.x, meas.g), moments_of(meas.x, meas.g, se=True)
     out = {}
     for k in MOMENTS:
-        p, m, s = float(pred[k]), float(got[k]), float(se[k])
+        p, m, s = pred[k], got[k], se[k]
         if k in ("x_var", "g_var"):
             tk, absolute = t["var" if k == "x_var" else "grad"], False
         elif k == "x_mean":
@@ -280,14 +286,8 @@ def check(name: str, params: dict, x: Forward, g: Backward, *, trials: int = 8, 
     meas = measure(comp, sim, x, g, runs=trials, batch=batch, seed=seed, dtype=dtype, backend=backend,
                    stream=stream)
     by_moment, ok = judge(px, pg, meas, t)
-    mx, mg = meas.x, meas.g
     return ComponentCheck(
         component=name, params=sim, seed=seed, dtype=np.dtype(dtype).name, trials=meas.runs, batch=meas.batch,
-        predicted={"x_mean": float(px.mean), "x_var": float(px.var), "x_corr": float(px.corr),
-                   "g_var": float(pg.var), "g_corr": float(pg.corr)},
-        measured={"x_mean": float(mx.mean), "x_var": float(mx.var), "x_corr": float(mx.corr),
-                  "g_var": float(mg.var), "g_corr": float(mg.corr)},
-        se={"x_mean": float(mx.mean_se), "x_var": float(mx.var_se), "x_corr": float(mx.corr_se),
-            "g_var": float(mg.var_se), "g_corr": float(mg.corr_se)},
+        predicted=moments_of(px, pg), measured=moments_of(meas.x, meas.g), se=moments_of(meas.x, meas.g, se=True),
         errors={k: float(v) for k, v in errors(px, pg, meas).items()},
         tolerance=t, passed_by_moment=by_moment, passed=ok, seconds=meas.seconds)
