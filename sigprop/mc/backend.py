@@ -130,9 +130,7 @@ class Backend:
             return x
         if self.name == "torch":
             return x.mul_(mask)
-        if mask.dtype == self.xp.bool:
-            mask = self.xp.astype(mask, x.dtype)
-        return x * mask
+        return self.mul(x, mask)
 
     def mul(self, x, mask):
         """x * mask as a new array (mask boolean or of x's dtype)."""
