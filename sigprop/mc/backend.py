@@ -115,12 +115,10 @@ class Backend:
         return out
 
     def exp_(self, x):
-        if self.is_numpy:
-            return np.exp(x, out=x)
+        if self.name in ("numpy", "cupy"):
+            return self.native.exp(x, out=x)
         if self.name == "torch":
             return x.exp_()
-        if self.name == "cupy":
-            return self.native.exp(x, out=x)
         return self.xp.exp(x)
 
     def mul_(self, x, mask):
