@@ -113,7 +113,6 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
                        failed)
 
 
-
 def require_complete(points) -> None:
     """Refuse a prediction that stopped early (a softmax saturated beyond the rules' domain):
     a check compares complete predictions only."""
