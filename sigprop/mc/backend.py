@@ -102,8 +102,6 @@ class Backend:
 
     def tri(self, n: int):
         """Boolean lower triangle (diagonal included), n x n: the causal keep-mask."""
-        if self.is_numpy:
-            return np.tri(n, dtype=bool)
         return self.xp.tril(self.xp.ones((n, n), dtype=self.xp.bool, device=self.device))
 
     # --- primitives --------------------------------------------------------------------------
@@ -117,12 +115,10 @@ class Backend:
         return out
 
     def exp_(self, x):
-        if self.is_numpy:
-            return np.exp(x, out=x)
+        if self.name in ("numpy", "cupy"):
+            return self.native.exp(x, out=x)
         if self.name == "torch":
             return x.exp_()
-        if self.name == "cupy":
-            return self.native.exp(x, out=x)
         return self.xp.exp(x)
 
     def mul_(self, x, mask):
@@ -132,15 +128,11 @@ class Backend:
             return x
         if self.name == "torch":
             return x.mul_(mask)
-        if mask.dtype == self.xp.bool:
-            mask = self.xp.astype(mask, x.dtype)
-        return x * mask
+        return self.mul(x, mask)
 
     def mul(self, x, mask):
         """x * mask as a new array (mask boolean or of x's dtype)."""
-        if self.is_numpy:
-            return np.multiply(x, mask)
-        if self.name in ("torch", "cupy"):
+        if self.name in ("numpy", "torch", "cupy"):
             return x * mask
         if mask.dtype == self.xp.bool:
             mask = self.xp.astype(mask, x.dtype)

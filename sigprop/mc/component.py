@@ -105,14 +105,21 @@ class Measurement:
     extra: dict = field(default_factory=dict)
 
 
+def _backend_for(component: Component, backend: Backend | None) -> Backend:
+    """``backend`` (default NumPy), refused with DomainError where ``component`` has no
+    array-API simulation."""
+    bk = backend or numpy_backend()
+    if not (bk.is_numpy or component.array_api):
+        raise DomainError(f"component {component.name} runs on the numpy backend only")
+    return bk
+
+
 def measure(component: Component, params: dict, x: Forward, g: Backward, *, runs: int = 8,
             batch: int = 8, seed: int = 0, dtype=np.float32, backend: Backend | None = None,
             stream: str = "host") -> Measurement:
     """``backend``: where the arrays live (default NumPy); ``stream``: the random stream
     (:class:`sigprop.mc.backend.Rng`: 'host', the same numbers on every backend, or 'device')."""
-    bk = backend or numpy_backend()
-    if not (bk.is_numpy or component.array_api):
-        raise DomainError(f"component {component.name} runs on the numpy backend only")
+    bk = _backend_for(component, backend)
     rng = Rng(seed, bk, stream)
     L, din, dout = component.dims(params)
     xs, gs = [], []
@@ -134,6 +141,15 @@ def measure(component: Component, params: dict, x: Forward, g: Backward, *, runs
 # ---------------------------------------------------------------------------------------
 
 MOMENTS = ("x_mean", "x_var", "x_corr", "g_var", "g_corr")
+
+
+def moments_of(x, g, se: bool = False) -> dict:
+    """{moment: float} of :data:`MOMENTS` from a forward and a backward state (or measured
+    :class:`~sigprop.mc.stats.Moments`); ``se``: their standard errors instead."""
+    sfx = "_se" if se else ""
+    return {"x_mean": float(getattr(x, "mean" + sfx)), "x_var": float(getattr(x, "var" + sfx)),
+            "x_corr": float(getattr(x, "corr" + sfx)), "g_var": float(getattr(g, "var" + sfx)),
+            "g_corr": float(getattr(g, "corr" + sfx))}
 
 #: default tolerances of :func:`check`: relative for the mean (in predicted standard
 #: deviations) and the forward variance (``var``), and for the gradient variance (``grad``);
@@ -231,23 +247,20 @@ def check_memory(component: Component, sim: dict, batch: int, dtype) -> None:
 def judge(px: Forward, pg: Backward, meas: Measurement, tol: dict | None = None) -> tuple[dict, bool]:
     """Per moment: is the prediction within tolerance of the measurement?  ``tol``: see
     :data:`DEFAULT_TOL`.  Returns ({moment: bool}, all of them)."""
+    from sigprop.model.checking import within
+
     t = {**DEFAULT_TOL, **(tol or {})}
-    pred = {"x_mean": px.mean, "x_var": px.var, "x_corr": px.corr, "g_var": pg.var, "g_corr": pg.corr}
-    mx, mg = meas.x, meas.g
-    got = {"x_mean": mx.mean, "x_var": mx.var, "x_corr": mx.corr, "g_var": mg.var, "g_corr": mg.corr}
-    se = {"x_mean": mx.mean_se, "x_var": mx.var_se, "x_corr": mx.corr_se, "g_var": mg.var_se, "g_corr": mg.corr_se}
+    pred, got, se = moments_of(px, pg), moments_of(meas.x, meas.g), moments_of(meas.x, meas.g, se=True)
     out = {}
     for k in MOMENTS:
-        p, m, s = float(pred[k]), float(got[k]), float(se[k])
-        if k == "x_var":
-            allowed = t["var"] * abs(m)
-        elif k == "g_var":
-            allowed = t["grad"] * abs(m)
+        p, m, s = pred[k], got[k], se[k]
+        if k in ("x_var", "g_var"):
+            tk, absolute = t["var" if k == "x_var" else "grad"], False
         elif k == "x_mean":
-            allowed = t["var"] * math.sqrt(abs(float(px.var)))
+            tk, absolute = t["var"] * math.sqrt(abs(float(px.var))), True
         else:
-            allowed = t["corr"]
-        out[k] = bool(abs(p - m) <= max(allowed, t["z"] * s if math.isfinite(s) else 0.0))
+            tk, absolute = t["corr"], True
+        out[k] = bool(within(p, m, s, tk, t["z"], absolute))
     return out, all(out.values())
 
 
@@ -262,30 +275,19 @@ def check(name: str, params: dict, x: Forward, g: Backward, *, trials: int = 8, 
     from sigprop import rules as R
     from sigprop.mc import components as C
     from sigprop.mc.sweep import errors
+    from sigprop.model.checking import tolerances
 
     comp = C.get(name)
-    if not (backend is None or backend.is_numpy or comp.array_api):
-        raise DomainError(f"component {name} runs on the numpy backend only")
+    _backend_for(comp, backend)
     rule = R.get(comp.rule)
-    t = {**DEFAULT_TOL, **(tol or {})}
-    for k, v in t.items():
-        if k not in DEFAULT_TOL:
-            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(DEFAULT_TOL)}")
-        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-            raise DomainError(f"tolerance {k} must be a finite number >= 0, got {v!r}")
+    t = tolerances(tol, DEFAULT_TOL)
     rule_params, sim = resolve_params(comp, rule, params, batch, dtype)
     px, pg = rule.evaluate(x, g, **rule_params)
     meas = measure(comp, sim, x, g, runs=trials, batch=batch, seed=seed, dtype=dtype, backend=backend,
                    stream=stream)
     by_moment, ok = judge(px, pg, meas, t)
-    mx, mg = meas.x, meas.g
     return ComponentCheck(
         component=name, params=sim, seed=seed, dtype=np.dtype(dtype).name, trials=meas.runs, batch=meas.batch,
-        predicted={"x_mean": float(px.mean), "x_var": float(px.var), "x_corr": float(px.corr),
-                   "g_var": float(pg.var), "g_corr": float(pg.corr)},
-        measured={"x_mean": float(mx.mean), "x_var": float(mx.var), "x_corr": float(mx.corr),
-                  "g_var": float(mg.var), "g_corr": float(mg.corr)},
-        se={"x_mean": float(mx.mean_se), "x_var": float(mx.var_se), "x_corr": float(mx.corr_se),
-            "g_var": float(mg.var_se), "g_corr": float(mg.corr_se)},
+        predicted=moments_of(px, pg), measured=moments_of(meas.x, meas.g), se=moments_of(meas.x, meas.g, se=True),
         errors={k: float(v) for k, v in errors(px, pg, meas).items()},
         tolerance=t, passed_by_moment=by_moment, passed=ok, seconds=meas.seconds)

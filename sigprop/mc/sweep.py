@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from sigprop.mc.component import Component, Measurement, measure
+from sigprop.mc.component import Component, Measurement, measure, moments_of
 from sigprop.state import Backward, Forward
 
 MOMENTS = ("x_mean", "x_var", "x_corr", "g_var", "g_corr")
@@ -151,8 +151,7 @@ def run_sweep(spec: SweepSpec, rule, *, n: int | None = 500, seed: int = 0, dtyp
             ox, og = other.evaluate(case.x, case.g, **case.rule_params)
             alt[other.name] = errors(ox, og, meas)
         rows.append({"point": pt, "errors": err, "also": alt,
-                     "predicted": {"x_mean": float(px.mean), "x_var": float(px.var), "x_corr": float(px.corr),
-                                   "g_var": float(pg.var), "g_corr": float(pg.corr)},
+                     "predicted": moments_of(px, pg),
                      "measured": {"x_mean": meas.x.mean, "x_var": meas.x.var, "x_corr": meas.x.corr,
                                   "g_var": meas.g.var, "g_corr": meas.g.corr}})
     pct = _percentiles(rows, spec.moments)

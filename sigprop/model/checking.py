@@ -34,7 +34,9 @@ class CheckResult:
     failed_points: list[bool] = None   # per point: is any of its moments outside tolerance
 
 
-def _ok(pred, meas, se, tol, z, absolute=False):
+def within(pred, meas, se, tol, z, absolute=False):
+    """|pred - meas| <= max(tolerance, z x se): ``tol`` absolute, or relative to ``meas``;
+    ``se`` counts only where finite."""
     allowed = tol if absolute else tol * abs(meas)
     if se is not None and math.isfinite(se):
         allowed = max(allowed, z * se)
@@ -59,12 +61,13 @@ def r2_log(pred: list[float], meas: list[float]) -> float | None:
     return float(1 - np.sum((m - p) ** 2) / ss) if ss > 0 else None
 
 
-def tolerances(tol: dict | None = None) -> dict:
-    """The defaults updated with ``tol``, each checked to be a finite number >= 0."""
-    tol = {**DEFAULT_TOL, **(tol or {})}
+def tolerances(tol: dict | None = None, defaults: dict = DEFAULT_TOL) -> dict:
+    """``defaults`` (the whole-model ones unless given) updated with ``tol``, each checked to
+    be a finite number >= 0."""
+    tol = {**defaults, **(tol or {})}
     for k, v in tol.items():
-        if k not in DEFAULT_TOL:
-            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(DEFAULT_TOL)}")
+        if k not in defaults:
+            raise DomainError(f"unknown tolerance {k!r}; known: {', '.join(defaults)}")
         if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise DomainError(f"tolerance {k} must be a finite number >= 0, got {v!r}")
     return tol
@@ -101,14 +104,13 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         for name, pr, me, se, t, absolute, key in checks:
             err = abs(pr - me) if absolute else abs(pr - me) / abs(me) if me else (0.0 if pr == me else math.inf)
             e[key].append(err)
-            if not _ok(pr, me, se, t, tol["z"], absolute):
+            if not within(pr, me, se, t, tol["z"], absolute):
                 fails.append(f"layer {p.layer} {p.sublayer}: {name} predicted {pr:.5g}, measured {me:.5g} ± {se:.2g}")
         failed.append(len(fails) > n_fails)
         pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
     r2 = {"forward_var": r2_log(pv, mv), "grad_var": r2_log(pg, mg)}
     return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails,
                        failed)
-
 
 
 def require_complete(points) -> None:
