@@ -31,7 +31,7 @@ from sigprop.model import positions, profile, store
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc
 from sigprop.model import tables
-from sigprop.model.tables import BUILD_AFTER, TableCache, _Prescaled
+from sigprop.model.tables import TableCache, _Prescaled
 from sigprop.rules import get
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 # the mean row logit variance the attention rule bounds (ROW_LOGIT_VAR_MAX), under the name
