@@ -31,6 +31,7 @@ from sigprop.model import positions, profile, store
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc
 from sigprop.model import tables
+from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
 from sigprop.rules import get
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
@@ -155,10 +156,6 @@ class StreamPoint(NamedTuple):
 
 def _clip_corr(c: float) -> float:
     return min(1.0, max(-1.0, float(c)))
-
-
-def _exp(v: float) -> float:
-    return math.exp(v) if v < 709.0 else math.inf
 
 
 def _real(log_var: float, x: Forward) -> Forward:
