@@ -14,8 +14,7 @@ import json
 
 import numpy as np
 
-from sigprop.mc.model import _Trial
-from sigprop.mc.sampling import correlated
+from sigprop.mc.model import input_gradient_profile
 from sigprop.model.predict import Predictor
 from sigprop.model.presets import resolve
 
@@ -46,17 +45,7 @@ def main() -> None:
     rng = np.random.default_rng(a.seed)
     per = []
     for _ in range(a.trials):
-        tr = _Trial(m, rng, np.float32)
-        X = correlated(rng, (a.batch, L, m.d_model), m.input.mean, m.input.var, m.input.corr, np.float32)
-        backs = []
-        for l in range(m.n_layers):
-            for kind in ("attention", "ffn"):
-                X, back, _ = tr.sublayer(kind, l, X)
-                backs.append(back)
-        G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, np.float32)
-        for back in reversed(backs):
-            G = back(G)
-        v = (G.astype(np.float64) ** 2).mean(axis=(0, 2))
+        v = input_gradient_profile(m, a.batch, rng)
         per.append(v[pos] / v.mean())
     per = np.array(per)
     mc, se = per.mean(axis=0), per.std(axis=0, ddof=1) / np.sqrt(a.trials)

@@ -9,7 +9,7 @@ errors low).  The expected values here come from the Monte Carlo, not from the c
 import numpy as np
 import pytest
 
-from sigprop.mc.model import simulate
+from sigprop.mc.model import input_gradient_profile, simulate
 from sigprop.model.predict import Predictor, predict
 from sigprop.model.presets import resolve
 
@@ -33,10 +33,8 @@ def test_causal_input_gradient_matches_mc():
 
 def test_causal_gradient_profile_peaks_at_the_first_position():
     """Shape of the predicted input-gradient profile against the MC's per-position variance
-    (position 0, positions 1-3, the last half), measured with the MC's own trial loop."""
-    from sigprop.mc.model import _Trial
-    from sigprop.mc.sampling import correlated
-
+    (position 0, positions 1-3, the last half), measured with the MC's own sublayers
+    (sigprop.mc.model.input_gradient_profile)."""
     m = _model(True)
     pr = Predictor(m)
     recs = pr.forward()
@@ -45,17 +43,7 @@ def test_causal_gradient_profile_peaks_at_the_first_position():
     rng = np.random.default_rng(1)
     acc = np.zeros(m.seq_len)
     for _ in range(16):
-        tr = _Trial(m, rng, np.float32)
-        X = correlated(rng, (8, m.seq_len, m.d_model), m.input.mean, m.input.var, m.input.corr, np.float32)
-        backs = []
-        for l in range(m.n_layers):
-            for kind in ("attention", "ffn"):
-                X, back, _ = tr.sublayer(kind, l, X)
-                backs.append(back)
-        G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, np.float32)
-        for back in reversed(backs):
-            G = back(G)
-        acc += (G.astype(np.float64) ** 2).mean(axis=(0, 2))
+        acc += input_gradient_profile(m, 8, rng)
     meas = acc / acc.mean()
     for sl in (slice(0, 1), slice(1, 4), slice(16, 32)):
         assert pred[sl].mean() == pytest.approx(meas[sl].mean(), rel=0.12), (sl, pred[sl].mean(), meas[sl].mean())

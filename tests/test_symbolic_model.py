@@ -5,7 +5,6 @@ derivation."""
 
 import json
 import math
-import sys
 
 import pytest
 from _cli import cli

@@ -265,6 +265,24 @@ def run_trial(model, batch: int, rng, dtype=np.float32):
     return fw, bw, lg
 
 
+def input_gradient_profile(model, batch: int, rng, dtype=np.float32) -> np.ndarray:
+    """One weight draw from the NumPy Generator ``rng``: the input gradient's mean square at
+    each position (over batch and width), shape (seq_len,), after backpropagating a gradient of
+    the model's upstream statistics through every sublayer."""
+    m = model
+    tr = _Trial(m, rng, dtype)
+    X = correlated(rng, (batch, m.seq_len, m.d_model), m.input.mean, m.input.var, m.input.corr, dtype)
+    backs = []
+    for l in range(m.n_layers):
+        for kind in ("attention", "ffn"):
+            X, back, _ = tr.sublayer(kind, l, X)
+            backs.append(back)
+    G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
+    for back in reversed(backs):
+        G = back(G)
+    return (G.astype(np.float64) ** 2).mean(axis=(0, 2))
+
+
 def _trial_task(model, batch: int, seed, dtype, backend: str, device: str, stream: str):
     """One trial from its own seed on a named backend (what a Dask worker runs)."""
     bk = get_backend(backend, device)

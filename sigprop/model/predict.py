@@ -31,9 +31,13 @@ from sigprop.model import positions, profile, store
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc
 from sigprop.model import tables
-from sigprop.model.tables import BUILD_AFTER, TableCache, _Prescaled
+from sigprop.model.growth import exp_or_inf as _exp
+from sigprop.model.tables import TableCache, _Prescaled
 from sigprop.rules import get
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
+# the mean row logit variance the attention rule bounds (ROW_LOGIT_VAR_MAX), under the name
+# the predictor and its tests use
+from sigprop.rules.attention import mean_row_logit_var as row_logit_var
 from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
 
@@ -152,10 +156,6 @@ class StreamPoint(NamedTuple):
 
 def _clip_corr(c: float) -> float:
     return min(1.0, max(-1.0, float(c)))
-
-
-def _exp(v: float) -> float:
-    return math.exp(v) if v < 709.0 else math.inf
 
 
 def _real(log_var: float, x: Forward) -> Forward:
@@ -337,16 +337,6 @@ def _square_table(params: dict, x: Forward, grid=None) -> tables.ThetaTable:
 
 #: how the attention rule's DomainError for a saturated softmax begins
 _SATURATED = "attention: row logit variance"
-
-
-def row_logit_var(p: dict, x: Forward) -> float:
-    """Mean row logit variance of the attention rule with parameters ``p`` at input ``x``: the
-    variance of the token-varying part of one row's logits, tau d sk^2 (d sq^2 (s2 + mu^2) +
-    sbq^2) with tau = (1 - r) s2 (sigprop.rules.attention, the quantity its domain bound
-    ROW_LOGIT_VAR_MAX applies to; tested equal to the rule's own check)."""
-    s2, mu, r = float(x.var), float(x.mean), float(x.corr)
-    vq = p["d"] * p["q_std"] ** 2 * (s2 + mu * mu) + p["q_bias_std"] ** 2
-    return (1.0 - r) * s2 * p["d"] * p["k_std"] ** 2 * vq
 
 
 def _share(l1: float, l2: float) -> float:

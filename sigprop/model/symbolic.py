@@ -32,6 +32,7 @@ import numpy as np
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
+from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.rules import compose
 from sigprop.state import Backward, Forward
 
@@ -166,10 +167,6 @@ class ClosedForm(NamedTuple):
             out += (f" (closed form / layer-by-layer = {_g(self.log_value - self.log_layer_by_layer)}): "
                     f"an approximation outside its range")
         return out
-
-
-def _exp(v: float) -> float:
-    return math.exp(v) if v < 709 else math.inf
 
 
 def _g(log_v: float) -> str:

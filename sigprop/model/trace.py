@@ -9,6 +9,7 @@ import numpy as np
 
 from sigprop import __version__
 from sigprop.model.growth import BOUNDED_LAWS, COMPOUNDING_LAWS, _times, classify
+from sigprop.model.growth import exp_or_inf as _exp
 
 LOG10E = 1.0 / math.log(10.0)
 
@@ -86,10 +87,6 @@ def summary(points: list) -> dict:
 
 def _few_layers(g):
     return g._replace(law="constant" if abs(g.log_ratio) < math.log(1.1) else "undetermined")
-
-
-def _exp(v: float) -> float:
-    return math.exp(v) if v < 709 else math.inf
 
 
 #: verdict thresholds (documented in README.md, "The verdict"): total factors (last / first
