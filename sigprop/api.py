@@ -466,30 +466,15 @@ def check(spec=None, **options) -> CheckResult:
     (relative, 0.05) and ``z`` (4: a point also passes within z standard errors).  A check
     outside tolerance returns a result with ``passed`` False; a model whose softmax saturates
     (its prediction incomplete) is bad input, as for the command.  Returns a :class:`CheckResult`."""
-    import numpy as np
-
-    from sigprop.mc.backend import get_backend
-    from sigprop.mc.distributed import from_options
-    from sigprop.mc.model import simulate
-    from sigprop.model.checking import compare as judge
-    from sigprop.model.checking import require_complete, tolerances
-    from sigprop.model.predict import predict as run
+    from sigprop.model.checking import check_model, tolerances
 
     opts = _options(_C, spec, options)
     tol = tolerances({KEYWORDS[k].name: opts[k] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")})
     model = _model(opts, DEFAULT_LAYERS[_C])
-    backend = get_backend(opts["backend"], opts["device"])
-    points = run(model, stop_at_saturation=True)
-    require_complete(points)
-    dist = from_options(opts.get("dask"), opts.get("workers"))
-    try:
-        meas = simulate(model, batch=opts["batch"], trials=opts["trials"], seed=opts["seed"],
-                        dtype=np.float32 if opts["dtype"] == "float32" else np.float64,
-                        backend=backend, stream=opts["rng"], distributor=dist)
-    finally:
-        if dist is not None:
-            dist.close()
-    return CheckResult(model, points, meas, judge(points, meas, tol), opts["seed"], opts["trials"], opts["batch"])
+    points, meas, res = check_model(model, tol, trials=opts["trials"], batch=opts["batch"], seed=opts["seed"],
+                                    dtype=opts["dtype"], backend=opts["backend"], device=opts["device"],
+                                    rng=opts["rng"], dask=opts.get("dask"), workers=opts.get("workers"))
+    return CheckResult(model, points, meas, res, opts["seed"], opts["trials"], opts["batch"])
 
 
 def solve_init(**options) -> SolveResult:

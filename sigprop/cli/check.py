@@ -35,29 +35,13 @@ def check_cmd(
 ) -> None:
     """Simulate the whole model (NumPy by default; PyTorch or CuPy on a CPU or GPU; trials on a Dask
     cluster with --dask) and compare every point with the prediction (exit 1 on failure)."""
-    import numpy as np
-
-    from sigprop.mc.backend import get_backend
-    from sigprop.mc.model import simulate
-    from sigprop.mc.distributed import from_options, stderr_progress
-    from sigprop.model.checking import check_object, compare, require_complete, tolerances
-    from sigprop.model.predict import predict
+    from sigprop.model.checking import check_model, check_object, tolerances
 
     tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
     model = build_model(model_opts, default_layers=12)
-    bk = get_backend(backend.value, device.value)
-    points = predict(model, stop_at_saturation=True)
-    require_complete(points)
-    dist = from_options(dask, workers)
-    try:
-        meas = simulate(model, batch=batch, trials=trials, seed=seed,
-                        dtype=np.float32 if dtype is DType.float32 else np.float64,
-                        backend=bk, stream=rng.value, distributor=dist,
-                        progress=stderr_progress("trials") if dist is not None else None)
-    finally:
-        if dist is not None:
-            dist.close()
-    res = compare(points, meas, tol)
+    points, meas, res = check_model(model, tol, trials=trials, batch=batch, seed=seed, dtype=dtype.value,
+                                    backend=backend.value, device=device.value, rng=rng.value, dask=dask,
+                                    workers=workers, progress=True)
     if as_json:
         print(json.dumps(check_object(model, res, meas, seed, trials, batch)))
     else:

@@ -135,3 +135,31 @@ def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: i
         "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
         "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
     }
+
+
+def check_model(model, tol: dict, *, trials: int, batch: int, seed: int, dtype: str = "float32",
+                backend: str = "numpy", device: str = "cpu", rng: str = "host", dask: str | None = None,
+                workers: int | None = None, progress: bool = False):
+    """Predict ``model`` and measure it with the whole-model Monte Carlo (``sigprop check``):
+    ``(points, measurement, comparison)``.  A prediction that stops at a saturating softmax is
+    refused (:func:`require_complete`); ``dask``/``workers`` run the trials on a Dask cluster
+    (``progress``: report them on stderr as they complete)."""
+    import numpy as np
+
+    from sigprop.mc.backend import get_backend
+    from sigprop.mc.distributed import from_options, stderr_progress
+    from sigprop.mc.model import simulate
+    from sigprop.model.predict import predict
+
+    bk = get_backend(backend, device)
+    points = predict(model, stop_at_saturation=True)
+    require_complete(points)
+    dist = from_options(dask, workers)
+    try:
+        meas = simulate(model, batch=batch, trials=trials, seed=seed, dtype=getattr(np, dtype),
+                        backend=bk, stream=rng, distributor=dist,
+                        progress=stderr_progress("trials") if progress and dist is not None else None)
+    finally:
+        if dist is not None:
+            dist.close()
+    return points, meas, compare(points, meas, tol)
