@@ -31,6 +31,16 @@ _ASSUMPTIONS = (
 
 
 # ---- ReLU -----------------------------------------------------------------------------
+def _forward_from_cross(mean, var, cross):
+    """Output state of a pointwise f from E[f], Var[f] and the cross moment E[f(x_i) f(x_j)]."""
+    return Forward(mean, var, (cross - mean**2) / var)
+
+
+def _backward_from_kernel(g, k_var, k_cross):
+    """Gradient state through a pointwise f from E[f'^2] (k_var) and E[f'(x_i) f'(x_j)] (k_cross)."""
+    return Backward(g.var * k_var, g.corr * k_cross / k_var)
+
+
 class ReLU(Rule):
     """ReLU, max(x, 0), on x ~ N(0, s2) with token correlation r ([TGS-code]; arc-cosine
     kernel of Cho & Saul 2009, degree 1).
@@ -116,7 +126,7 @@ class GeLU(Rule):
         cross = (r * s2 * (m.Rational(1, 4) + m.asin(rho) / (2 * pi))
                  + s2**2 * (1 + s2 + r**2 * (1 - s2))
                  / (2 * pi * (1 + s2) * m.sqrt((1 + s2) ** 2 - r**2 * s2**2)))
-        return Forward(mean, var, (cross - mean**2) / var)
+        return _forward_from_cross(mean, var, cross)
 
     def backward(self, m, x, g, p):
         s2, r = x.var, x.corr
@@ -127,7 +137,7 @@ class GeLU(Rule):
         k_var = half + (-m.acos(a) + a * (5 * s2 + 3) / (1 + 2 * s2) ** m.Rational(3, 2)) / (2 * pi)
         k_cross = half + (-m.acos(rho) + rho * ((s2 + 1) * (2 * s2 + 3) - 2 * r**2 * s2**2)
                           / ((s2 + 1) ** 2 - r**2 * s2**2) ** m.Rational(3, 2)) / (2 * pi)
-        return Backward(g.var * k_var, g.corr * k_cross / k_var)
+        return _backward_from_kernel(g, k_var, k_cross)
 
 
 register(ReLU())
@@ -196,11 +206,11 @@ class SiLU(Rule):
     def forward(self, m, x, p):
         mean, second, cross = gaussian_moments(m, lambda t: silu(m, t), x.var, x.corr)
         var = second - mean**2
-        return Forward(mean, var, (cross - mean**2) / var)
+        return _forward_from_cross(mean, var, cross)
 
     def backward(self, m, x, g, p):
         _, k_var, k_cross = gaussian_moments(m, lambda t: silu_prime(m, t), x.var, x.corr)
-        return Backward(g.var * k_var, g.corr * k_cross / k_var)
+        return _backward_from_kernel(g, k_var, k_cross)
 
 
 register(SiLU())
