@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from sigprop.mc.component import SEQ, WIDTH, Component
-from sigprop.mc.components._util import batch_for, dropout_mask, grid_std
+from sigprop.mc.components._util import batch_for, dropout_mask, grid_states
 from sigprop.mc.sweep import Case, SweepSpec
-from sigprop.state import Backward, Forward
 
 
 class DropoutMC(Component):
@@ -36,9 +35,7 @@ COMPONENT = DropoutMC()
 def _case(pt: dict) -> Case:
     runs = 8
     batch = batch_for(40000, pt["d"], runs)
-    return Case({"p": pt["p"]}, {"p": pt["p"], "d": pt["d"], "L": pt["L"]},
-                Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
-                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
+    return Case({"p": pt["p"]}, {"p": pt["p"], "d": pt["d"], "L": pt["L"]}, *grid_states(pt), runs, batch)
 
 
 SWEEP = SweepSpec(

@@ -18,8 +18,7 @@ import numpy as np
 
 from sigprop.backend.numeric import _ERFC_C, Phi
 from sigprop.mc.backend import backend_of
-from sigprop.mc.component import SEQ, WIDTH, Component
-from sigprop.mc.components._util import activation_sweep
+from sigprop.mc.components._util import PointwiseActivation, activation_sweep, pointwise_chunks
 
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
 _INV_SQRT_2 = 1.0 / math.sqrt(2.0)
@@ -30,47 +29,44 @@ _F32 = np.float32
 _ERFC_C32 = tuple(_F32(c) for c in _ERFC_C)
 
 
-def _forward_f32(xf, yf, df):
-    """x Phi(x) and Phi(x) + x phi(x) in float32, in place over cache-sized chunks: the same
+def _gelu_kernel_f32(x, y, dy):
+    """x Phi(x) and Phi(x) + x phi(x) in float32 into y and dy: the same
     erfc approximation as :func:`sigprop.backend.numeric.erfc` (fractional error < 1.2e-7),
     evaluated in float32: x Phi(x) within 4e-6 relative everywhere (1.2e-6 for |x| < 5) and
     about 1.5x faster than the float64 path (measured on a busy machine)."""
-    for s in range(0, xf.size, _CHUNK):
-        x = xf[s:s + _CHUNK]
-        t = np.abs(x)
-        t *= _F32(0.5 / math.sqrt(2.0))                 # 0.5 z, z = |x| / sqrt(2)
-        t += _F32(1.0)
-        np.reciprocal(t, out=t)                        # t = 1 / (1 + z / 2)
-        poly = t * _ERFC_C32[-1]
-        for c in _ERFC_C32[-2:0:-1]:
-            poly += c
-            poly *= t
-        poly += _ERFC_C32[0]
-        g = np.square(x)
-        g *= _F32(-0.5)                                # -z^2 = -x^2 / 2
-        poly += g
-        np.exp(poly, out=poly)
+    t = np.abs(x)
+    t *= _F32(0.5 / math.sqrt(2.0))                 # 0.5 z, z = |x| / sqrt(2)
+    t += _F32(1.0)
+    np.reciprocal(t, out=t)                        # t = 1 / (1 + z / 2)
+    poly = t * _ERFC_C32[-1]
+    for c in _ERFC_C32[-2:0:-1]:
+        poly += c
         poly *= t
-        poly *= _F32(0.5)                              # Phi(-|x|) = erfc(z) / 2
-        np.subtract(_F32(1.0), poly, out=poly, where=x >= 0)   # Phi(x)
-        np.multiply(x, poly, out=yf[s:s + _CHUNK])
-        np.exp(g, out=g)
-        g *= x
-        g *= _F32(_INV_SQRT_2PI)                       # x phi(x)
-        np.add(poly, g, out=df[s:s + _CHUNK])
+    poly += _ERFC_C32[0]
+    g = np.square(x)
+    g *= _F32(-0.5)                                # -z^2 = -x^2 / 2
+    poly += g
+    np.exp(poly, out=poly)
+    poly *= t
+    poly *= _F32(0.5)                              # Phi(-|x|) = erfc(z) / 2
+    np.subtract(_F32(1.0), poly, out=poly, where=x >= 0)   # Phi(x)
+    np.multiply(x, poly, out=y)
+    np.exp(g, out=g)
+    g *= x
+    g *= _F32(_INV_SQRT_2PI)                       # x phi(x)
+    np.add(poly, g, out=dy)
 
 
-class GeLUMC(Component):
+def _gelu_kernel(x, y, dy):
+    cdf = Phi(x)  # erfc approximation, fractional error < 1.2e-7
+    y[...] = x * cdf
+    dy[...] = cdf + x * (np.exp(-0.5 * np.square(x, dtype=cdf.dtype)) * _INV_SQRT_2PI)
+
+
+class GeLUMC(PointwiseActivation):
     name = "gelu"
     rule = "gelu"
     array_api = True
-    weights = False
-
-    sim_params = (SEQ, WIDTH)
-
-    def dims(self, params):
-        d = params.get("d", WIDTH.default)
-        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         bk = backend_of(X)
@@ -82,22 +78,8 @@ class GeLUMC(Component):
             return X * cdf, cdf + X * (xp.exp(-0.5 * (X * X)) * _INV_SQRT_2PI)
         # f(x) = x Phi(x) and f'(x) = Phi(x) + x phi(x) (kept for the backward).  Phi works in
         # float64 through ~30 elementwise passes, so it runs over cache-sized chunks (about
-        # twice as fast as one pass over a large array); float32 arrays take _forward_f32.
-        X = np.ascontiguousarray(X)
-        Y, deriv = np.empty(X.shape, X.dtype), np.empty(X.shape, X.dtype)
-        xf, yf, df = X.reshape(-1), Y.reshape(-1), deriv.reshape(-1)  # views
-        if X.dtype == np.float32:
-            _forward_f32(xf, yf, df)
-            return Y, deriv
-        for s in range(0, xf.size, _CHUNK):
-            x = xf[s:s + _CHUNK]
-            cdf = Phi(x)  # erfc approximation, fractional error < 1.2e-7
-            yf[s:s + _CHUNK] = x * cdf
-            df[s:s + _CHUNK] = cdf + x * (np.exp(-0.5 * np.square(x, dtype=cdf.dtype)) * _INV_SQRT_2PI)
-        return Y, deriv
-
-    def backward(self, GY, deriv):
-        return GY * deriv
+        # twice as fast as one pass over a large array); float32 arrays take _gelu_kernel_f32.
+        return pointwise_chunks(X, _gelu_kernel_f32 if X.dtype == np.float32 else _gelu_kernel, _CHUNK)
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)

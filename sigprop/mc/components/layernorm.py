@@ -7,9 +7,8 @@ import math
 
 from sigprop.mc.backend import backend_of
 from sigprop.mc.component import Component
-from sigprop.mc.components._util import grid_std
+from sigprop.mc.components._util import grid_states
 from sigprop.mc.sweep import Case, SweepSpec
-from sigprop.state import Backward, Forward
 
 
 class LayerNormMC(Component):
@@ -87,15 +86,18 @@ def _sequences(d: int, L: int, r: float, rg: float) -> int:
     return max(2 * MIN_RUNS, int(math.ceil(need)))
 
 
-def _case(pt: dict) -> Case:
+def norm_case(pt: dict, eps: float, nseq: int) -> Case:
+    """The Case of a norm grid point (d, L and the states) with ``nseq`` sequences, in at
+    least MIN_RUNS runs of at most MAX_RUN_ELEMENTS elements."""
     d, L = pt["d"], pt["L"]
-    rule = {"d": d, "eps": 1e-5}
-    nseq = _sequences(d, L, pt["x_corr"], pt["g_corr"])
+    rule = {"d": d, "eps": eps}
     batch = max(1, min(nseq // MIN_RUNS, MAX_RUN_ELEMENTS // (L * d)))
     runs = int(math.ceil(nseq / batch))
-    return Case(rule, {**rule, "L": L},
-                Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
-                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
+    return Case(rule, {**rule, "L": L}, *grid_states(pt), runs, batch)
+
+
+def _case(pt: dict) -> Case:
+    return norm_case(pt, 1e-5, _sequences(pt["d"], pt["L"], pt["x_corr"], pt["g_corr"]))
 
 
 SWEEP = SweepSpec(

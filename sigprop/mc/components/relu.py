@@ -21,21 +21,13 @@ from __future__ import annotations
 import numpy as np
 
 from sigprop.mc.backend import backend_of
-from sigprop.mc.component import SEQ, WIDTH, Component
-from sigprop.mc.components._util import activation_sweep
+from sigprop.mc.components._util import PointwiseActivation, activation_sweep
 
 
-class ReLUMC(Component):
+class ReLUMC(PointwiseActivation):
     name = "relu"
     rule = "relu"
     array_api = True
-    weights = False
-
-    sim_params = (SEQ, WIDTH)
-
-    def dims(self, params):
-        d = params.get("d", WIDTH.default)
-        return params.get("L", SEQ.default), d, d
 
     def forward(self, X, W, params, rng):
         bk = backend_of(X)

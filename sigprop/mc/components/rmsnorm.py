@@ -13,10 +13,8 @@ import math
 import numpy as np
 
 from sigprop.mc.component import SEQ, Component
-from sigprop.mc.components._util import grid_std
-from sigprop.mc.components.layernorm import MAX_RUN_ELEMENTS, MIN_RUNS, _sequences
+from sigprop.mc.components.layernorm import _sequences, norm_case
 from sigprop.mc.sweep import Case, SweepSpec
-from sigprop.state import Backward, Forward
 
 
 class RMSNormMC(Component):
@@ -59,14 +57,8 @@ COMPONENT = RMSNormMC()
 
 
 def _case(pt: dict) -> Case:
-    d, L = pt["d"], pt["L"]
-    rule = {"d": d, "eps": 1e-6}
-    nseq = max(_sequences(d, L, pt["x_corr"], pt["g_corr"]), int(math.ceil(4e5 / d)))
-    batch = max(1, min(nseq // MIN_RUNS, MAX_RUN_ELEMENTS // (L * d)))
-    runs = int(math.ceil(nseq / batch))
-    return Case(rule, {**rule, "L": L},
-                Forward(pt["x_mean"], grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
-                Backward(grid_std(pt["g_std"]) ** 2, pt["g_corr"]), runs, batch)
+    d = pt["d"]
+    return norm_case(pt, 1e-6, max(_sequences(d, pt["L"], pt["x_corr"], pt["g_corr"]), int(math.ceil(4e5 / d))))
 
 
 SWEEP = SweepSpec(

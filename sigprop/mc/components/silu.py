@@ -15,42 +15,29 @@ import dataclasses
 
 import numpy as np
 
-from sigprop.mc.component import SEQ, WIDTH, Component
-from sigprop.mc.components._util import activation_sweep
+from sigprop.mc.components._util import PointwiseActivation, activation_sweep, pointwise_chunks
 
 _CHUNK = 65536
 
 
-class SiLUMC(Component):
+def _silu_kernel(x, y, dy):
+    dt = x.dtype.type
+    sg = np.tanh(x * dt(0.5))
+    sg += dt(1.0)
+    sg *= dt(0.5)                         # sigmoid(x)
+    np.multiply(x, sg, out=y)
+    t = dt(1.0) - sg
+    t *= x
+    t += dt(1.0)
+    np.multiply(sg, t, out=dy)
+
+
+class SiLUMC(PointwiseActivation):
     name = "silu"
     rule = "silu"
 
-    weights = False
-    sim_params = (SEQ, WIDTH)
-
-    def dims(self, params):
-        d = params.get("d", WIDTH.default)
-        return params.get("L", SEQ.default), d, d
-
     def forward(self, X, W, params, rng):
-        X = np.ascontiguousarray(X)
-        dt = X.dtype.type
-        Y, deriv = np.empty_like(X), np.empty_like(X)
-        xf, yf, df = X.reshape(-1), Y.reshape(-1), deriv.reshape(-1)
-        for s in range(0, xf.size, _CHUNK):      # cache-sized chunks
-            x = xf[s:s + _CHUNK]
-            sg = np.tanh(x * dt(0.5))
-            sg += dt(1.0)
-            sg *= dt(0.5)                         # sigmoid(x)
-            np.multiply(x, sg, out=yf[s:s + _CHUNK])
-            t = dt(1.0) - sg
-            t *= x
-            t += dt(1.0)
-            np.multiply(sg, t, out=df[s:s + _CHUNK])
-        return Y, deriv
-
-    def backward(self, GY, deriv):
-        return GY * deriv
+        return pointwise_chunks(X, _silu_kernel, _CHUNK)
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)
