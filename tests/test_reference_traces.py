@@ -1,0 +1,40 @@
+"""The twelve reference models' traces, pinned (tests/data/make_reference_traces.py wrote
+them from the tree before the model layer became data): any change of the composition code
+must reproduce them to 1e-12 relative, or re-pin them with a Monte Carlo reason."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sigprop.model.options import build_model
+from sigprop.model.predict import predict
+
+REF = json.loads(Path(__file__).parent.joinpath("data", "reference_traces.json").read_text())
+
+
+def _close(a, b, rel=1e-12, abs_=1e-300) -> bool:
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, str):
+        return a == b
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= rel * max(abs(a), abs(b)) + abs_
+
+
+@pytest.mark.parametrize("name", sorted(REF))
+def test_reference_trace_unchanged(name):
+    ref = REF[name]
+    pts = predict(build_model(ref["options"]))
+    got = [[p.layer, p.sublayer, p.log_var, p.mean, p.corr, p.log_gvar, p.gcorr, p.logit_var] for p in pts]
+    assert len(got) == len(ref["points"])
+    for g, r in zip(got, ref["points"]):
+        # log variances compared absolutely (a relative 1e-12 of the variance)
+        assert g[:2] == r[:2]
+        for i, (x, y) in enumerate(zip(g[2:], r[2:])):
+            if i in (0, 3):
+                assert abs(x - y) <= 1e-12 * max(1.0, abs(y)), (name, g[:2], i, x, y)
+            else:
+                assert _close(x, y, abs_=1e-15), (name, g[:2], i, x, y)
