@@ -538,7 +538,7 @@ class Predictor:
                     bcov = np.zeros((npos, npos))
                 elif dev is not None:
                     att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
-                    bprof = (profile.attention_forward(att.params, att.x, att.repeated, G) if att
+                    bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G) if att
                              else profile.flat(m.seq_len, G))
                     # the branch output's covariance over positions: the rule's (mean, profile)
                     # plus the deviation the input's position structure adds
@@ -637,6 +637,11 @@ class Predictor:
             for rule, params in chain:
                 y, _ = get(rule).fast(y, None, params)
         return float(y.var) * float(y.corr)
+
+    def _rows(self, op: Op) -> dict | None:
+        """Where an attention op's per-row-length terms may be tabulated (profile.rows): this
+        prediction's table dict when its parameters repeat, else nowhere."""
+        return self._tables.rows if op.repeated else None
 
     def _logit_var(self, p: dict, x: Forward) -> float:
         """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``: q
@@ -748,7 +753,7 @@ class Predictor:
                 for op in reversed(rec.branch_ops):
                     if w is not None:
                         if op.rule == "attention":
-                            k, k2, u = profile.attention_backward(op.params, op.x, g, u, op.repeated, G)
+                            k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G)
                             ku, kc = ku * k, kc * k2
                         else:
                             u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))

@@ -132,21 +132,21 @@ class RowsTable:
         return out
 
 
-_ROWS: dict = {}
 _DIRECT: dict = {}
 
 
-def rows(params: dict, x: Forward, table: bool = True, grid=None) -> dict:
-    """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` where
-    ``table`` (the predictor passes True when at least three layers share these parameters,
-    as for its branch tables, so a table is never built for one use and the choice does not
-    depend on the store), else evaluated directly (memoised, so a layer's forward and backward
-    share one evaluation).  With a graded ``grid`` the terms are evaluated at its
-    representative row lengths only."""
+def rows(params: dict, x: Forward, table: dict | None = None, grid=None) -> dict:
+    """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` kept
+    in ``table`` (one prediction's dict, ``TableCache.rows``: the predictor passes it when at
+    least three layers share these parameters, as for its branch tables, so a table is never
+    built for one use, and which table serves a layer never depends on an earlier
+    prediction), else evaluated directly (memoised on the exact inputs, so a layer's forward
+    and backward share one evaluation).  With a graded ``grid`` the terms are evaluated at
+    its representative row lengths only."""
     canon = _canonical(params)
     key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
-    if table:
-        tabs = _ROWS.setdefault(key, [])
+    if table is not None and table is not False:
+        tabs = table.setdefault(key, [])
         for t in tabs:
             if t.covers(x):
                 return t.at(float(x.corr))
@@ -164,7 +164,7 @@ def rows(params: dict, x: Forward, table: bool = True, grid=None) -> dict:
     return hit
 
 
-def attention_forward(params: dict, x: Forward, table: bool = True, grid=None) -> np.ndarray:
+def attention_forward(params: dict, x: Forward, table: dict | None = None, grid=None) -> np.ndarray:
     """Profile of the attention output (attention parameters, attention input state)."""
     v = rows(params, x, table, grid)["var"]
     return v / (v.mean() if grid is None else grid.mean(v))
@@ -352,7 +352,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
-                       table: bool = True, grid=None) -> tuple[float, float, np.ndarray]:
+                       table: dict | None = None, grid=None) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over the flat-profile rule values, normalised
     covariance at the attention input) for an upstream gradient covariance over positions C
     (mean diagonal 1; attention parameters and input state; g: the gradient state reaching

@@ -724,6 +724,8 @@ class TableCache:
         self.requests: dict = {}
         self.var_tables: dict = {}
         self._canon: dict = {}
+        # causal attention: the position profile's per-row-length tables (profile.rows)
+        self.rows: dict = {}
 
     def handle(self, ops) -> _Handle:
         """The canonical chain of ``ops`` and its key, memoised on the parameter values as
