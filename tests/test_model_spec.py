@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 import time
 
 import numpy as np
@@ -142,8 +143,8 @@ BAD = [
     (_set(["layers", 1, "attention", "init", "k", "std"], None), "model.layers[1].attention.init.k.std must be a number"),
     (_set(["layers", 4, "attention", "skip_scale"], float("nan")), "model.layers[4].attention.skip_scale must be finite"),
     (_set(["layers", 4, "ffn", "norm_scale"], float("inf")), "model.layers[4].ffn.norm_scale must be finite"),
-    (_set(["layers", 2, "ffn", "placement"], "middle"), "model.layers[2].ffn.placement must be 'pre' or 'post', got 'middle'"),
-    (_set(["layers", 2, "ffn", "placement"], 1), "model.layers[2].ffn.placement must be 'pre' or 'post'"),
+    (_set(["layers", 2, "ffn", "placement"], "middle"), "model.layers[2].ffn.placement must be one of 'pre', 'post', 'peri', 'output', got 'middle'"),
+    (_set(["layers", 2, "ffn", "placement"], 1), "model.layers[2].ffn.placement must be one of 'pre', 'post', 'peri', 'output', got 1"),
     (_set(["layers", 1, "attention", "init", "x"], {"std": 0.0, "bias_std": 0.0}), "model.layers[1].attention.init: unknown key 'x'"),
     (_delete(["layers", 1, "attention", "init", "o"]), "model.layers[1].attention.init: missing key 'o'"),
     (_set(["layers", 1, "attention", "init", "o", "mean"], 0.0), "model.layers[1].attention.init.o: unknown key 'mean'"),
@@ -160,8 +161,8 @@ BAD = [
     (_set(["d_head"], 8.5), "model.d_head must be an integer"),
     (_set(["n_heads"], True), "model.n_heads must be an integer"),
     (_set(["seq_len"], -3), "model.seq_len must be a positive integer, got -3"),
-    (_set(["activation"], "tanh"), "model.activation must be one of 'relu', 'gelu', got 'tanh'"),
-    (_set(["norm"], "rmsnorm"), "model.norm must be one of 'layernorm', got 'rmsnorm'"),
+    (_set(["activation"], "tanh"), "model.activation must be one of 'relu', 'gelu', 'silu', got 'tanh'"),
+    (_set(["norm"], "batchnorm"), "model.norm must be one of 'layernorm', 'rmsnorm', got 'batchnorm'"),
     (_set(["causal"], 1), "model.causal must be true or false, got 1"),
     (_set(["arch"], 3), "model.arch must be a string"),
     (_set(["dropout", "hidden"], 1.0), "model.dropout.hidden must lie in [0, 1), got 1"),
@@ -218,7 +219,7 @@ def test_sublayers_broadcast_and_are_read_only():
                   {"in": 0.0, "out": 0.0})
     assert s.n_layers == 4 and s.post.dtype == bool and s.skip_scale.tolist() == [1.0] * 4
     assert s.std["out"].tolist() == [0.1, 0.2, 0.3, 0.4]
-    assert s.placement(0) == "pre"
+    assert s.placement_of(0) == "pre" and s.placement.dtype == np.int8
     with pytest.raises(ValueError):
         s.std["in"][0] = 1.0
     with pytest.raises(TypeError):
@@ -231,10 +232,11 @@ def test_sublayers_broadcast_and_are_read_only():
     (dict(std={"in": -0.02, "out": 0.1}), "std['in'][0] must be finite and >= 0"),
     (dict(skip_scale=[1.0, 2.0]), "must have shape (3,)"),
     (dict(branch_scale=[1.0, np.nan, 1.0]), "branch_scale[1] must be finite"),
-    (dict(post=[0, 2, 1]), "post must be boolean"),
+    (dict(placement=[0, 7, 1]), "placement must be given as names"),
+    (dict(placement=["pre", "middle", "post"]), "placement must be one of 'pre', 'post', 'peri', 'output', got 'middle'"),
 ])
 def test_sublayers_reject(kwargs, message):
-    base = dict(kind="ffn", post=np.zeros(3, bool), skip_scale=1.0, branch_scale=1.0, norm_scale=1.0,
+    base = dict(kind="ffn", placement=np.zeros(3, bool), skip_scale=1.0, branch_scale=1.0, norm_scale=1.0,
                 std={"in": 0.02, "out": 0.02}, bias_std={"in": 0.0, "out": 0.0})
     base.update(kwargs)
     with pytest.raises(DomainError) as e:
@@ -381,3 +383,67 @@ def test_model_classes_copy_and_pickle():
     d = Dropout(0.1, 0.2)
     assert pickle.loads(pickle.dumps(d)) == d and copy.deepcopy(d) == d and hash(copy.copy(d)) == hash(d)
     assert repr(d) == "Dropout(attention=0.1, hidden=0.2, ffn_inner=0.0)"
+
+
+# -- the modern blocks' fields -----------------------------------------------------------
+
+def _modern(**changes):
+    obj = make_model(n=3).to_json()
+    obj = json.loads(obj) if isinstance(obj, str) else obj
+    obj.update(changes)
+    return obj
+
+
+def test_modern_fields_round_trip_and_default_to_absent():
+    plain = make_model(n=3)
+    assert "block" not in plain.to_json() and plain.features() == []
+    obj = _modern(norm="rmsnorm", norm_eps=1e-6, n_kv_heads=1, rope={"base": 500000.0}, qk_norm="rmsnorm",
+                  final_norm=True, activation="silu")
+    for layer in obj["layers"]:
+        layer["attention"]["placement"] = "peri"
+        layer["ffn"]["placement"] = "output"
+    m = Model.from_json(obj)
+    assert m.rope == 500000.0 and m.n_kv_heads == 1 and m.final_norm and m.norm_eps == 1e-6
+    assert m.features() == ["norm rmsnorm", "activation silu", "placement output", "placement peri",
+                            "n_kv_heads", "rope", "qk_norm", "final_norm"]
+    assert Model.from_json(m.to_json()) == m and m.to_json()["rope"] == {"base": 500000.0}
+    assert m.fans("attention", "k") == (m.d_model, m.d_head)
+
+
+def test_glu_ffn_weights():
+    obj = _modern(ffn_kind="glu")
+    with pytest.raises(DomainError, match=r"model.layers\[0\].ffn.init: unknown key 'in'"):
+        Model.from_json(obj)
+    for layer in obj["layers"]:
+        layer["ffn"]["init"] = {w: {"std": 0.02, "bias_std": 0.0} for w in ("gate", "up", "down")}
+    m = Model.from_json(obj)
+    assert m.ffn.names == ("gate", "up", "down") and m.features() == ["ffn_kind glu"]
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(n_kv_heads=3), "n_kv_heads 3 must divide n_heads"),
+    (dict(rope={"base": 0.5}), "rope.base must be > 1"),
+    (dict(rope={"theta": 1e4}), "unknown key 'theta'"),
+    (dict(qk_norm="batchnorm"), "qk_norm must be one of"),
+    (dict(block="interleaved"), "block must be one of 'sequential', 'parallel'"),
+    (dict(final_norm=1), "final_norm must be true or false"),
+    (dict(norm_eps=-1), "norm_eps must be >= 0"),
+    (dict(block="parallel", layers="post"), "parallel block needs both sublayers of every layer 'pre'"),
+])
+def test_modern_fields_rejected(changes, message):
+    place = changes.pop("layers", None)
+    obj = _modern(**changes)
+    if place:
+        for layer in obj["layers"]:
+            layer["ffn"]["placement"] = place
+    with pytest.raises(DomainError, match=re.escape(message)):
+        Model.from_json(obj)
+
+
+def test_require_names_what_a_consumer_lacks():
+    from sigprop.model.spec import require
+
+    m = Model.from_json(_modern(norm="rmsnorm", final_norm=True))
+    require(m, {"norm rmsnorm", "final_norm"}, "x")
+    with pytest.raises(DomainError, match=r"solve-init does not implement final_norm \(yet\)"):
+        require(m, {"norm rmsnorm"}, "solve-init")

@@ -38,10 +38,29 @@ WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "attention": ("q", "k", "v", "o"),
     "ffn": ("in", "out"),
 })
+#: the weight names of a gated FFN (ffn_kind "glu")
+GLU_WEIGHTS = ("gate", "up", "down")
+#: ffn_kind -> the FFN sublayer's weight names
+FFN_WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"mlp": WEIGHTS["ffn"], "glu": GLU_WEIGHTS})
 KINDS = tuple(WEIGHTS)
-ACTIVATIONS = ("relu", "gelu")
-NORMS = ("layernorm",)
-PLACEMENTS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "silu")
+NORMS = ("layernorm", "rmsnorm")
+#: sublayer placements, in the order of their codes in ``Sublayers.placement``
+PLACEMENTS = ("pre", "post", "peri", "output")
+BLOCKS = ("sequential", "parallel")
+FFN_KINDS = ("mlp", "glu")
+#: the optional model fields (the modern blocks) and their defaults: absent = default, and a
+#: model object written by to_json carries a field only where it differs from its default
+DEFAULT_NORM_EPS = 1e-5
+OPTIONAL_DEFAULTS: Mapping[str, object] = MappingProxyType({
+    "norm_eps": DEFAULT_NORM_EPS, "block": "sequential", "ffn_kind": "mlp", "n_kv_heads": None,
+    "rope": None, "qk_norm": None, "final_norm": False})
+
+
+def weight_names(kind: str, ffn_kind: str = "mlp") -> tuple[str, ...]:
+    """The weight names of a sublayer of ``kind`` (attention: q, k, v, o; ffn: in, out, or for
+    a gated FFN gate, up, down)."""
+    return FFN_WEIGHTS[ffn_kind] if kind == "ffn" else WEIGHTS[kind]
 
 _MODEL_KEYS = ("arch", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len", "activation",
                "norm", "causal", "dropout", "input", "grad", "layers")
@@ -120,25 +139,45 @@ def _first_bad(bad: np.ndarray) -> int | None:
     return None
 
 
+def placement_codes(value) -> np.ndarray:
+    """Placement codes (indices into PLACEMENTS) from names, codes or booleans (False: pre,
+    True: post), as a scalar or a sequence."""
+    a = np.asarray(value)
+    if a.dtype == bool:
+        return a.astype(np.int8)
+    if a.dtype.kind in "US":
+        flat = [str(v) for v in a.ravel()]
+        bad = [v for v in flat if v not in PLACEMENTS]
+        if bad:
+            raise DomainError(f"placement must be one of {', '.join(map(repr, PLACEMENTS))}, got {bad[0]!r}")
+        return np.array([PLACEMENTS.index(v) for v in flat], dtype=np.int8).reshape(a.shape)
+    if a.dtype.kind in "iu" and np.isin(a, range(len(PLACEMENTS))).all():
+        return a.astype(np.int8)
+    raise DomainError("placement must be given as names ('pre', 'post', 'peri', 'output') or booleans (post)")
+
+
 class Sublayers(_Frozen):
     """All sublayers of one kind ("attention" or "ffn"), one entry per layer (0-based).
 
-    Columns, shape (n_layers,): ``post`` (bool, placement "post"), ``skip_scale`` (a),
-    ``branch_scale`` (b), ``norm_scale`` (n); ``std[name]`` and ``bias_std[name]`` per weight
-    (attention: q, k, v, o; ffn: in, out).  Scalars and sequences are accepted and broadcast;
-    the stored columns are float64 (bool for ``post``) and read-only.
+    Columns, shape (n_layers,): ``placement`` (int8 codes into :data:`PLACEMENTS`; accepted
+    as names, codes or booleans meaning "post"), ``skip_scale`` (a), ``branch_scale`` (b),
+    ``norm_scale`` (n); ``std[name]`` and ``bias_std[name]`` per weight (attention: q, k, v,
+    o; ffn: in, out, or gate, up, down for a gated FFN).  Scalars and sequences are accepted
+    and broadcast; the stored columns are float64 (int8 for ``placement``) and read-only.
+    ``post`` is the boolean column "placement is post".
     """
 
-    FIELDS = ("kind", "post", "skip_scale", "branch_scale", "norm_scale", "std", "bias_std")
+    FIELDS = ("kind", "placement", "skip_scale", "branch_scale", "norm_scale", "std", "bias_std")
     __slots__ = FIELDS
 
-    def __init__(self, kind: str, post, skip_scale, branch_scale, norm_scale, std: Mapping, bias_std: Mapping):
-        for name, value in zip(self.FIELDS, (kind, post, skip_scale, branch_scale, norm_scale, std, bias_std),
+    def __init__(self, kind: str, placement, skip_scale, branch_scale, norm_scale, std: Mapping,
+                 bias_std: Mapping):
+        for name, value in zip(self.FIELDS, (kind, placement, skip_scale, branch_scale, norm_scale, std, bias_std),
                                strict=True):
             self._set(name, value)
         if self.kind not in WEIGHTS:
             raise DomainError(f"sublayer kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
-        post = np.asarray(self.post)
+        post = placement_codes(self.placement)
         n = post.shape[0] if post.ndim == 1 else None
         if n is None:
             for name in _SCALES:
@@ -154,16 +193,16 @@ class Sublayers(_Frozen):
         if n is None:
             raise DomainError(f"{self.kind}: at least one column must be an array (the number of layers)")
         where = self.kind
-        if post.dtype != bool and not (post.ndim in (0, 1) and np.isin(post, (0, 1)).all()):
-            raise DomainError(f"{where}.post must be boolean")
-        self._set("post", _column(post.astype(bool), n, bool, f"{where}.post"))
+        self._set("placement", _column(post, n, np.int8, f"{where}.placement"))
         for name in _SCALES:
             col = _column(getattr(self, name), n, np.float64, f"{where}.{name}")
             i = _first_bad(~np.isfinite(col))
             if i is not None:
                 raise DomainError(f"{where}.{name}[{i}] must be finite, got {col[i]:g}")
             self._set(name, col)
-        names = WEIGHTS[self.kind]
+        given = set(self.std)
+        names = next((ns for ns in (FFN_WEIGHTS.values() if self.kind == "ffn" else (WEIGHTS[self.kind],))
+                      if set(ns) == given), WEIGHTS[self.kind])
         for attr in ("std", "bias_std"):
             given = dict(getattr(self, attr))
             if set(given) != set(names):
@@ -181,15 +220,25 @@ class Sublayers(_Frozen):
     # -- conveniences -------------------------------------------------------------------
     @property
     def n_layers(self) -> int:
-        return int(self.post.shape[0])
+        return int(self.placement.shape[0])
 
     @property
     def names(self) -> tuple[str, ...]:
-        return WEIGHTS[self.kind]
+        """The weight names, in the documented order."""
+        return tuple(self.std)
 
-    def placement(self, layer: int) -> str:
-        """"pre" or "post" for layer ``layer`` (0-based)."""
-        return "post" if self.post[layer] else "pre"
+    @property
+    def post(self) -> np.ndarray:
+        """Boolean column: placement "post"."""
+        return self.placement == 1
+
+    def placement_of(self, layer: int) -> str:
+        """The placement name of layer ``layer`` (0-based)."""
+        return PLACEMENTS[int(self.placement[layer])]
+
+    def placements(self) -> set:
+        """The placement names used."""
+        return {PLACEMENTS[int(c)] for c in np.unique(self.placement)}
 
     def __repr__(self) -> str:
         return f"Sublayers({self.kind!r}, n_layers={self.n_layers})"
@@ -197,8 +246,8 @@ class Sublayers(_Frozen):
     def __eq__(self, other) -> bool:
         if not isinstance(other, Sublayers):
             return NotImplemented
-        return (self.kind == other.kind
-                and all(np.array_equal(getattr(self, c), getattr(other, c)) for c in ("post", *_SCALES))
+        return (self.kind == other.kind and self.names == other.names
+                and all(np.array_equal(getattr(self, c), getattr(other, c)) for c in ("placement", *_SCALES))
                 and all(np.array_equal(self.std[w], other.std[w]) and
                         np.array_equal(self.bias_std[w], other.bias_std[w]) for w in self.names))
 
@@ -212,7 +261,7 @@ class Sublayers(_Frozen):
         def col(c):
             return (c if rows is None else c[rows]).tolist()
 
-        place = ["post" if p else "pre" for p in col(self.post)]
+        place = [PLACEMENTS[p] for p in col(self.placement)]
         std = [col(self.std[w]) for w in names]
         bstd = [col(self.bias_std[w]) for w in names]
         if len(names) == 4:
@@ -229,7 +278,7 @@ class Sublayers(_Frozen):
     def _bits(self) -> np.ndarray:
         """Every column side by side as raw 64-bit patterns, shape (n_layers, k): equal rows
         give equal JSON objects (bit patterns, so 0.0 and -0.0 differ as their texts do)."""
-        cols = [self.post.astype(np.float64), self.skip_scale, self.branch_scale, self.norm_scale]
+        cols = [self.placement.astype(np.float64), self.skip_scale, self.branch_scale, self.norm_scale]
         cols += [self.std[w] for w in self.names] + [self.bias_std[w] for w in self.names]
         return np.ascontiguousarray(np.column_stack(cols)).view(np.int64)
 
@@ -274,17 +323,22 @@ class Model(_Frozen):
     """
 
     FIELDS = ("arch", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len", "activation", "norm",
-              "causal", "dropout", "input", "grad", "attention", "ffn", "notes")
+              "causal", "dropout", "input", "grad", "attention", "ffn", "notes", *OPTIONAL_DEFAULTS)
     __slots__ = FIELDS
 
     def __init__(self, arch: str, n_layers: int, d_model: int, n_heads: int, d_head: int, d_ff: int,
                  seq_len: int, activation: str, norm: str, causal: bool, dropout: Dropout, input: Forward,
-                 grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None):
+                 grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None, *,
+                 norm_eps: float = DEFAULT_NORM_EPS, block: str = "sequential", ffn_kind: str = "mlp",
+                 n_kv_heads: int | None = None, rope: float | None = None, qk_norm: str | None = None,
+                 final_norm: bool = False):
         # ``notes``: extra information (not part of the model object, not written by
-        # to_json, not compared)
+        # to_json, not compared).  The keyword-only fields are the modern blocks' (docs/formats.md):
+        # ``rope`` is the rotary base (None: no rotation); ``n_kv_heads`` None means n_heads.
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
-                                             {} if notes is None else notes), strict=True):
+                                             {} if notes is None else notes, norm_eps, block, ffn_kind,
+                                             n_kv_heads, rope, qk_norm, final_norm), strict=True):
             self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")
@@ -316,6 +370,82 @@ class Model(_Frozen):
             if s.n_layers != self.n_layers:
                 raise DomainError(f"{kind} has {s.n_layers} layers, the model {self.n_layers}")
         self._set("notes", MappingProxyType(dict(self.notes)))
+        self._check_modern()
+
+    def _check_modern(self) -> None:
+        """The modern blocks' fields, and the constraints between fields they add."""
+        if not _is_number(self.norm_eps) or not (math.isfinite(float(self.norm_eps)) and float(self.norm_eps) >= 0):
+            raise DomainError(f"norm_eps must be a finite number >= 0, got {self.norm_eps!r}")
+        self._set("norm_eps", float(self.norm_eps))
+        if self.block not in BLOCKS:
+            raise DomainError(f"block must be one of {', '.join(map(repr, BLOCKS))}, got {self.block!r}")
+        if self.ffn_kind not in FFN_KINDS:
+            raise DomainError(f"ffn_kind must be one of {', '.join(map(repr, FFN_KINDS))}, got {self.ffn_kind!r}")
+        if self.ffn.names != FFN_WEIGHTS[self.ffn_kind]:
+            raise DomainError(f"an ffn_kind {self.ffn_kind!r} FFN has the weights "
+                              f"{', '.join(FFN_WEIGHTS[self.ffn_kind])}, got {', '.join(self.ffn.names)}")
+        kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+        if isinstance(kv, bool) or not isinstance(kv, (int, np.integer)) or kv < 1:
+            raise DomainError(f"n_kv_heads must be a positive integer, got {kv!r}")
+        if self.n_heads % kv:
+            raise DomainError(f"n_kv_heads {kv} must divide n_heads {self.n_heads}")
+        self._set("n_kv_heads", int(kv))
+        if self.rope is not None:
+            if not _is_number(self.rope) or not (math.isfinite(float(self.rope)) and float(self.rope) > 1):
+                raise DomainError(f"rope.base must be a finite number > 1, got {self.rope!r}")
+            if self.d_head % 2:
+                raise DomainError(f"rope needs an even d_head, got {self.d_head}")
+            self._set("rope", float(self.rope))
+        if self.qk_norm is not None and self.qk_norm not in NORMS:
+            raise DomainError(f"qk_norm must be null or one of {', '.join(map(repr, NORMS))}, got {self.qk_norm!r}")
+        if not isinstance(self.final_norm, (bool, np.bool_)):
+            raise DomainError(f"final_norm must be true or false, got {self.final_norm!r}")
+        self._set("final_norm", bool(self.final_norm))
+        if self.block == "parallel":
+            att, ffn = self.attention, self.ffn
+            if (att.placement != 0).any() or (ffn.placement != 0).any():
+                raise DomainError("a parallel block needs both sublayers of every layer 'pre' "
+                                  f"(got {', '.join(sorted(att.placements() | ffn.placements()))})")
+            if not np.array_equal(att.norm_scale, ffn.norm_scale):
+                i = int(np.argmax(att.norm_scale != ffn.norm_scale))
+                raise DomainError(f"a parallel block's two sublayers share one norm: layers[{i}] has norm_scale "
+                                  f"{att.norm_scale[i]:g} (attention) and {ffn.norm_scale[i]:g} (ffn)")
+            if (ffn.skip_scale != 1).any():
+                i = int(np.argmax(ffn.skip_scale != 1))
+                raise DomainError(f"a parallel block has one skip path, the attention sublayer's: layers[{i}]"
+                                  f".ffn.skip_scale must be 1, got {ffn.skip_scale[i]:g}")
+
+    def features(self) -> list[str]:
+        """The modern-block features this model uses, as "field value" names (e.g.
+        "norm rmsnorm", "placement peri", "block parallel", "rope"): what a consumer that does
+        not implement every feature checks with :func:`require`."""
+        out = []
+        if self.norm != "layernorm":
+            out.append(f"norm {self.norm}")
+        if self.activation == "silu":
+            out.append("activation silu")
+        for p in sorted(self.attention.placements() | self.ffn.placements()):
+            if p not in ("pre", "post"):
+                out.append(f"placement {p}")
+        if self.block != "sequential":
+            out.append(f"block {self.block}")
+        if self.ffn_kind != "mlp":
+            out.append(f"ffn_kind {self.ffn_kind}")
+        if self.n_kv_heads != self.n_heads:
+            out.append("n_kv_heads")
+        for name in ("rope", "qk_norm"):
+            if getattr(self, name) is not None:
+                out.append(name)
+        if self.final_norm:
+            out.append("final_norm")
+        return out
+
+    def replace(self, **changes) -> "Model":
+        """A copy with some fields changed (validated like a new model)."""
+        fields = {k: getattr(self, k) for k in self.FIELDS}
+        fields.update(changes)
+        opt = {k: fields.pop(k) for k in OPTIONAL_DEFAULTS}
+        return Model(**fields, **opt)
 
     # -- conveniences -------------------------------------------------------------------
     def sublayers(self, kind: str) -> Sublayers:
@@ -324,11 +454,14 @@ class Model(_Frozen):
         return getattr(self, kind)
 
     def fans(self, kind: str, name: str) -> tuple[int, int]:
-        """(fan_in, fan_out) of weight ``name`` of sublayer ``kind``: q, k, v map
-        d_model -> n_heads * d_head, o maps back; ffn in maps d_model -> d_ff, out back."""
+        """(fan_in, fan_out) of weight ``name`` of sublayer ``kind``: q maps d_model ->
+        n_heads * d_head, k and v d_model -> n_kv_heads * d_head, o maps n_heads * d_head
+        back; ffn in (gate, up) maps d_model -> d_ff, out (down) back."""
         d, w, f = self.d_model, self.n_heads * self.d_head, self.d_ff
-        table = {("attention", "q"): (d, w), ("attention", "k"): (d, w), ("attention", "v"): (d, w),
-                 ("attention", "o"): (w, d), ("ffn", "in"): (d, f), ("ffn", "out"): (f, d)}
+        kv = self.n_kv_heads * self.d_head
+        table = {("attention", "q"): (d, w), ("attention", "k"): (d, kv), ("attention", "v"): (d, kv),
+                 ("attention", "o"): (w, d), ("ffn", "in"): (d, f), ("ffn", "out"): (f, d),
+                 ("ffn", "gate"): (d, f), ("ffn", "up"): (d, f), ("ffn", "down"): (f, d)}
         try:
             return table[(kind, name)]
         except KeyError:
@@ -337,7 +470,7 @@ class Model(_Frozen):
     def __eq__(self, other) -> bool:
         if not isinstance(other, Model):
             return NotImplemented
-        return all(getattr(self, k) == getattr(other, k) for k in _MODEL_KEYS[:-1]) and \
+        return all(getattr(self, k) == getattr(other, k) for k in (*_MODEL_KEYS[:-1], *OPTIONAL_DEFAULTS)) and \
             self.attention == other.attention and self.ffn == other.ffn
 
     __hash__ = None  # type: ignore[assignment]
@@ -383,7 +516,19 @@ class Model(_Frozen):
                         "ffn_inner": self.dropout.ffn_inner},
             "input": {"mean": self.input.mean, "var": self.input.var, "corr": self.input.corr},
             "grad": {"var": self.grad.var, "corr": self.grad.corr},
+            **self.modern_json(),
         }
+
+    def modern_json(self) -> dict:
+        """The optional (modern-block) fields that differ from their defaults, as JSON."""
+        out = {}
+        for k, default in OPTIONAL_DEFAULTS.items():
+            v = getattr(self, k)
+            if k == "n_kv_heads":
+                default = self.n_heads
+            if v != default:
+                out[k] = {"base": v} if k == "rope" else v
+        return out
 
     @classmethod
     def from_json(cls, obj, where: str = "model") -> "Model":
@@ -516,7 +661,12 @@ def _choice(obj, key: str, choices: tuple, where: str) -> str:
 
 
 def _parse_model(obj, where: str) -> Model:
-    _keys(obj, _MODEL_KEYS, where)
+    if isinstance(obj, dict):
+        core = {k: v for k, v in obj.items() if k not in OPTIONAL_DEFAULTS}
+        modern = _parse_modern(obj, where)
+    else:
+        core, modern = obj, {}
+    _keys(core, _MODEL_KEYS, where)
     arch = obj["arch"]
     if not isinstance(arch, str):
         raise DomainError(f"{where}.arch must be a string, got {_type_name(arch)}")
@@ -556,20 +706,53 @@ def _parse_model(obj, where: str) -> Model:
         raise DomainError(f"{where}.layers must be an array, got {_type_name(layers)}")
     if len(layers) != n:
         raise DomainError(f"{where}.layers has {len(layers)} entries, n_layers is {n}")
-    cols = {kind: _parse_sublayers(layers, kind, f"{where}.layers") for kind in KINDS}
-    return Model(arch=arch, **ints, activation=activation, norm=norm, causal=causal,
-                 dropout=Dropout(**drop), input=Forward(mean, var, corr), grad=Backward(gvar, gcorr),
-                 attention=cols["attention"], ffn=cols["ffn"])
+    cols = {kind: _parse_sublayers(layers, kind, f"{where}.layers", modern.get("ffn_kind", "mlp"))
+            for kind in KINDS}
+    try:
+        return Model(arch=arch, **ints, activation=activation, norm=norm, causal=causal,
+                     dropout=Dropout(**drop), input=Forward(mean, var, corr), grad=Backward(gvar, gcorr),
+                     attention=cols["attention"], ffn=cols["ffn"], **modern)
+    except DomainError as e:
+        raise DomainError(f"{where}: {e}") from None
+
+
+def _parse_modern(obj: dict, where: str) -> dict:
+    """The optional modern-block fields present in a model object, checked for type (the
+    Model checks ranges and the constraints between fields)."""
+    out = {}
+    if "norm_eps" in obj:
+        out["norm_eps"] = _num(obj, "norm_eps", where)
+        if out["norm_eps"] < 0:
+            raise DomainError(f"{where}.norm_eps must be >= 0, got {_fmt(out['norm_eps'])}")
+    if "block" in obj:
+        out["block"] = _choice(obj, "block", BLOCKS, where)
+    if "ffn_kind" in obj:
+        out["ffn_kind"] = _choice(obj, "ffn_kind", FFN_KINDS, where)
+    if "n_kv_heads" in obj:
+        out["n_kv_heads"] = _int(obj, "n_kv_heads", where)
+    if obj.get("rope") is not None:
+        r = obj["rope"]
+        _keys(r, ("base",), f"{where}.rope")
+        out["rope"] = _num(r, "base", f"{where}.rope")
+        if not out["rope"] > 1:
+            raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
+    if obj.get("qk_norm") is not None:
+        out["qk_norm"] = _choice(obj, "qk_norm", NORMS, where)
+    if "final_norm" in obj:
+        if not isinstance(obj["final_norm"], bool):
+            raise DomainError(f"{where}.final_norm must be true or false, got {obj['final_norm']!r}")
+        out["final_norm"] = obj["final_norm"]
+    return out
 
 
 _LAYER_KEYS = frozenset(KINDS)
 
 
-def _parse_sublayers(layers: list, kind: str, where: str) -> Sublayers:
+def _parse_sublayers(layers: list, kind: str, where: str, ffn_kind: str = "mlp") -> Sublayers:
     """Column-wise parse of one sublayer kind over all layers: a structural pass (keys), then
     type and range checks on whole columns; the first failure is located and reported with
     its path."""
-    names = WEIGHTS[kind]
+    names = weight_names(kind, ffn_kind)
     sub_keys, init_keys, w_keys = set(_SUBLAYER_KEYS), set(names), set(_INIT_KEYS)
     subs = []
     for i, layer in enumerate(layers):
@@ -591,10 +774,12 @@ def _parse_sublayers(layers: list, kind: str, where: str) -> Sublayers:
         return f"{where}[{i}].{kind}.{tail}"
 
     place = [s["placement"] for s in subs]
-    post = np.array([p == "post" for p in place], dtype=bool)
-    if not all(p == "post" or p == "pre" for p in place):
-        i = next(i for i, p in enumerate(place) if not (p == "post" or p == "pre"))
-        raise DomainError(f"{path(i, 'placement')} must be 'pre' or 'post', got {place[i]!r}")
+    codes = {p: i for i, p in enumerate(PLACEMENTS)}
+    if not all(type(p) is str and p in codes for p in place):
+        i = next(i for i, p in enumerate(place) if not (type(p) is str and p in codes))
+        raise DomainError(f"{path(i, 'placement')} must be one of {', '.join(map(repr, PLACEMENTS))}, "
+                          f"got {place[i]!r}")
+    post = np.array([codes[p] for p in place], dtype=np.int8)
 
     def numbers(values: list, tail: str, nonneg: bool) -> np.ndarray:
         types = {type(v) for v in values}
@@ -627,3 +812,11 @@ def _fits(v) -> bool:
         return True
     except OverflowError:
         return False
+
+
+def require(model: Model, supported, who: str) -> None:
+    """Refuse (DomainError) a model using a modern-block feature (:meth:`Model.features`) that
+    ``who`` does not implement: a consumer never ignores a field it does not implement."""
+    missing = [f for f in model.features() if f not in supported]
+    if missing:
+        raise DomainError(f"{who} does not implement {', '.join(missing)} (yet)")
