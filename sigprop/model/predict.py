@@ -27,9 +27,9 @@ import numpy as np
 
 from sigprop import progress
 from sigprop.backend import numeric
-from sigprop.model import positions, profile, store
+from sigprop.model import blocks, positions, profile, store
 from sigprop.errors import DomainError
-from sigprop.model.spec import MAX_LAYERS, _no_gc
+from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
@@ -54,6 +54,11 @@ VAR_TABLE_AFTER = 128
 _LOG_VAR_LIMIT = 600.0
 
 
+#: the modern-block features (spec.Model.features) the predictor implements
+SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
+                       "ffn_kind glu", "final_norm"})
+
+
 class Op:
     """One rule application in a branch chain.
 
@@ -75,26 +80,48 @@ class Op:
         return f"Op({self.rule!r}, {self.params!r})"
 
 
+class BranchRecord:
+    """What the forward pass recorded about one branch of a residual unit with several
+    (a parallel block): the branch fields of :class:`SublayerRecord`."""
+
+    __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
+                 "logit_var", "out_ops", "out_prof", "euler_var", "att_rows")
+
+    def __init__(self, layer: int, kind: str, b: float, log_b2: float):
+        self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
+        self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
+        self.logit_var = self.out_ops = self.out_prof = self.euler_var = self.att_rows = None
+
+
 class SublayerRecord:
-    """What the forward pass recorded about one sublayer (and the backward pass added)."""
+    """What the forward pass recorded about one residual unit (a sublayer, or a parallel
+    block) and the backward pass added.  A unit with one branch keeps the branch's fields
+    itself; a parallel block's branches are ``parts`` (:class:`BranchRecord`), and its own
+    branch fields describe their sum (b = 1)."""
 
     __slots__ = ("layer", "kind", "post", "a", "b", "log_a2", "log_b2", "x_log_var", "x", "pre_ops",
                  "branch_ops", "branch_out", "z_log_var", "z", "out_log_var", "out", "logit_var",
                  "branch_gain", "log_branch_gain", "z_gain", "chain_table", "chain_x", "x_prof",
-                 "z_prof", "ln_prof", "g_prof", "euler_var", "att_rows", "att_along")
+                 "z_prof", "ln_prof", "g_prof", "euler_var", "att_rows", "att_along", "in_norm",
+                 "parts", "out_ops", "out_prof", "btok")
 
     def __init__(self, layer: int, kind: str, post: bool, a: float, b: float, log_a2: float,
                  log_b2: float, x_log_var: float, x: Forward):
         self.layer = layer
-        self.kind = kind              # "attention" | "ffn"
-        self.post = post
+        self.kind = kind              # the trace point's name: "attention" | "ffn" | "block"
+        self.post = post              # a norm after the residual sum
+        self.in_norm = not post       # a norm before the branch(es)
+        self.parts = None             # a parallel block: its branches (BranchRecord)
+        self.out_ops = None           # the norm on the branch output, if any
+        self.out_prof = None          # causal: the branch output's profile entering that norm
+        self.btok = (0.0, 1.0)        # per-token statistics of the branch output
         self.a = a
         self.b = b
         self.log_a2 = log_a2          # log a^2 and log b^2 (-inf for a zero scale)
         self.log_b2 = log_b2
         self.x_log_var = x_log_var    # stream entering the sublayer
         self.x = x                    # normalised (var 1) stream entering the sublayer
-        self.pre_ops: list | None = None      # the LayerNorm (pre: before the branch; post: after the sum)
+        self.pre_ops: list | None = None      # the unit's norm (before the branch, or post: after the sum)
         self.branch_ops: list | None = None   # the branch chain's ops, when evaluated rule by rule
         self.branch_out: Forward | None = None
         self.z_log_var = 0.0          # post: the pre-LN sum
@@ -173,8 +200,6 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
     return math.log(v), Forward(float(y.mean) / math.sqrt(v), 1.0, float(y.corr))
 
 
-_LAYERNORM = get("layernorm")
-_LN_EPS = next(q.default for q in _LAYERNORM.params if q.name == "eps")
 _RESIDUAL = get("residual")
 _LINEAR = get("linear")
 
@@ -242,12 +267,14 @@ def _combine(ref: float, v1: float, x1: Forward, w1: float, v2: float, x2: Forwa
                                        1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)
 
 
-def _mix_tokens(tok: tuple[float, float], ref: float, v1: float, v2: float):
-    """Per-token statistics of a x + b y (y a Gaussian-like branch output) from the stream's,
-    the variances of a x and b y as (ref, v1, v2) from :func:`_weights`."""
+def _mix_tokens(tok: tuple[float, float], ref: float, v1: float, v2: float,
+                btok: tuple[float, float] = (0.0, 1.0)):
+    """Per-token statistics of a x + b y from the stream's (``tok``) and the branch output's
+    (``btok``: Gaussian-like, or a norm's output), the variances of a x and b y as
+    (ref, v1, v2) from :func:`_weights`."""
     if ref == -math.inf:
         return tok
-    return combine_token_stats(v1, tok[0], tok[1], v2, 0.0, 1.0)
+    return combine_token_stats(v1, tok[0], tok[1], v2, btok[0], btok[1])
 
 
 def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float, float]:
@@ -275,7 +302,10 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       position-wise: its share (per token, through the response of every output token to
       scaling one input token) is Predictor._attention_euler's (``rec.att_along``).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
-      left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0)."""
+      left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0) (also with a norm on the
+      branch output, and for a parallel block's summed branches).
+    * output, x' = a x + b N(F(x)): the skip part keeps the shares; the branch part is taken as
+      isotropic (1, 1), like post's general branch."""
     # the shares from logarithms (a and b may be far outside float range when squared)
     log_a2 = rec.log_a2
     log_bg = rec.log_branch_gain
@@ -298,16 +328,21 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
                 rec.log_b2 + math.log(ev) - clipped - _log_sum(log_a2, log_bg)))
             return (branch, along)
         return (branch, skip * leak + branch)
-    return (skip * gen[0], skip * gen[1])
+    if rec.in_norm:
+        return (skip * gen[0], skip * gen[1])
+    # a norm on the branch output only: the branch part taken as isotropic, as post's
+    branch = _share(log_bg, log_a2)
+    return (skip * gen[0] + branch, skip * gen[1] + branch)
 
 
-def _log_squares(col: list) -> list:
-    """log w^2 of every entry (-inf for 0), once per distinct value."""
-    memo: dict = {}
-    for w in col:
-        if w not in memo:
-            memo[w] = 2 * math.log(abs(w)) if w else -math.inf
-    return [memo[w] for w in col]
+#: the norm rules' parameter for the upstream gradient's share along what their Jacobian
+#: removes (LayerNorm: the all-ones vector and the output; RMSNorm: the output)
+_GENERIC = {"layernorm": "g_generic", "rmsnorm": "g_generic_rms"}
+
+
+def _generic_share(rule: str, gen: tuple[float, float]) -> float:
+    """That share from the gradient's shares (along 1, along the stream direction)."""
+    return 0.5 * (gen[0] + gen[1]) if rule == "layernorm" else gen[1]
 
 
 def _right_of_diagonal(W: np.ndarray, f: np.ndarray) -> np.ndarray:
@@ -356,7 +391,7 @@ def _log_sum(l1: float, l2: float) -> float:
 def _repeats(cols, with_norm: bool = True) -> tuple[list, list]:
     """Per layer: the number of layers whose branch parameters (every column of ``cols``; the
     norm scale only ``with_norm``) equal this layer's, and an id of that parameter set."""
-    arrays = [cols.post, cols.norm_scale] if with_norm else [cols.post]
+    arrays = [cols.placement, cols.norm_scale] if with_norm else [cols.placement]
     arrays += [cols.std[w] for w in sorted(cols.std)] + [cols.bias_std[w] for w in sorted(cols.bias_std)]
     rows = list(zip(*(np.asarray(a, dtype=float).tolist() for a in arrays)))
     ids: dict = {}
@@ -381,6 +416,7 @@ class Predictor:
     """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
 
     def __init__(self, model, stop_at_saturation: bool = False, tables: TableCache | None = None):
+        require(model, SUPPORTED, "predict")
         self.model = model
         self.stop_at_saturation = stop_at_saturation
         self.saturation: tuple[int, str] | None = None
@@ -402,7 +438,8 @@ class Predictor:
         self._chains: dict = {}
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
-        self._ln_params: dict = {}
+        self._norm_ops: dict = {}
+        self._log_sqs: dict = {}
         self._a2_tables: dict = {}    # per q/k parameter set: _square_table's
         # causal, long sequences: the graded grid over positions (None: every position)
         self.grid = positions.grid_for(m.seq_len) if m.causal else None
@@ -422,10 +459,10 @@ class Predictor:
         if m.causal or m.n_layers < VAR_TABLE_AFTER or np.all(s.norm_scale == s.norm_scale[0]):
             return {}
         counts, groups = _repeats(s, with_norm=False)
-        post, n2 = np.asarray(s.post).tolist(), (np.asarray(s.norm_scale) ** 2).tolist()
+        place, n2 = s.placement.tolist(), (np.asarray(s.norm_scale) ** 2).tolist()
         members: dict = {}
         for l, g in enumerate(groups):
-            if not post[l] and counts[l] >= VAR_TABLE_AFTER:
+            if blocks.norm_flags(place[l])[0] and counts[l] >= VAR_TABLE_AFTER:
                 members.setdefault(g, []).append(l)
         out = {}
         for layers in members.values():
@@ -436,31 +473,21 @@ class Predictor:
         return out
 
     # -- branch chains -------------------------------------------------------------------
-    def _attention_ops(self, l: int) -> list[Op]:
-        m, s = self.model, self.model.attention
-        params = dict(d=m.d_model, n_heads=m.n_heads, d_head=m.d_head, L=m.seq_len,
-                      p=m.dropout.attention, causal=int(bool(m.causal)))
-        for w in ("q", "k", "v", "o"):
-            params[f"{w}_std"] = float(s.std[w][l])
-            params[f"{w}_bias_std"] = float(s.bias_std[w][l])
-        return [Op("attention", params)]
+    def _norm(self, tok: tuple[float, float]) -> Op:
+        """The model's norm as an op for a stream with per-token statistics ``tok`` =
+        (centred, kappa); one parameter dict per distinct ``tok`` (never changed: see
+        Rule.fast)."""
+        op = self._norm_ops.get(tok)
+        if op is None:
+            op = self._norm_ops[tok] = blocks.norm_params(self.model, tok)
+        return Op(*op)
 
-    def _ffn_ops(self, l: int) -> list[Op]:
-        m, s = self.model, self.model.ffn
-        return [
-            Op("linear", dict(d_in=m.d_model, d_out=m.d_ff, w_std=float(s.std["in"][l]), b_std=float(s.bias_std["in"][l]))),
-            Op(m.activation, {}),
-            Op("dropout", dict(p=m.dropout.ffn_inner)),
-            Op("linear", dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["out"][l]), b_std=float(s.bias_std["out"][l]))),
-        ]
-
-    def _ln(self, tok: tuple[float, float]) -> Op:
-        """LayerNorm op for a stream with per-token statistics ``tok`` = (centred, kappa); one
-        parameter dict per distinct ``tok`` (never changed: see Rule.fast)."""
-        params = self._ln_params.get(tok)
-        if params is None:
-            params = self._ln_params[tok] = dict(d=self.d, eps=_LN_EPS, centred=tok[0], kappa=tok[1], g_generic=1.0)
-        return Op("layernorm", params)
+    def _log_sq(self, w: float) -> float:
+        """log w^2 (-inf for 0), memoised per value."""
+        hit = self._log_sqs.get(w)
+        if hit is None:
+            hit = self._log_sqs[w] = 2 * math.log(abs(w)) if w else -math.inf
+        return hit
 
     # -- passes --------------------------------------------------------------------------
     def forward(self) -> list[SublayerRecord]:
@@ -482,80 +509,64 @@ class Predictor:
     def _forward(self, records: list) -> None:
         m = self.model
         lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
-        # per-token variance statistics of the stream (LayerNorm params centred, kappa): the
-        # Gaussian input has (0, 1); a LayerNorm output (1, 0); branch outputs are taken as
+        # per-token variance statistics of the stream (norm params centred, kappa): the
+        # Gaussian input has (0, 1); a norm output (1, 0); branch outputs are taken as
         # Gaussian; sums mix them (layernorm.combine_token_stats)
-        tok = (0.0, 1.0)
+        tok = blocks.GAUSSIAN_TOKENS
         G, npos = self.grid, self.npos
         prof = profile.flat(m.seq_len, G) if m.causal else None
         # causal: the deviation over pairs of positions of the stream's normalised token
         # covariance from its mean (zero diagonal; see profile, "forward")
         dev = np.zeros((npos, npos)) if m.causal else None
-        # per-layer columns as plain Python values (indexing NumPy arrays per layer is slow)
-        cols = {}
-        for kind in ("attention", "ffn"):
-            c = getattr(m, kind)
-            a_col = np.asarray(c.skip_scale, dtype=float).tolist()
-            b_col = np.asarray(c.branch_scale, dtype=float).tolist()
-            cols[kind] = (np.asarray(c.post, dtype=bool).tolist(), a_col, b_col,
-                          np.asarray(c.norm_scale, dtype=float).tolist(), _log_squares(a_col), _log_squares(b_col))
+        self._end = (lv, x, tok, prof)
+        cols = blocks.columns(m)
         for l in range(m.n_layers):
-            for kind in ("attention", "ffn"):
-                c_post, c_a, c_b, c_n, c_la2, c_lb2 = cols[kind]
-                post, a, b, n = c_post[l], c_a[l], c_b[l], c_n[l]
-                rec = SublayerRecord(l + 1, kind, post, a, b, c_la2[l], c_lb2[l], lv, x)
+            for unit in blocks.layer_units(m, l, cols):
                 self._at = l + 1
-                if post and kind == "ffn" and m.activation == "relu":
-                    rec.euler_var = self._euler_var(l)
-                chain, handle = self._chain(kind, l, post, n)
+                one = len(unit.branches) == 1
+                br0 = unit.branches[0]
+                b = br0.scale if one else 1.0
+                rec = SublayerRecord(l + 1, unit.label, unit.post_norm, unit.skip, b, self._log_sq(unit.skip),
+                                     self._log_sq(b), lv, x)
+                rec.in_norm = unit.in_norm
                 h = _real(lv, x)
                 dev_in = dev
-                if not post:
-                    ln = self._ln(tok)
+                if unit.in_norm:
+                    ln = self._norm(tok)
                     rec.pre_ops = [ln]
                     ln.x = h
-                    h = _LAYERNORM.fast(h, None, ln.params)[0]
+                    h = get(ln.rule).fast(h, None, ln.params)[0]
                     if dev is not None:
                         # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
                         c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)), G)
                         h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
-                if kind == "attention":
-                    h_att = h if post else Forward(h.mean * n, h.var * n * n, h.corr)
-                    if self.stop_at_saturation:
-                        rv = row_logit_var(chain[-2][1], h_att)
-                        if not rv <= ROW_LOGIT_VAR_MAX:
-                            self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
-                                                      f"at layer {l + 1}")
+                if one:
+                    got = self._branch(rec, br0, unit, h, dev_in)
+                    if got is None:
+                        return
+                    y, bcov = got
+                    rec.btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
+                else:
+                    rec.parts = []
+                    outs = []
+                    for br in unit.branches:
+                        part = BranchRecord(l + 1, br.kind, br.scale, self._log_sq(br.scale))
+                        got = self._branch(part, br, unit, h, dev_in)
+                        if got is None:
                             return
-                    rec.logit_var = self._logit_var(chain[-2][1], h_att)
-                h_in = h
-                if post and kind == "attention":
-                    rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
-                h = self._branch_forward(rec, chain, handle, h, prof is not None and kind == "attention")
-                if dev is not None and not h.var > 0:
-                    # a branch that adds nothing (all-zero output weights and biases): no
-                    # covariance over positions either
-                    bcov = np.zeros((npos, npos))
-                elif dev is not None:
-                    att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
-                    bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G) if att
-                             else profile.flat(m.seq_len, G))
-                    # the branch output's covariance over positions: the rule's (mean, profile)
-                    # plus the deviation the input's position structure adds
-                    bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
-                    bcov[np.diag_indices_from(bcov)] += h.var * bprof
-                    bcov += h.var * h.corr * (1 - np.eye(npos))
-                    bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
-                    h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
-                    bcov /= bv
-                rec.branch_out = h
-                blv, bx = _normalise(h)
+                        rec.parts.append(part)
+                        if part.logit_var is not None:
+                            rec.logit_var = part.logit_var
+                        outs.append(got)
+                    y, bcov = self._sum_branches(rec.parts, outs)
+                rec.branch_out = y
+                blv, bx = _normalise(y)
                 # log var of a x and of b y, and both in units of the larger
                 ref, v1, v2 = _weights(lv + rec.log_a2, blv + rec.log_b2)
-                zlv, z = _combine(ref, v1, x, a, v2, bx, b)
+                zlv, z = _combine(ref, v1, x, rec.a, v2, bx, rec.b)
                 if zlv == -math.inf:
                     raise DomainError(
-                        f"the residual stream vanishes in layer {l + 1}'s {kind} sublayer (skip scale {a:g}, "
+                        f"the residual stream vanishes in layer {l + 1}'s {unit.label} sublayer (skip scale {rec.a:g}, "
                         f"and the branch adds {'nothing' if blv == -math.inf else 'nothing at branch scale 0'}): "
                         "sigprop follows a stream of positive variance only")
                 if prof is not None:
@@ -565,19 +576,19 @@ class Predictor:
                     xcov = self._cov(x.corr, dev, prof)
                     zcov = profile.mix(w1, xcov, w2, bcov)
                     zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
-                    if post:
-                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), (0.0, 1.0), self.d, G)
+                    if unit.post_norm:
+                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), rec.btok, self.d, G)
                     prof = np.diag(zcov).copy()
                     rec.z_prof = prof
-                tok = _mix_tokens(tok, ref, v1, v2)
-                if post:
+                tok = _mix_tokens(tok, ref, v1, v2, rec.btok)
+                if unit.post_norm:
                     rec.z_log_var, rec.z = zlv, z
-                    ln = self._ln(tok)
+                    ln = self._norm(tok)
                     rec.pre_ops = [ln]
                     lv, x = _normalise(_fwd(ln, _real(zlv, z)))
-                    tok = (1.0, 0.0)
+                    tok = blocks.NORM_TOKENS
                     if prof is not None:
-                        # per position the LayerNorm divides by that position's std
+                        # per position the norm divides by that position's std
                         c_out, dev = profile.deviation(profile.normalise(zcov), G)
                         x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
                         prof = profile.flat(m.seq_len, G)
@@ -587,6 +598,88 @@ class Predictor:
                         _, dev = profile.deviation(zcov, G)
                 rec.out_log_var, rec.out = lv, x
                 records.append(rec)
+                self._end = (lv, x, tok, prof)
+
+    def _branch(self, rec, br, unit, h: Forward, dev_in):
+        """One branch of a unit at its input ``h`` (after the unit's input norm, before the
+        norm scale): the branch output (absolute units, before the branch scale) and, causal,
+        its normalised covariance over positions; None where the softmax saturates (with
+        ``stop_at_saturation``: ``self.saturation`` says where)."""
+        m, G, npos = self.model, self.grid, self.npos
+        kind, l, n = br.kind, br.layer, br.norm_scale
+        if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and m.activation == "relu":
+            rec.euler_var = self._euler_var(l)
+        chain, handle = self._chain(kind, l, unit.in_norm, n)
+        if kind == "attention":
+            h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
+            if self.stop_at_saturation:
+                rv = row_logit_var(chain[-2][1], h_att)
+                if not rv <= ROW_LOGIT_VAR_MAX:
+                    self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
+                                              f"at layer {l + 1}")
+                    return None
+            rec.logit_var = self._logit_var(chain[-2][1], h_att)
+        h_in = h
+        if unit.post_norm and kind == "attention":
+            rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
+        h = self._branch_forward(rec, chain, handle, h, dev_in is not None and kind == "attention")
+        bcov = None
+        if dev_in is not None and not h.var > 0:
+            # a branch that adds nothing (all-zero output weights and biases): no
+            # covariance over positions either
+            bcov = np.zeros((npos, npos))
+        elif dev_in is not None:
+            att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
+            bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G) if att
+                     else profile.flat(m.seq_len, G))
+            # the branch output's covariance over positions: the rule's (mean, profile)
+            # plus the deviation the input's position structure adds
+            bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
+            bcov[np.diag_indices_from(bcov)] += h.var * bprof
+            bcov += h.var * h.corr * (1 - np.eye(npos))
+            bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
+            h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
+            bcov /= bv
+        if br.out_norm:
+            # the norm on the branch output (a Gaussian-like signal), per position
+            on = self._norm(blocks.GAUSSIAN_TOKENS)
+            rec.out_ops = [on]
+            y = _fwd(on, h) if h.var > 0 else h
+            if bcov is not None and h.var > 0:
+                rec.out_prof = np.diag(bcov).copy()
+                c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
+                y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
+                bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
+            h = y
+        return h, bcov
+
+    def _sum_branches(self, parts: list, outs: list):
+        """The sum b_1 y_1 + b_2 y_2 + ... of a parallel block's branch outputs (independent:
+        zero-mean weights of their own), in absolute units; causal: its normalised covariance
+        over positions."""
+        lvs = []
+        for part, (y, _) in zip(parts, outs):
+            v = float(y.var)
+            lvs.append(math.log(v) + part.log_b2 if v > 0 and part.log_b2 > -math.inf else -math.inf)
+        lv, xs = -math.inf, _NO_SIGNAL
+        cov, w_acc = None, None
+        for part, (y, bcov), l_i in zip(parts, outs, lvs):
+            _, yn = _normalise(y)
+            if lv == -math.inf:
+                lv, xs = l_i, yn
+                sgn = math.copysign(1.0, part.b) if part.b else 0.0
+                xs = Forward(xs.mean * sgn, 1.0, xs.corr)
+                cov = bcov
+                continue
+            ref, v1, v2 = _weights(lv, l_i)
+            tot = v1 + v2
+            if bcov is not None and cov is not None and tot > 0:
+                cov = profile.mix(v1 / tot, cov, v2 / tot, bcov)
+            lv, xs = _combine(ref, v1, xs, 1.0, v2, yn, part.b)
+        if cov is not None:
+            G = self.grid
+            cov = cov / (float(np.trace(cov)) / self.model.seq_len if G is None else G.mean_diag(cov))
+        return _real(lv, xs) if lv > -math.inf else Forward(0.0, 0.0, 0.0), cov
 
     def _euler_var(self, l: int) -> float:
         """Per-element variance of D = F(x) - J_F x for layer ``l``'s ReLU FFN with its hidden
@@ -658,18 +751,19 @@ class Predictor:
         vk, _ = _LINEAR.fast(x, None, hit[2])
         return float(vq.var * vk.var)
 
-    def _chain(self, kind: str, l: int, post: bool, n: float):
-        """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (pre:
-        the norm scale n first; then the branch; then the hidden dropout), shared by the
-        layers with the same parameters, with its handle in the table cache."""
+    def _chain(self, kind: str, l: int, in_norm: bool, n: float):
+        """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (after
+        an input norm: the norm scale n first; then the branch, blocks.branch_chain; then the
+        hidden dropout), shared by the layers with the same parameters, with its handle in the
+        table cache."""
         gid = (kind, self.groups[kind][l])
         hit = self._chains.get(gid)
         if hit is None:
-            ops = self._attention_ops(l) if kind == "attention" else self._ffn_ops(l)
-            ops.append(Op("dropout", dict(p=self.model.dropout.hidden)))
-            if not post:
-                ops.insert(0, Op("residual", dict(a=n, b=0.0)))     # norm scale n
-            chain = tuple((op.rule, op.params) for op in ops)
+            ops = blocks.branch_chain(self.model, kind, l)
+            ops.append(("dropout", dict(p=self.model.dropout.hidden)))
+            if in_norm:
+                ops.insert(0, ("residual", dict(a=n, b=0.0)))     # norm scale n
+            chain = tuple(ops)
             hit = self._chains[gid] = (chain, self._tables.handle(chain))
         return hit
 
@@ -726,13 +820,28 @@ class Predictor:
         # causal: the gradient's covariance over positions, mean diagonal 1 (see profile)
         G = self.grid
         w = np.eye(self.npos) * (1 - gc) + gc if m.causal else None
+        if m.final_norm:
+            # the model's final norm: the upstream gradient is given at its output
+            flv, fx, ftok, fprof = self._end
+            op = self._norm(ftok)
+            op.x = _real(flv, fx)
+            g = _bwd(op, Backward(1.0, gc))
+            kw = 1.0
+            if w is not None:
+                kw, kc, w = profile.layernorm_backward(w, fprof, *_gains(lambda q: _bwd(op, q)), grid=G)
+                g = Backward(g.var, g.corr * kc / kw)
+            lg = lg + math.log(g.var * kw) + self._ln_log_adjust(flv) if g.var > 0 else -math.inf
+            gc = g.corr
+            # its Jacobian leaves nothing along the stream's direction (LayerNorm: nor along 1)
+            gen = (0.0, 0.0) if m.norm == "layernorm" else (1.0, 0.0)
+        self.top_grad = (lg, gc)
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
             rec = records[i]
             if rec.post:
-                # through the final LayerNorm of the sublayer, then split into skip and branch
+                # through the norm after the residual sum, then split into skip and branch
                 ln = rec.pre_ops[0]
-                ln.params = {**ln.params, "g_generic": 0.5 * (gen[0] + gen[1])}   # a new dict (Rule.fast)
+                ln.params = {**ln.params, _GENERIC[ln.rule]: _generic_share(ln.rule, gen)}   # a new dict (Rule.fast)
                 gb = _bwd(ln, Backward(1.0, gc))
                 kw = 1.0
                 if w is not None:
@@ -741,25 +850,15 @@ class Predictor:
                 rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
                 lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
                 gc = gb.corr
-            # branch path: b * Dropout^T F^T (pre: (n LN)^T)
+            # branch path: b * Out^T Dropout^T F^T (after an input norm: (n N)^T)
             # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
-            g = Backward(1.0 if rec.b else 0.0, gc)
-            u, ku, kc = w, 1.0, 1.0
-            if rec.chain_table is not None:
-                if w is not None:
-                    u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward_of(rec.chain_x, q)))
-                g = rec.chain_table.backward_of(rec.chain_x, g)
+            if rec.parts is None:
+                g, u, ku, kc = self._branch_backward(rec, Backward(1.0 if rec.b else 0.0, gc), w)
+                lg_branch_extra = rec.log_b2 if rec.b else 0.0
             else:
-                for op in reversed(rec.branch_ops):
-                    if w is not None:
-                        if op.rule == "attention":
-                            k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G)
-                            ku, kc = ku * k, kc * k2
-                        else:
-                            u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
-                    g = _bwd(op, g)
-            lg_branch_extra = rec.log_b2 if rec.b else 0.0
-            if not rec.post:
+                g, u, lg_branch_extra = self._parts_backward(rec.parts, gc, w)
+                ku = kc = 1.0
+            if rec.in_norm:
                 for op in reversed(rec.pre_ops):
                     if w is not None:
                         k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)), grid=G)
@@ -796,6 +895,56 @@ class Predictor:
             lg, gc = lg + lsum, gsum.corr
             out[i] = (lg, gc)
         return out
+
+    def _branch_backward(self, rec, g: Backward, w):
+        """Through one branch's output norm and rule chain (table or op by op), top down, for
+        gradient ``g`` at its output (causal: covariance over positions ``w``): the gradient at
+        the branch input, its covariance over positions and the attention's factors (ku, kc)
+        on the flat-profile variance and correlation."""
+        G = self.grid
+        u, ku, kc = w, 1.0, 1.0
+        for op in reversed(rec.out_ops or ()):
+            if op.x is None or not op.x.var > 0:
+                return Backward(0.0, g.corr), u, ku, kc
+            if w is not None:
+                k, k2, u = profile.layernorm_backward(u, rec.out_prof, *_gains(lambda q: _bwd(op, q)), grid=G)
+                ku, kc = ku * k, kc * k2
+            g = _bwd(op, g)
+        if rec.chain_table is not None:
+            if w is not None:
+                u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward_of(rec.chain_x, q)))
+            g = rec.chain_table.backward_of(rec.chain_x, g)
+        else:
+            for op in reversed(rec.branch_ops):
+                if w is not None:
+                    if op.rule == "attention":
+                        k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G)
+                        ku, kc = ku * k, kc * k2
+                    else:
+                        u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
+                g = _bwd(op, g)
+        return g, u, ku, kc
+
+    def _parts_backward(self, parts: list, gc: float, w):
+        """The branches of a parallel block, each for a unit gradient of correlation ``gc``
+        (causal: covariance ``w``) at the block output, summed at their shared input
+        (independent weights: variances add): (the sum's state in units of exp(log gain),
+        its covariance over positions, log gain including the branch scales)."""
+        lt, gt, ut = -math.inf, Backward(1.0, gc), w
+        for part in parts:
+            g, u, ku, kc = self._branch_backward(part, Backward(1.0 if part.b else 0.0, gc), w)
+            if w is not None:
+                g = Backward(g.var * ku, g.corr * kc / ku)
+            li = math.log(g.var) + part.log_b2 if g.var > 0 and part.b else -math.inf
+            if lt == -math.inf:
+                lt, gt, ut = li, Backward(1.0, g.corr), u
+                continue
+            ref, v1, v2 = _weights(lt, li)
+            if w is not None and v1 + v2 > 0:
+                ut = profile.mix(v1, ut, v2, u)
+            lt, s = _combine(ref, v1, Forward(0.0, 1.0, gt.corr), 1.0, v2, Forward(0.0, 1.0, g.corr), 1.0)
+            gt = Backward(1.0, s.corr)
+        return gt, ut, lt
 
     def _cross_log_factor(self, rec: SublayerRecord, lsum: float) -> float:
         """log of 1 + (skip-branch cross term) / (a^2 + branch gain) for a Post-LN ReLU FFN.
@@ -917,7 +1066,7 @@ class Predictor:
         over positions): MC 0.0/-2.2/-1.3/-0.6/-0.0 e-3 (block SE ~0.2e-3), this
         -1.2/-1.2/-1.2/-0.6/-0.1 e-3."""
         m = self.model
-        op = self._chain("attention", rec.layer - 1, True, 1.0)[0][0][1]
+        op = self._chain("attention", rec.layer - 1, False, 1.0)[0][0][1]
         L, pa, ph = m.seq_len, m.dropout.attention, m.dropout.hidden
         H, dh = op["n_heads"], op["d_head"]
         gv = self.d * H * dh * op["v_std"] ** 2 * op["o_std"] ** 2
@@ -1001,7 +1150,7 @@ def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], 
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
-    records, grads, _ = _run(model, False, tables)
+    records, grads, _, _ = _run(model, False, tables)
     return records, grads
 
 
@@ -1015,7 +1164,8 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
         pr = Predictor(model, stop_at_saturation, tables)
         try:
             records = pr.forward()
-            return records, pr.backward(records), pr.saturation
+            grads = pr.backward(records)
+            return records, grads, pr.saturation, pr.top_grad
         except (OverflowError, ZeroDivisionError, np.linalg.LinAlgError) as e:
             # the residual stream and the gradient are carried in log space; the inside of
             # one branch is not, and weight stds or scales near the float64 range take it out
@@ -1044,24 +1194,28 @@ def predict(model, stop_at_saturation: bool = False, tables: TableCache | None =
     model's upstream gradient (``model.grad``) at the output of the last predicted
     sublayer, as for the model cut off there."""
     with _no_gc():
-        records, grads, sat = _run(model, stop_at_saturation, tables)
-        pts = Points(_points(model, records, grads))
+        records, grads, sat, top = _run(model, stop_at_saturation, tables)
+        pts = Points(_points(model, records, grads, top))
     if sat is not None:
         pts.saturation_layer, pts.domain_note = sat
     return pts
 
 
-def _points(model, records, grads) -> list[StreamPoint]:
+def _points(model, records, grads, top=None) -> list[StreamPoint]:
+    """``top``: the gradient w.r.t. the stream after the last record (below the final norm
+    where the model has one; None: the model's upstream gradient)."""
     m = model
+    if top is None:
+        top = (math.log(m.grad.var) if m.grad.var > 0 else -math.inf), m.grad.corr
     lv0, x0 = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
-    g_in = grads[0] if grads else (math.log(m.grad.var), m.grad.corr)
+    g_in = grads[0] if grads else top
     pts = [StreamPoint(0, "input", lv0, m.input.mean, m.input.corr, g_in[0], g_in[1])]
     for i, rec in enumerate(records):
         # gradient w.r.t. the stream *after* this sublayer = gradient entering the next one
         if i + 1 < len(records):
             lg, gc = grads[i + 1]
         else:
-            lg, gc = (math.log(m.grad.var) if m.grad.var > 0 else -math.inf), m.grad.corr
+            lg, gc = top
         mm = rec.out.mean   # in stream standard deviations: a zero mean stays 0 (never 0 x inf)
         mean = mm * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 \
             else math.copysign(_exp(math.log(abs(mm)) + rec.out_log_var / 2), mm) if mm else 0.0
