@@ -38,7 +38,10 @@ except ImportError:
         from hashlib import sha256 as _sha256
 
 _OFF = {"", "0", "off", "none", "false", "no"}
-_SOURCES = ("rules", "backend", "model/tables.py", "model/profile.py", "model/store.py", "state.py")
+# every file whose code shapes a stored table (predict.py builds the attention row tables,
+# positions.py the graded grid, blocks.py the chains)
+_SOURCES = ("rules", "backend", "model/tables.py", "model/profile.py", "model/store.py", "model/predict.py",
+            "model/positions.py", "model/blocks.py", "state.py")
 #: file format: magic (format version included), then the 32-byte digest, then the payload
 MAGIC = b"SIGPROP-TABLE-2\n"
 SUFFIX = ".tbl"
