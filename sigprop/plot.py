@@ -130,7 +130,7 @@ def measured_series(meas, points, every: int) -> dict:
     attention sublayers of the same layers (logits)."""
     n = points[-1].layer
     keep = marked_layers(n, every)
-    idx = [k for k, p in enumerate(points) if p.layer in keep and p.sublayer in ("input", "ffn")]
+    idx = [k for k, p in enumerate(points) if p.layer in keep and p.sublayer in ("input", "ffn", "block")]
     att = [k for k, p in enumerate(points) if p.layer in keep and meas.logit_var[k] is not None]
     x = np.array([depth(points[k]) for k in idx])
     f = [meas.forward[k] for k in idx]

@@ -133,7 +133,7 @@ def test_causal_attention_pair_terms_per_position_match_mc():
     rec = Predictor(m).forward()[0]
     op = next(o for o in rec.branch_ops if o.rule == "attention")
     C = (1 - rho) * np.eye(L) + rho
-    _, _, o = profile.attention_backward(op.params, op.x, Backward(1.0, rho), C, False)
+    _, _, o = profile.attention_backward(op.params, op.x, Backward(1.0, rho), C, None)
     att = component("attention")
     rng = np.random.default_rng(0)
     Lc = np.linalg.cholesky(C)

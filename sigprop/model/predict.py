@@ -440,7 +440,6 @@ class Predictor:
         self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._norm_ops: dict = {}
         self._log_sqs: dict = {}
-        self._a2_tables: dict = {}    # per q/k parameter set: _square_table's
         # causal, long sequences: the graded grid over positions (None: every position)
         self.grid = positions.grid_for(m.seq_len) if m.causal else None
         # the size of the position arrays and matrices: L, or the grid's number of blocks
@@ -731,10 +730,10 @@ class Predictor:
                 y, _ = get(rule).fast(y, None, params)
         return float(y.var) * float(y.corr)
 
-    def _rows(self, op: Op) -> dict | None:
+    def _rows(self, op: Op):
         """Where an attention op's per-row-length terms may be tabulated (profile.rows): this
-        prediction's table dict when its parameters repeat, else nowhere."""
-        return self._tables.rows if op.repeated else None
+        prediction's table cache when its parameters repeat, else nowhere."""
+        return self._tables if op.repeated else None
 
     def _logit_var(self, p: dict, x: Forward) -> float:
         """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``: q
@@ -977,15 +976,9 @@ class Predictor:
         directly."""
         key = tuple(sorted((k, v) for k, v in params.items() if k not in _A2_IGNORES))
         if repeated:
-            tabs = self._a2_tables.setdefault(key, [])
-            for t in tabs:
-                if t.covers(x):
-                    return self._a2_at(t, params, x.corr)
-            if len(tabs) < 4:
-                t = _square_table(params, x, self.grid)
-                tabs.append(t)
-                if t.covers(x):
-                    return self._a2_at(t, params, x.corr)
+            t = self._tables.theta("a2rows", key, x, lambda: _square_table(params, x, self.grid))
+            if t is not None:
+                return self._a2_at(t, params, x.corr)
         return row_moments(params, x, None if self.grid is None else self.grid.n)
 
     @staticmethod

@@ -135,26 +135,20 @@ class RowsTable:
 _DIRECT: dict = {}
 
 
-def rows(params: dict, x: Forward, table: dict | None = None, grid=None) -> dict:
-    """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` kept
-    in ``table`` (one prediction's dict, ``TableCache.rows``: the predictor passes it when at
-    least three layers share these parameters, as for its branch tables, so a table is never
-    built for one use, and which table serves a layer never depends on an earlier
-    prediction), else evaluated directly (memoised on the exact inputs, so a layer's forward
-    and backward share one evaluation).  With a graded ``grid`` the terms are evaluated at
-    its representative row lengths only."""
+def rows(params: dict, x: Forward, table=None, grid=None) -> dict:
+    """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` of
+    the prediction's table cache ``table`` (a :class:`sigprop.model.tables.TableCache`: the
+    predictor passes it when at least three layers share these parameters, as for its branch
+    tables, so a table is never built for one use), else evaluated directly (memoised on the
+    exact inputs, so a layer's forward and backward share one evaluation).  With a graded
+    ``grid`` the terms are evaluated at its representative row lengths only."""
     canon = _canonical(params)
     key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
-    if table is not None and table is not False:
-        tabs = table.setdefault(key, [])
-        for t in tabs:
-            if t.covers(x):
-                return t.at(float(x.corr))
-        if len(tabs) < 4:
-            t = RowsTable(canon, float(x.mean), float(x.var), min(0.0, float(x.corr)), grid)
-            tabs.append(t)
-            if t.covers(x):
-                return t.at(float(x.corr))
+    if table:
+        t = table.theta("rows", key, x, lambda: RowsTable(canon, float(x.mean), float(x.var),
+                                                          min(0.0, float(x.corr)), grid))
+        if t is not None:
+            return t.at(float(x.corr))
     dkey = (key, float(x.var), float(x.corr))
     hit = _DIRECT.get(dkey)
     if hit is None:
@@ -164,7 +158,7 @@ def rows(params: dict, x: Forward, table: dict | None = None, grid=None) -> dict
     return hit
 
 
-def attention_forward(params: dict, x: Forward, table: dict | None = None, grid=None) -> np.ndarray:
+def attention_forward(params: dict, x: Forward, table=None, grid=None) -> np.ndarray:
     """Profile of the attention output (attention parameters, attention input state)."""
     v = rows(params, x, table, grid)["var"]
     return v / (v.mean() if grid is None else grid.mean(v))
@@ -352,7 +346,7 @@ def _ratio(a: float, b: float) -> float:
 
 
 def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
-                       table: dict | None = None, grid=None) -> tuple[float, float, np.ndarray]:
+                       table=None, grid=None) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over the flat-profile rule values, normalised
     covariance at the attention input) for an upstream gradient covariance over positions C
     (mean diagonal 1; attention parameters and input state; g: the gradient state reaching

@@ -714,18 +714,46 @@ def _view(handle: _Handle, t):
     return view
 
 
+#: the most tables one key gets: each covers a range of correlations at one mean and variance
+#: window, so a stream that wanders gets a few, and then is evaluated directly
+PER_KEY = 4
+
+
 class TableCache:
-    """Tables per (chain of ops, mean, variance window); a key's table is built at its
-    BUILD_AFTER-th request (returns None before that, and where verification failed).
-    Attention chains that differ only in their value/output weight scale share a table."""
+    """One prediction's interpolation tables (a new cache per prediction, so which table
+    serves a layer never depends on what was predicted before in the process; built tables
+    come back from the on-disk store bit for bit).
+
+    * chain tables per (chain of ops, mean, variance window); a key's table is built at its
+      BUILD_AFTER-th request (returns None before that, and where verification failed).
+      Attention chains that differ only in their value/output weight scale share a table;
+    * variance tables (:meth:`get_var`);
+    * :class:`ThetaTable` families (:meth:`theta`): any function of the correlation at one
+      mean and variance (the attention rule's row statistics, the causal profile's terms).
+
+    Every family keeps at most PER_KEY tables per key."""
 
     def __init__(self):
         self.tables: dict = {}
         self.requests: dict = {}
         self.var_tables: dict = {}
         self._canon: dict = {}
-        # causal attention: the position profile's per-row-length tables (profile.rows)
-        self.rows: dict = {}
+        self._theta: dict = {}
+
+    def theta(self, family: str, key, x: Forward, build):
+        """The table of ``family`` and ``key`` that covers ``x`` (a :class:`ThetaTable` or
+        anything with ``covers``), building one with ``build()`` while the key has fewer than
+        PER_KEY; None when none covers ``x``."""
+        tabs = self._theta.setdefault((family, key), [])
+        for t in tabs:
+            if t.covers(x):
+                return t
+        if len(tabs) < PER_KEY:
+            t = build()
+            tabs.append(t)
+            if t.covers(x):
+                return t
+        return None
 
     def handle(self, ops) -> _Handle:
         """The canonical chain of ``ops`` and its key, memoised on the parameter values as
@@ -791,7 +819,7 @@ class TableCache:
         key = (handle.key, mean)
         n = self.requests.get(key, 0) + 1
         self.requests[key] = n
-        if (n < BUILD_AFTER and not eager) or len(tables) >= 4:
+        if (n < BUILD_AFTER and not eager) or len(tables) >= PER_KEY:
             return None
         ops, chain_key = handle.canon, handle.key
         if not worth_tabulating(ops, x, max(n, uses, BUILD_AFTER if eager else 0)):
