@@ -117,3 +117,62 @@ def test_symbolic_on_a_saturating_softmax_is_the_trace_up_to_there(capsys):
         assert (code, err) == (0, "")
         text = " ".join(out.split())
         assert "no closed forms" in text and "verdict: unstable: softmax saturates at layer 1" in text
+
+
+# -- the block description's layouts ---------------------------------------------------------
+
+def _layout_model(placement=None, block=None, glu=False):
+    from sigprop.model.presets import resolve
+    from sigprop.model.spec import Sublayers
+
+    m = resolve("preln", "normal", n_layers=6, d_model=128, n_heads=4, d_ff=512, seq_len=16)
+    subs = {}
+    for kind in ("attention", "ffn"):
+        s = getattr(m, kind)
+        std, bias = dict(s.std), dict(s.bias_std)
+        if glu and kind == "ffn":
+            std = {"gate": std["in"], "up": std["in"], "down": std["out"]}
+            bias = {"gate": bias["in"], "up": bias["in"], "down": bias["out"]}
+        subs[kind] = Sublayers(kind, placement or s.placement, s.skip_scale, s.branch_scale, s.norm_scale, std, bias)
+    extra = dict(ffn_kind="glu", activation="silu") if glu else {}
+    return m.replace(**subs, block=block or "sequential", **extra)
+
+
+@pytest.mark.parametrize("placement, block", [("peri", None), ("output", None), (None, "parallel")])
+def test_closed_form_variance_for_each_layout(placement, block):
+    """Every unit adds b^2 V (peri/output: V the output norm's variance, ~1; parallel: both
+    branches) to a skip-1 stream: the variance is linear in depth, and the closed form agrees
+    with the layer-by-layer prediction."""
+    from sigprop.model.symbolic import derive
+
+    blocks = derive(_layout_model(placement, block))
+    forms = [f for b in blocks for f in b.forms if f.quantity == "sigma2(N)"]
+    assert forms and forms[0].relative_error < 0.01
+    maps = next(b for b in blocks if b.title.startswith("Per-sublayer"))
+    assert ("branches summed" in maps.lines[0]) == (block == "parallel")
+    assert ("output norm" in maps.lines[0]) == (placement in ("peri", "output"))
+
+
+def test_glu_ffn_block_is_derived_from_its_rules():
+    """A gated FFN's block comes from the GLU rule's chain (SiLU: an unevaluated Gaussian
+    integral, which sympy's evalf agrees with the numeric rule on)."""
+    import sympy as sp
+
+    from sigprop.model.symbolic import ffn_block
+
+    m = _layout_model(glu=True)
+    blk, der = ffn_block(m)
+    assert "swiglu" in der.title and blk["V"].has(sp.Integral)
+    names = [str(w) for w in blk["w"]]
+    assert names == ["sigma_gate", "sigma_up", "sigma_down"]
+    vals = {**blk["subs"], blk["n"]: 1, **dict(zip(blk["w"], (0.05, 0.05, 0.02)))}
+    got = float(sp.N(blk["V"].subs(vals)))
+    from sigprop.rules import compose
+    from sigprop.backend import numeric
+    from sigprop.model import blocks as B
+    from sigprop.state import Backward, Forward
+
+    chain = B.ffn_chain(m, {"gate": 0.05, "up": 0.05, "down": 0.02}, {w: 0.0 for w in ("gate", "up", "down")})
+    chain.append(("dropout", dict(p=m.dropout.hidden)))
+    x, _ = compose(chain, Forward(0.0, 1.0, 0.3), Backward(1.0, 0.0), numeric)
+    assert got == pytest.approx(float(x.var), rel=1e-6)

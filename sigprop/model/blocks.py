@@ -94,11 +94,30 @@ def points_per_layer(model) -> int:
     return 1 if model.block == "parallel" else 2
 
 
-def branch_chain(model, kind: str, l: int) -> list:
-    """The rule chain of sublayer ``kind`` in layer ``l`` (0-based) without its norm scale and
-    hidden dropout, as (rule name, parameter dict) pairs.  Attention: the attention rule; FFN:
+def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None) -> list:
+    """The FFN's rule chain for weight stds ``std`` and bias stds ``bias_std`` (by weight
+    name; numbers or sympy symbols), the model's widths and inner dropout unless given:
     linear, activation, inner dropout, linear; a gated FFN: the GLU rule of its activation,
     inner dropout, the down projection."""
+    m = model
+    d = m.d_model if d is None else d
+    d_ff = m.d_ff if d_ff is None else d_ff
+    p_inner = m.dropout.ffn_inner if p_inner is None else p_inner
+    if m.ffn_kind == "glu":
+        return [(GLU_RULES[m.activation], dict(d_in=d, d_ff=d_ff, gate_std=std["gate"], up_std=std["up"],
+                                               gate_b_std=bias_std["gate"], up_b_std=bias_std["up"])),
+                ("dropout", dict(p=p_inner)),
+                ("linear", dict(d_in=d_ff, d_out=d, w_std=std["down"], b_std=bias_std["down"]))]
+    return [("linear", dict(d_in=d, d_out=d_ff, w_std=std["in"], b_std=bias_std["in"])),
+            (m.activation, {}),
+            ("dropout", dict(p=p_inner)),
+            ("linear", dict(d_in=d_ff, d_out=d, w_std=std["out"], b_std=bias_std["out"]))]
+
+
+def branch_chain(model, kind: str, l: int) -> list:
+    """The rule chain of sublayer ``kind`` in layer ``l`` (0-based) without its norm scale and
+    hidden dropout, as (rule name, parameter dict) pairs: the attention rule, or
+    :func:`ffn_chain`."""
     m = model
     s = getattr(m, kind)
 
@@ -111,17 +130,16 @@ def branch_chain(model, kind: str, l: int) -> list:
         for name in ("q", "k", "v", "o"):
             params[f"{name}_std"], params[f"{name}_bias_std"] = w(name)
         return [("attention", params)]
-    if m.ffn_kind == "glu":
-        (g, gb), (u, ub), (dn, db) = w("gate"), w("up"), w("down")
-        return [(GLU_RULES[m.activation], dict(d_in=m.d_model, d_ff=m.d_ff, gate_std=g, up_std=u,
-                                               gate_b_std=gb, up_b_std=ub)),
-                ("dropout", dict(p=m.dropout.ffn_inner)),
-                ("linear", dict(d_in=m.d_ff, d_out=m.d_model, w_std=dn, b_std=db))]
-    (wi, bi), (wo, bo) = w("in"), w("out")
-    return [("linear", dict(d_in=m.d_model, d_out=m.d_ff, w_std=wi, b_std=bi)),
-            (m.activation, {}),
-            ("dropout", dict(p=m.dropout.ffn_inner)),
-            ("linear", dict(d_in=m.d_ff, d_out=m.d_model, w_std=wo, b_std=bo))]
+    return ffn_chain(m, {n: float(s.std[n][l]) for n in s.names}, {n: float(s.bias_std[n][l]) for n in s.names})
+
+
+def layout(model) -> str:
+    """The model's block layout in one word: "pre", "post", "peri", "output" (every sublayer
+    so placed, sequential blocks), "parallel", or "mixed"."""
+    if model.block == "parallel":
+        return "parallel"
+    used = model.attention.placements() | model.ffn.placements()
+    return used.pop() if len(used) == 1 else "mixed"
 
 
 def norm_params(model, tok: tuple[float, float], g_generic: float = 1.0) -> tuple[str, dict]:

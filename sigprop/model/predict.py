@@ -1139,6 +1139,13 @@ class Predictor:
         return clipped - log_var
 
 
+def run_top(model, tables: TableCache | None = None):
+    """:func:`run`, and the gradient (log variance, corr) w.r.t. the stream after the last
+    sublayer: the model's upstream gradient, or below its final norm."""
+    records, grads, _, top = _run(model, False, tables)
+    return records, grads, top
+
+
 def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], list]:
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running

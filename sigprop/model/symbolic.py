@@ -33,6 +33,7 @@ import sympy as sp
 
 import sigprop.backend.symbolic as sm
 from sigprop.model.growth import exp_or_inf as _exp
+from sigprop.model import blocks
 from sigprop.rules import compose
 from sigprop.state import Backward, Forward
 
@@ -59,23 +60,34 @@ def _pretty(e) -> str:
 
 
 def ffn_block(model) -> tuple[dict, Derivation]:
-    """FFN branch (LN'd input with variance n^2, correlation r) composed symbolically."""
+    """The model's FFN branch (the block description's chain, sigprop.model.blocks.ffn_chain,
+    then the hidden dropout; input: a normalised stream of variance n^2, correlation r)
+    composed symbolically."""
     d, dff = sp.Symbol("d", positive=True), sp.Symbol("d_ff", positive=True)
-    w1, w2 = sp.symbols("sigma_in sigma_out", positive=True)
+    names = model.ffn.names
+    ws = sp.symbols(" ".join(f"sigma_{w}" for w in names), positive=True)
     p_f, p_h = sp.symbols("p_f p_h", nonnegative=True)
     n = sp.Symbol("n", positive=True)
-    chain = [("linear", dict(d_in=d, d_out=dff, w_std=w1, b_std=0)), (model.activation, {}),
-             ("dropout", dict(p=p_f)), ("linear", dict(d_in=dff, d_out=d, w_std=w2, b_std=0)),
-             ("dropout", dict(p=p_h))]
+    chain = blocks.ffn_chain(model, dict(zip(names, ws)), {w: 0 for w in names}, d=d, d_ff=dff, p_inner=p_f)
+    chain = chain + [("dropout", dict(p=p_h))]
     x, gb = compose(chain, Forward(0, n**2, r), Backward(1, rg), sm)
-    V = sp.simplify(x.var)
-    der = Derivation("FFN block (derived from the rules: linear -> %s -> dropout -> linear -> dropout)" % model.activation)
+    V = _simplify(x.var)
+    der = Derivation(f"FFN block (derived from the rules: {' -> '.join(name for name, _ in chain)})")
     der.lines = [f"V_F(r) = {_pretty(V)}", f"r_F(r) = {_pretty(x.corr)}",
-                 f"Gamma_F (backward gain per unit upstream gradient) = {_pretty(sp.simplify(gb.var))}"]
+                 f"Gamma_F (backward gain per unit upstream gradient) = {_pretty(_simplify(gb.var))}"]
     der.exprs = [V, x.corr, gb.var]
-    der.assumption = "the input is n * LayerNorm(x): mean 0, variance n^2, token correlation r"
+    der.assumption = f"the input is n * {_NORM_NAME[model.norm]}(x): mean 0, variance n^2, token correlation r"
     vals = {d: model.d_model, dff: model.d_ff, p_f: model.dropout.ffn_inner, p_h: model.dropout.hidden}
-    return {"V": V, "Gamma": gb.var, "subs": vals, "w": (w1, w2), "n": n}, der
+    return {"V": V, "Gamma": gb.var, "subs": vals, "w": ws, "n": n}, der
+
+
+_NORM_NAME = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
+
+def _simplify(e):
+    """sympy's simplify, except on expressions holding an unevaluated Gaussian integral (an
+    activation without closed-form moments, e.g. SiLU), where it does not finish."""
+    return e if e.has(sp.Integral) else sp.simplify(e)
 
 
 def _const(col: np.ndarray) -> float | None:
@@ -83,48 +95,56 @@ def _const(col: np.ndarray) -> float | None:
 
 
 def derive(model) -> list[Derivation]:
-    from sigprop.model.predict import run
+    from sigprop.model.predict import run_top
 
-    records, grads = run(model)
+    records, grads, top = run_top(model)
     out = []
     _, ffn = ffn_block(model)
     out.append(ffn)
 
-    att, ffc = model.attention, model.ffn
-    post = np.concatenate([att.post, ffc.post])
+    lay = blocks.layout(model)
     maps = Derivation("Per-sublayer update maps (sublayer kind k = attention A or FFN F)")
-    if not post.any() or post.all():
-        if not post.any():
-            maps.lines = [
-                "sigma2_{s+1} = a^2 sigma2_s + b^2 V_k(r_s) n_s^2 / n^2-homogeneous block gain",
-                "r_{s+1} = (a^2 r_s sigma2_s + b^2 r_k V_k) / sigma2_{s+1}",
-                "g2_s = g2_{s+1} (a^2 + b^2 n_s^2 Gamma_k(r_s) / sigma2_s)      [LayerNorm divides by sigma2_s]",
-            ]
-        else:
-            maps.lines = [
-                "sigma2_z = a^2 sigma2_s + b^2 V_k(r_s);  sigma2_{s+1} = LN variance (1 up to eps)",
-                "r_{s+1} = LN_corr((a^2 r_s sigma2_s + b^2 r_k V_k) / sigma2_z)",
-                "g2_s = g2_{s+1} lambda_LN (a^2 + b^2 Gamma_k(r_s)) / sigma2_z",
-            ]
-    else:
-        maps.lines = ["mixed placements (e.g. Mix-LN): the Post-LN map for post sublayers and the Pre-LN map "
-                      "for pre sublayers, in order"]
+    maps.lines = list(_MAPS[lay])
     out.append(maps)
 
-    # block gains at the top of the model (correlation settled), per layer and kind
-    top = records[-2:]
+    # block gains at the top of the model (correlation settled): its last layer's units
+    per = blocks.points_per_layer(model)
     gains = {}
-    for rec in top:
-        n2 = float(getattr(model, rec.kind).norm_scale[-1]) ** 2
-        V = float(rec.branch_out.var) / (n2 if not rec.post else 1.0)
+    for rec in records[-per:]:
+        # per unit input variance n^2 after an input norm (a normalised branch output: as is)
+        n2 = float(model.attention.norm_scale[-1] if rec.kind == "block" else getattr(model, rec.kind).norm_scale[-1]) ** 2
+        scaled = rec.in_norm and rec.out_ops is None
+        V = float(rec.branch_out.var) / (n2 if scaled else 1.0)
         gains[rec.kind] = (V, rec.branch_gain, rec)
     vals = Derivation("Block gains at the top layer (numbers from the rules)")
     for kind, (V, G, rec) in gains.items():
-        vals.lines.append(f"{kind}: V = {V:.6g} (branch variance per unit input variance), "
+        what = "the parallel branches' sum" if kind == "block" else "branch"
+        vals.lines.append(f"{kind}: V = {V:.6g} ({what} variance per unit input variance), "
                           f"branch backward gain = {G:.6g}")
     out.append(vals)
-    out.append(_closed_forms(model, records, grads, gains))
+    out.append(_closed_forms(model, records, grads, gains, top))
     return out
+
+
+#: the per-sublayer update maps of each block layout (sigprop.model.blocks.layout)
+_MAPS = {
+    "pre": ("sigma2_{s+1} = a^2 sigma2_s + b^2 V_k(r_s) n_s^2 / n^2-homogeneous block gain",
+            "r_{s+1} = (a^2 r_s sigma2_s + b^2 r_k V_k) / sigma2_{s+1}",
+            "g2_s = g2_{s+1} (a^2 + b^2 n_s^2 Gamma_k(r_s) / sigma2_s)      [the norm divides by sigma2_s]"),
+    "post": ("sigma2_z = a^2 sigma2_s + b^2 V_k(r_s);  sigma2_{s+1} = norm variance (1 up to eps)",
+             "r_{s+1} = N_corr((a^2 r_s sigma2_s + b^2 r_k V_k) / sigma2_z)",
+             "g2_s = g2_{s+1} lambda_N (a^2 + b^2 Gamma_k(r_s)) / sigma2_z"),
+    "peri": ("sigma2_{s+1} = a^2 sigma2_s + b^2 nu_k,  nu_k = s2/(s2 + eps) the output norm's variance (1 up to eps)",
+             "r_{s+1} = (a^2 r_s sigma2_s + b^2 r_k nu_k) / sigma2_{s+1}",
+             "g2_s = g2_{s+1} (a^2 + b^2 Gamma_k(r_s) / sigma2_s)      [the input norm divides by sigma2_s]"),
+    "output": ("sigma2_{s+1} = a^2 sigma2_s + b^2 nu_k,  nu_k = s2/(s2 + eps) the output norm's variance (1 up to eps)",
+               "r_{s+1} = (a^2 r_s sigma2_s + b^2 r_k nu_k) / sigma2_{s+1}",
+               "g2_s = g2_{s+1} (a^2 + b^2 Gamma_k(r_s))      [the output norm divides by the branch's variance]"),
+    "parallel": ("sigma2_{l+1} = a^2 sigma2_l + n^2 (b_A^2 V_A(r_l) + b_F^2 V_F(r_l))      [one norm, branches summed]",
+                 "r_{l+1} = (a^2 r_l sigma2_l + n^2 (b_A^2 r_A V_A + b_F^2 r_F V_F)) / sigma2_{l+1}",
+                 "g2_l = g2_{l+1} (a^2 + n^2 (b_A^2 Gamma_A + b_F^2 Gamma_F) / sigma2_l)"),
+    "mixed": ("mixed placements (e.g. Mix-LN): each sublayer's own map (pre, post, peri, output), in order",),
+}
 
 
 #: a closed form further than this (relative) from the layer-by-layer value is labelled an
@@ -170,6 +190,8 @@ class ClosedForm(NamedTuple):
 
 
 def _g(log_v: float) -> str:
+    if math.isnan(log_v):
+        return "undefined"
     if abs(log_v) < 700:
         return f"{math.exp(log_v):.6g}"
     k = math.floor(log_v / math.log(10))
@@ -180,25 +202,32 @@ def _pct(e: float) -> str:
     return f"{100 * e:.2g}%" if e < 0.1 else f"{100 * e:.0f}%" if math.isfinite(e) else "inf"
 
 
-def _closed_forms(model, records, grads, gains) -> Derivation:
+def _closed_forms(model, records, grads, gains, top) -> Derivation:
+    """``top``: the gradient at the stream after the last sublayer (below a final norm)."""
     att, ffc = model.attention, model.ffn
-    pre = not np.concatenate([att.post, ffc.post]).any()
-    allpost = np.concatenate([att.post, ffc.post]).all()
-    a = _const(np.concatenate([att.skip_scale, ffc.skip_scale]))
+    lay = blocks.layout(model)
+    # layouts whose units add b^2 (branch gain) to the stream: pre, peri, output, parallel
+    pre = lay in ("pre", "peri", "output", "parallel")
+    allpost = lay == "post"
+    a = _const(att.skip_scale if lay == "parallel" else np.concatenate([att.skip_scale, ffc.skip_scale]))
     b_att, b_ffn = _const(att.branch_scale), _const(ffc.branch_scale)
-    n_att = att.norm_scale
+    n_att = att.norm_scale if lay in ("pre", "peri", "parallel") else np.ones_like(att.norm_scale)
+    # per layer: the variance the units add (b^2 V, in units of n^2 where an input norm scales
+    # it) and, with an input norm, the branch backward gains times the stream variance
+    units = list(gains.values())
+    scale2 = {"attention": b_att, "ffn": b_ffn, "block": 1.0}
     Nv = model.n_layers
     log_sig_top = float(records[-1].out_log_var)
-    log_g_ratio = float(grads[0][0]) - math.log(model.grad.var) if grads else 0.0
+    log_g_ratio = float(grads[0][0]) - top[0] if grads else 0.0
     der = Derivation("Closed forms in N")
     forms = der.forms
     if pre and a is not None and b_att is not None and b_ffn is not None:
         c_sym = sp.Symbol("c", positive=True)
-        c_val = b_att**2 * gains["attention"][0] + b_ffn**2 * gains["ffn"][0]
+        c_val = sum(scale2[rec.kind] ** 2 * V for V, _, rec in units)
         # the branches' backward gains times the stream variance they divide by (per layer)
-        gam_val = sum(G * math.exp(rec.x_log_var) for _, G, rec in gains.values())
+        gam_val = sum(G * math.exp(rec.x_log_var) for _, G, rec in units)
         lns = np.allclose(n_att**2 * np.arange(1, Nv + 1), n_att[0] ** 2, rtol=1e-9)
-        if a == 1 and np.allclose(n_att, 1.0):
+        if a == 1 and np.allclose(n_att, 1.0) and lay != "output":
             sol = sp.rsolve(s(l + 1) - s(l) - c_sym, s(l), {s(0): s0})
             der.lines.append(f"sigma2(l) = {_pretty(sol)}   [rsolve of sigma2(l+1) = sigma2(l) + c; linear in depth]")
             gam = sp.Symbol("gamma", positive=True)
@@ -221,23 +250,26 @@ def _closed_forms(model, records, grads, gains) -> Derivation:
             forms.append(ClosedForm("sigma2(N)", _pretty(sol), _log_eval(sol, num), log_sig_top))
             der.lines.append(f"numbers: c = {c_val:.6g} (block gains at the top layer, times l)")
         else:
-            # one layer = attention then FFN sublayer: sigma2 -> a^4 sigma2 + a^2 b_A^2 V_A + b_F^2 V_F
+            # one layer = its units in turn: sequential sigma2 -> a^4 sigma2 + a^2 b_A^2 V_A + b_F^2 V_F;
+            # parallel: a^2 sigma2 + c
             A = sp.Symbol("Lambda", positive=True)
-            c_val = a**2 * b_att**2 * gains["attention"][0] + b_ffn**2 * gains["ffn"][0]
-            sol = sp.simplify(sp.rsolve(s(l + 1) - A * s(l) - c_sym, s(l), {s(0): s0}))
-            der.lines.append(f"sigma2(l) = {_pretty(sol)}   [per layer sigma2(l+1) = Lambda sigma2(l) + c, "
-                             "Lambda = a^4, c = a^2 b_A^2 V_A + b_F^2 V_F]")
-            if a != 1:
-                der.lines.append(f"  fixed point c / (1 - Lambda) = {c_val / (1 - a**4):.6g}: the variance is "
+            k_units = len(units)
+            lam = a ** (2 * k_units)
+            c_val = sum(a ** (2 * (k_units - 1 - i)) * scale2[rec.kind] ** 2 * V for i, (V, _, rec) in enumerate(units))
+            sol = sp.simplify(sp.rsolve(s(l + 1) - (A if lam != 1 else 1) * s(l) - c_sym, s(l), {s(0): s0}))
+            what = "Lambda = a^2, c = b_A^2 V_A + b_F^2 V_F" if k_units == 1 else "Lambda = a^4, c = a^2 b_A^2 V_A + b_F^2 V_F"
+            der.lines.append(f"sigma2(l) = {_pretty(sol)}   [per layer sigma2(l+1) = Lambda sigma2(l) + c, {what}]")
+            if lam != 1:
+                der.lines.append(f"  fixed point c / (1 - Lambda) = {c_val / (1 - lam):.6g}: the variance is "
                                  "conserved when it equals sigma2_0")
             rho = sp.Symbol("rho", positive=True)
             rho_val = 1.0
-            for _, G, rec in gains.values():
+            for _, G, rec in units:
                 rho_val *= a**2 + G
             geo = rho**N
-            der.lines.append("g2(0) = g2_N*rho**N   [g2(l) = rho g2(l+1), rho = (a^2 + Gamma_A)(a^2 + Gamma_F) "
-                             "at the top layer: geometric in depth]")
-            num = {s0: model.input.var, c_sym: c_val, A: a**4, l: Nv, rho: rho_val, N: Nv}
+            der.lines.append("g2(0) = g2_N*rho**N   [g2(l) = rho g2(l+1), rho = the product over the layer's units of "
+                             "(a^2 + Gamma_k) at the top layer: geometric in depth]")
+            num = {s0: model.input.var, c_sym: c_val, A: lam, l: Nv, rho: rho_val, N: Nv}
             forms.append(ClosedForm("sigma2(N)", _pretty(sol.subs(l, N)), _log_eval(sol, num), log_sig_top))
             forms.append(ClosedForm("g2(0)/g2(N)", _pretty(geo), _log_eval(geo, num), log_g_ratio))
             der.lines.append(f"numbers: c = {c_val:.6g}, rho = {rho_val:.6g} per layer (block gains at the top layer)")
@@ -301,7 +333,7 @@ def _asymptote(model) -> tuple[float, float, bool, int] | None:
     ASYMPTOTE_MAX_DEPTH): rho the per-layer factor at its middle,
     C the product of every layer's factor over rho.  ``settled``: the factor at the middle
     and an eighth of the depth below it agree to 1e-6 (relative).  None when the layers differ."""
-    from sigprop.model.predict import run
+    from sigprop.model.predict import run_top
     from sigprop.model.spec import Model
 
     if len(model.layer_runs()) != 2:
@@ -311,9 +343,9 @@ def _asymptote(model) -> tuple[float, float, bool, int] | None:
     obj = model.to_json()
     obj["layers"] = [obj["layers"][-1]] * depth
     obj["n_layers"] = depth
-    _, grads = run(Model.from_json(obj))
+    _, grads, top = run_top(Model.from_json(obj))
     per = 2 if len(grads) == 2 * depth else 1
-    lg = np.array([grads[i][0] for i in range(0, len(grads), per)] + [math.log(model.grad.var)])
+    lg = np.array([grads[i][0] for i in range(0, len(grads), per)] + [top[0]])
     f = lg[:-1] - lg[1:]                   # log of each layer's factor g2(l-1)/g2(l)
     mid = depth // 2
     log_rho = float(f[mid])
