@@ -158,6 +158,33 @@ def test_update_maps_are_the_residual_and_layernorm_rules_composed():
     assert sp.expand(post["sigma_gs**2"] - G * lam(sz2) * (a**2 + b**2 * Gam(s**2, r))) == 0
 
 
+def test_update_maps_for_the_other_layouts():
+    """peri: the branch output passes the norm (v_N of its variance) and its backward gain;
+    output: no input norm; parallel: both branches of one norm summed; RMSNorm: its own
+    functions."""
+    a, b = sp.Symbol("a", real=True), sp.Symbol("b", real=True)
+    V, Gam = sp.Function("V_k"), sp.Function("Gamma_k")
+    s, n = sp.Symbol("sigma_s", positive=True), sp.Symbol("n_s", positive=True)
+    G = sp.Symbol("sigma_gnext", positive=True) ** 2
+    sh2, rh = sp.Symbol("sigmahat_s", positive=True) ** 2, sp.Symbol("rhat_s", real=True)
+    r = sp.Symbol("r_s", real=True)
+    vLN, lam = sp.Function("v_LN"), sp.Function("lambda_LN")
+    peri = dict((str(k), v) for k, v in update_maps(placement="peri"))
+    assert sp.simplify(peri["sigma_next**2"] - (a**2 * s**2 + b**2 * vLN(V(sh2, rh)))) == 0
+    assert sp.expand(peri["sigma_gs**2"] - G * (a**2 + b**2 * n**2 * lam(V(sh2, rh)) * Gam(sh2, rh) * lam(s**2))) == 0
+    out = dict((str(k), v) for k, v in update_maps(placement="output"))
+    assert "sigmahat_s**2" not in out
+    assert sp.simplify(out["sigma_next**2"] - (a**2 * s**2 + b**2 * vLN(V(s**2, r)))) == 0
+    assert sp.expand(out["sigma_gs**2"] - G * (a**2 + b**2 * lam(V(s**2, r)) * Gam(s**2, r))) == 0
+    par = dict((str(k), v) for k, v in update_maps(parallel=True, norm="rmsnorm"))
+    bA, bF = sp.Symbol("b_A", positive=True), sp.Symbol("b_F", positive=True)
+    VA, VF = sp.Function("V_A")(sh2, rh), sp.Function("V_F")(sh2, rh)
+    assert sp.simplify(par["sigma_next**2"] - (a**2 * s**2 + bA**2 * VA + bF**2 * VF)) == 0
+    lrms = sp.Function("lambda_RMS")
+    GA, GF = sp.Function("Gamma_A")(sh2, rh), sp.Function("Gamma_F")(sh2, rh)
+    assert sp.expand(par["sigma_gs**2"] - G * (a**2 + n**2 * (bA**2 * GA + bF**2 * GF) * lrms(s**2))) == 0
+
+
 def test_closed_form_lines_parse_back_into_sympy():
     kind, cond, lhs, rhs, note = parse_line("sigma2(l) = c*l + sigma2_0   [rsolve of sigma2(l+1) = sigma2(l) + c]")
     assert kind == "eq" and cond is None and note.startswith("rsolve")
@@ -314,6 +341,25 @@ def test_model_document_compiles(arch, tmp_path):
     assert problems == [], problems
     assert _scales(log) == []
     problems, _, _ = compile_tex(_wrap(model_latex(model, fragment_only=True), "a4paper,margin=20mm"), tmp_path, "frag")
+    assert problems == [], problems
+
+
+@pytest.mark.parametrize("layout", ["peri", "output", "parallel"])
+def test_model_document_compiles_for_each_layout(layout, tmp_path):
+    from sigprop.model import presets
+    from sigprop.model.spec import Sublayers
+
+    m = presets.resolve(arch="preln", n_layers=4, d_model=64, n_heads=4, seq_len=16)
+    if layout == "parallel":
+        model = m.replace(block="parallel", norm="rmsnorm")
+    else:
+        model = m.replace(**{k: Sublayers(k, layout, getattr(m, k).skip_scale, getattr(m, k).branch_scale,
+                                          getattr(m, k).norm_scale, getattr(m, k).std, getattr(m, k).bias_std)
+                             for k in ("attention", "ffn")})
+    doc = model_latex(model)
+    assert (r"\subsection*{Parallel" in doc) == (layout == "parallel")
+    assert (r"\subsection*{Peri-LN" in doc) == (layout == "peri")
+    problems, log, _ = compile_tex(doc, tmp_path)
     assert problems == [], problems
 
 

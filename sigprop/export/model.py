@@ -40,8 +40,12 @@ NAMES = {
 FUNCTIONS = {
     "V_k": "V_{k}", "r_k": "r_{k}", "Gamma_k": r"\Gamma_{k}", "V_F": "V_{F}", "r_F": "r_{F}",
     "Gamma_F": r"\Gamma_{F}", "v_LN": r"v_{\mathrm{LN}}", "r_LN": r"r_{\mathrm{LN}}",
-    "lambda_LN": r"\lambda_{\mathrm{LN}}", "sigma2": r"\sigma^{2}", "g2": r"\sigma^{2}_{g}",
+    "lambda_LN": r"\lambda_{\mathrm{LN}}", "v_RMS": r"v_{\mathrm{RMS}}", "r_RMS": r"r_{\mathrm{RMS}}",
+    "lambda_RMS": r"\lambda_{\mathrm{RMS}}", "sigma2": r"\sigma^{2}", "g2": r"\sigma^{2}_{g}",
+    "V_A": "V_{A}", "r_A": "r_{A}", "Gamma_A": r"\Gamma_{A}",
 }
+#: the norm functions' suffix per norm rule
+_NORM_TAG = {"layernorm": "LN", "rmsnorm": "RMS"}
 
 
 def printer() -> Printer:
@@ -54,31 +58,46 @@ def _S(name, **kw):
     return sp.Symbol(name, **({"positive": True} if not kw else kw))
 
 
-def layernorm_functions():
-    """v_LN, r_LN, lambda_LN: the layernorm rule's forward variance, forward correlation and
-    backward gain (gradient variance per unit upstream gradient variance), as sympy."""
+def norm_functions(norm: str = "layernorm"):
+    """v_N, r_N, lambda_N (N = LN or RMS): the norm rule's forward variance, forward
+    correlation and backward gain (gradient variance per unit upstream gradient variance),
+    as sympy."""
     from sigprop.rules import get
 
-    f = get("layernorm").symbolic()
+    tag = _NORM_TAG[norm]
+    f = get(norm).symbolic()
     lam = f["g_var"].subs(symbols.symbol("g_std"), 1)
-    return {"v_LN": (symbols.symbol("x_var"), f["x_var"]), "r_LN": (symbols.symbol("x_corr"), f["x_corr"]),
-            "lambda_LN": (symbols.symbol("x_var"), lam)}
+    return {f"v_{tag}": (symbols.symbol("x_var"), f["x_var"]), f"r_{tag}": (symbols.symbol("x_corr"), f["x_corr"]),
+            f"lambda_{tag}": (symbols.symbol("x_var"), lam)}
 
 
-def update_maps(post: bool) -> list[tuple[sp.Basic, sp.Basic]]:
-    """[(lhs, rhs)] of one sublayer, composed from the residual rule (skip and branch, and
-    the norm scale n as a residual with b = 0, as `sigprop predict` does) and the layernorm
-    functions; the branch enters as V_k, r_k, Gamma_k of its input state."""
+def layernorm_functions():
+    """:func:`norm_functions` of LayerNorm."""
+    return norm_functions("layernorm")
+
+
+def update_maps(post: bool = False, placement: str | None = None, norm: str = "layernorm",
+                parallel: bool = False) -> list[tuple[sp.Basic, sp.Basic]]:
+    """[(lhs, rhs)] of one residual unit, composed from the residual rule (skip and branch,
+    and the norm scale n as a residual with b = 0, as `sigprop predict` does) and the norm
+    functions; the branch enters as V_k, r_k, Gamma_k of its input state.  ``placement``
+    (pre, post, peri, output; default: post if ``post`` else pre) sets where the norms sit
+    (sigprop.model.blocks.PLACEMENT_NORMS); ``parallel``: the attention (V_A ...) and FFN
+    (V_F ...) branches of one norm, summed."""
     import sigprop.backend.symbolic as sm
+    from sigprop.model.blocks import PLACEMENT_NORMS
     from sigprop.rules import get
     from sigprop.state import Backward, Forward
 
+    placement = placement or ("post" if post else "pre")
+    in_norm, out_norm, post = PLACEMENT_NORMS[placement]
     res = get("residual")
     a, b, n = symbols.symbol("a"), symbols.symbol("b"), _S("n_s")
     s2, r = _S("sigma_s") ** 2, _S("r_s", real=True)
     G, rg = _S("sigma_gnext") ** 2, _S("r_gnext", real=True)
     V, rk, Gam = sp.Function("V_k"), sp.Function("r_k"), sp.Function("Gamma_k")
-    vLN, rLN, lam = sp.Function("v_LN"), sp.Function("r_LN"), sp.Function("lambda_LN")
+    tag = _NORM_TAG[norm]
+    vLN, rLN, lam = sp.Function(f"v_{tag}"), sp.Function(f"r_{tag}"), sp.Function(f"lambda_{tag}")
 
     def scale(c, state=None, grad=None):
         """The residual rule with skip scale c and no branch (a pure scaling)."""
@@ -87,19 +106,48 @@ def update_maps(post: bool) -> list[tuple[sp.Basic, sp.Basic]]:
 
     x = Forward(0, s2, r)
     eqs = []
-    if not post:
-        h = scale(n, Forward(0, vLN(s2), rLN(r)))           # n * LayerNorm(x)
+    if parallel:
+        h = scale(n, Forward(0, vLN(s2), rLN(r)))           # n * N(x), shared by both branches
+        sh2, rh = _S("sigmahat_s") ** 2, _S("rhat_s", real=True)
+        eqs += [(sh2, h.var), (_S("rhat_s", real=True), h.corr)]
+        bA, bF = sp.Symbol("b_A", positive=True), sp.Symbol("b_F", positive=True)
+        yA = Forward(0, sp.Function("V_A")(sh2, rh), sp.Function("r_A")(sh2, rh))
+        yF = Forward(0, sp.Function("V_F")(sh2, rh), sp.Function("r_F")(sh2, rh))
+        mid = res.forward(sm, x, SimpleNamespace(a=a, b=bA, y_mean=0, y_var=yA.var, y_corr=yA.corr))
+        out = res.forward(sm, mid, SimpleNamespace(a=1, b=bF, y_mean=0, y_var=yF.var, y_corr=yF.corr))
+        eqs += [(_S("sigma_next") ** 2, out.var), (_S("r_next", real=True), out.corr)]
+        g_top = Backward(G, rg)
+        skip = scale(a, grad=g_top)
+        branch = (scale(bA, grad=g_top).var * sp.Function("Gamma_A")(sh2, rh)
+                  + scale(bF, grad=g_top).var * sp.Function("Gamma_F")(sh2, rh))
+        eqs.append((_S("sigma_gs") ** 2, skip.var + scale(n, grad=Backward(branch, rg)).var * lam(s2)))
+        return eqs
+    if in_norm:
+        h = scale(n, Forward(0, vLN(s2), rLN(r)))           # n * N(x)
         sh2, rh = _S("sigmahat_s") ** 2, _S("rhat_s", real=True)
         eqs += [(sh2, h.var), (_S("rhat_s", real=True), h.corr)]
         y = Forward(0, V(sh2, rh), rk(sh2, rh))
+        out_gain = 1
+        if out_norm:                                       # N on the branch output
+            out_gain = lam(y.var)
+            y = Forward(0, vLN(y.var), rLN(y.corr))
         out = res.forward(sm, x, SimpleNamespace(a=a, b=b, y_mean=0, y_var=y.var, y_corr=y.corr))
         eqs += [(_S("sigma_next") ** 2, out.var), (_S("r_next", real=True), out.corr)]
         g_top = Backward(G, rg)
         skip = res.backward(sm, x, g_top, SimpleNamespace(a=a, b=b, y_mean=0, y_var=y.var, y_corr=y.corr))
         into_branch = scale(b, grad=g_top)                 # the branch sees b * g
-        branch_in = Backward(into_branch.var * Gam(sh2, rh), into_branch.corr)
+        branch_in = Backward(into_branch.var * out_gain * Gam(sh2, rh), into_branch.corr)
         ln_out = scale(n, grad=branch_in)                   # back through the norm scale
         eqs.append((_S("sigma_gs") ** 2, skip.var + ln_out.var * lam(s2)))
+    elif out_norm:                                         # output: x' = a x + b N(F(x))
+        y0 = Forward(0, V(s2, r), rk(s2, r))
+        y = Forward(0, vLN(y0.var), rLN(y0.corr))
+        out = res.forward(sm, x, SimpleNamespace(a=a, b=b, y_mean=0, y_var=y.var, y_corr=y.corr))
+        eqs += [(_S("sigma_next") ** 2, out.var), (_S("r_next", real=True), out.corr)]
+        g_top = Backward(G, rg)
+        skip = scale(a, grad=g_top)
+        into_branch = scale(b, grad=g_top)
+        eqs.append((_S("sigma_gs") ** 2, skip.var + into_branch.var * lam(y0.var) * Gam(s2, r)))
     else:
         y = Forward(0, V(s2, r), rk(s2, r))
         z = res.forward(sm, x, SimpleNamespace(a=a, b=b, y_mean=0, y_var=y.var, y_corr=y.corr))
@@ -110,6 +158,10 @@ def update_maps(post: bool) -> list[tuple[sp.Basic, sp.Basic]]:
         into_branch = scale(b, grad=g_z)
         eqs.append((_S("sigma_gs") ** 2, skip.var + into_branch.var * Gam(s2, r)))
     return eqs
+
+
+_PLACEMENT_TITLE = {"pre": "Pre-LN", "post": "Post-LN", "peri": "Peri-LN (norm before and after the branch)",
+                    "output": "Output-LN (norm on the branch output)"}
 
 
 # ------------------------------------------------------------------------------- derive()
@@ -209,26 +261,33 @@ def model_latex(model, fragment_only: bool = False) -> str:
              _settings_table(model)]
 
     # -- update maps ------------------------------------------------------------------
-    post = np.concatenate([model.attention.post, model.ffn.post])
+    from sigprop.model.spec import PLACEMENTS
+
+    used = sorted(model.attention.placements() | model.ffn.placements(), key=PLACEMENTS.index)
+    norm_rule = model.norm
     parts.append(r"\section*{Per-sublayer update maps}")
     parts.append(
         "Sublayer $s$ of kind $k$ (attention $A$ or FFN $F$) maps the stream's variance "
         "$\\sigma_{s}^{2}$ and token correlation $r_{s}$ to those after it, and the gradient "
         "variance $\\sigma_{g,s+1}^{2}$ after it to $\\sigma_{g,s}^{2}$ before it. Composed with "
         "sympy from the \\texttt{residual} rule (skip scale $a$, branch scale $b$; the norm scale "
-        "$n$ as a residual with no branch) and the \\texttt{layernorm} rule; the branch, hidden dropout "
+        f"$n$ as a residual with no branch) and the \\texttt{{{norm_rule}}} rule; the branch, hidden dropout "
         "included, enters through its moment map at its input state: output variance $V_{k}$, output "
         "token correlation $r_{k}$ and backward gain $\\Gamma_{k}$ (gradient variance at its input per "
         "unit gradient variance at its output).")
-    for placement, flag in (("Pre-LN", False), ("Post-LN", True)):
-        if (post == flag).any():
-            title = placement + (" sublayers" if post.any() and not post.all() else "")
+    tag = _NORM_TAG[norm_rule]
+    if model.block == "parallel":
+        parts.append(r"\subsection*{Parallel blocks (one norm, attention and FFN branches summed)}")
+        parts.append(equation_list(_block_eqs(update_maps(norm=norm_rule, parallel=True), P, width)))
+    else:
+        for placement in used:
+            title = _PLACEMENT_TITLE[placement].replace("LN", "RMSNorm" if tag == "RMS" else tag) + (" sublayers" if len(used) > 1 else "")
             parts.append(rf"\subsection*{{{title}}}")
-            parts.append(equation_list(_block_eqs(update_maps(flag), P, width)))
-    parts.append(r"\subsection*{LayerNorm functions (\texttt{layernorm} rule)}")
-    ln_pairs = [(sp.Function(name)(arg), expr) for name, (arg, expr) in layernorm_functions().items()]
+            parts.append(equation_list(_block_eqs(update_maps(placement=placement, norm=norm_rule), P, width)))
+    parts.append(rf"\subsection*{{Norm functions (\texttt{{{norm_rule}}} rule)}}")
+    ln_pairs = [(sp.Function(name)(arg), expr) for name, (arg, expr) in norm_functions(norm_rule).items()]
     parts.append(equation_list(_block_eqs(ln_pairs, P, width)))
-    res, ln = get("residual"), get("layernorm")
+    res, ln = get("residual"), get(norm_rule)
     parts.append(r"\noindent\textbf{Assumptions.}")
     parts.append(itemize([escape_text(x) for x in (res.assumptions[0], ln.assumptions[0])] +
                          ["The branch's weights are independent of the stream, so skip and branch paths add "
