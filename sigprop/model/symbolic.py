@@ -82,9 +82,21 @@ def _const(col: np.ndarray) -> float | None:
     return float(col[0]) if np.allclose(col, col[0], rtol=1e-12, atol=0) else None
 
 
+#: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation implements
+SUPPORTED = frozenset()
+
+
+def require_supported(model) -> None:
+    """Refuse (DomainError) a model whose modern-block features the derivation does not implement."""
+    from sigprop.model.spec import require
+
+    require(model, SUPPORTED, "--symbolic")
+
+
 def derive(model) -> list[Derivation]:
     from sigprop.model.predict import run
 
+    require_supported(model)
     records, grads = run(model)
     out = []
     _, ffn = ffn_block(model)
