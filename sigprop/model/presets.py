@@ -917,7 +917,7 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
         if (placement != 0).any():
             raise DomainError(f"a parallel block normalises one input for both branches (placement pre); "
                               f"{arch} has placement {', '.join(sorted({PLACEMENTS[int(c)] for c in np.unique(placement)}))}"
-                              + ("" if opts["placement"] else ": give placement pre"))
+                              + ("" if opts["placement"] or "pre" not in info.placements else ": give placement pre"))
         skip_ffn = np.ones(n)                     # one skip path per layer: the attention sublayer's
     scales = scales._replace(post=placement == PLACEMENTS.index("post"))
     init_name = opts["init"] or info.default_init
