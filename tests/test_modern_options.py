@@ -596,3 +596,57 @@ def test_library_consumers_refuse():
         model_latex(m)
     with pytest.raises(DomainError, match="solve-init does not implement norm rmsnorm"):
         solve("unit-forward", n_layers=2, norm="rmsnorm", **SMALL)
+
+
+@pytest.mark.parametrize("arch", ["lns", "dslm", "deepnorm", "mixln"])
+def test_depth_schemes_combine_with_llama_blocks(arch):
+    """--arch lns --norm rmsnorm --ffn swiglu --rope (and the others alike): the scheme's
+    placements and scales, LLaMA's blocks."""
+    n = 8
+    m = resolve(arch, n_layers=n, norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", rope=True, final_norm=True,
+                bias=False, causal=True, **SMALL)
+    assert (m.norm, m.ffn_kind, m.activation, m.rope, m.final_norm) == ("rmsnorm", "glu", "silu", 10000.0, True)
+    if arch == "lns":
+        assert_all(m.ffn.norm_scale, [1 / math.sqrt(l) for l in range(1, n + 1)])
+    if arch == "dslm":
+        assert_all(m.attention.branch_scale, math.sqrt(1 / n))
+        assert m.notes["init"] == "dslm" and set(m.ffn.names) == {"gate", "up", "down"}
+    if arch == "deepnorm":
+        assert m.attention.placements() == {"post"}
+        assert_all(m.attention.skip_scale, (2 * n) ** 0.25)
+    if arch == "mixln":
+        assert [m.attention.placement_of(i) for i in range(n)] == ["post"] * 2 + ["pre"] * 6
+    assert Model.from_json(m.to_json()) == m
+
+
+def test_text_header_names_blocks_and_assumed_input():
+    from sigprop.cli._render_model import model_header
+
+    head = "\n".join(model_header(resolve("gpt2")))
+    assert "model     gpt2, 12 layers, d_model 768, d_ff 3072, gelu" in head
+    assert "attention 12 heads x 64, 256 tokens, causal" in head
+    assert "norm      LayerNorm eps 1e-05, placement pre, sequential blocks, final norm" in head
+    assert "stream entering layer 1: mean 0, var 0.0005556, token corr 0.1591" in head
+    assert ("          assumed: the GPT-2 token embedding: word table N(0, 0.02^2) + position table N(0, 0.01^2), "
+            "two positions holding the same token with probability 0.221, then dropout 0.1") in head
+    head = "\n".join(model_header(resolve("llama", n_kv_heads=4)))
+    assert "d_ff 2048, SwiGLU FFN" in head and "(4 key/value heads)" in head and "RoPE base 10000" in head
+    assert "RMSNorm eps 1e-06" in head
+    head = "\n".join(model_header(resolve("olmo2")))
+    assert "QK-norm (RMSNorm)" in head and "placement output" in head and "RoPE base 500000" in head
+    assert "assumed" not in "\n".join(model_header(resolve(n_layers=2)))
+
+
+def test_compare_header_splits_what_differs():
+    from types import SimpleNamespace
+
+    from sigprop.cli.compare import _header
+
+    rows = [SimpleNamespace(arch=a, model=resolve(a, n_layers=2, **SMALL)) for a in ("preln", "gpt2")]
+    lines = _header(rows)
+    assert "dropout   attention 0.1, hidden 0.1, ffn-inner 0" in lines                 # shared: once
+    assert "model     preln: 2 layers, d_model 64, d_ff 256, relu" in lines
+    assert "          gpt2: 2 layers, d_model 64, d_ff 256, gelu" in lines
+    i = lines.index("          gpt2: stream entering layer 1: mean 0, var 0.0005556, token corr 0.1591")
+    assert lines[i + 1].startswith("          gpt2: assumed: the GPT-2 token embedding")
+    assert lines[-1].startswith("gradient")
