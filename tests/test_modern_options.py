@@ -650,3 +650,14 @@ def test_compare_header_splits_what_differs():
     i = lines.index("          gpt2: stream entering layer 1: mean 0, var 0.0005556, token corr 0.1591")
     assert lines[i + 1].startswith("          gpt2: assumed: the GPT-2 token embedding")
     assert lines[-1].startswith("gradient")
+
+
+def test_parallel_refusal_suggests_only_an_allowed_placement():
+    with pytest.raises(DomainError) as e:
+        resolve("mixln", n_layers=8, block="parallel", **SMALL)
+    assert str(e.value).endswith("mixln has placement post, pre")
+    with pytest.raises(DomainError) as e:
+        resolve("bert", n_layers=2, block="parallel", **SMALL)
+    assert str(e.value).endswith("bert has placement post: give placement pre")
+    assert resolve("bert", n_layers=2, block="parallel", placement="pre", **SMALL).block == "parallel"
+    assert resolve("olmo2", n_layers=2, rope=False, **SMALL).rope is None     # its base is not "given"

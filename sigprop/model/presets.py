@@ -37,7 +37,8 @@ down projection what it gives the output projection.
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from types import MappingProxyType
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -341,7 +342,7 @@ class ArchInfo(NamedTuple):
     placement: str | None = None
     placements: tuple = PLACEMENTS
     refuse: str = ""
-    defaults: dict = {}
+    defaults: Mapping = MappingProxyType({})
     dropout: tuple = (DEFAULT_DROPOUT, DEFAULT_DROPOUT, 0.0)
     embedding: Embedding | None = None
 
@@ -867,10 +868,11 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
     ffn_kind, fixed = FFNS[opts["ffn"]]
     activation = opts["activation"]
     if fixed is not None:
-        if "ffn" in given and "activation" in given and given["activation"] != fixed:
-            raise DomainError(f"ffn {opts['ffn']} is the gated FFN with {fixed}; activation "
-                              f"{given['activation']} contradicts it (for a gated FFN with "
-                              f"{given['activation']}: ffn {next(k for k, v in FFNS.items() if v[1] == given['activation'])})")
+        act = given.get("activation")
+        if "ffn" in given and act is not None and act != fixed:
+            other = next(k for k, v in FFNS.items() if v[1] == act)
+            raise DomainError(f"ffn {opts['ffn']} is the gated FFN with {fixed}; activation {act} contradicts it "
+                              f"(for a gated FFN with {act}: ffn {other})")
         if "activation" not in given:
             activation = fixed
     geom = Geometry(n, d, h, d_head, d_ff, kv, ffn_kind)
@@ -915,8 +917,9 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
             raise DomainError(f"{arch}'s residual scales are set for two sequential residual sublayers per layer; "
                               "a parallel block (one residual sum per layer) is not defined for it")
         if (placement != 0).any():
+            used = ", ".join(sorted({PLACEMENTS[int(c)] for c in np.unique(placement)}))
             raise DomainError(f"a parallel block normalises one input for both branches (placement pre); "
-                              f"{arch} has placement {', '.join(sorted({PLACEMENTS[int(c)] for c in np.unique(placement)}))}"
+                              f"{arch} has placement {used}"
                               + ("" if opts["placement"] or "pre" not in info.placements else ": give placement pre"))
         skip_ffn = np.ones(n)                     # one skip path per layer: the attention sublayer's
     scales = scales._replace(post=placement == PLACEMENTS.index("post"))
