@@ -209,10 +209,13 @@ def test_help_shows_choices_and_defaults():
     r = subprocess.run([sys.executable, "-m", "sigprop", "predict", "-h"], capture_output=True, text=True,
                        timeout=120, env={**__import__("os").environ, "COLUMNS": "200"})
     out = r.stdout
-    assert "Architecture preset: preln, postln, dslm, dslm-post, deepnorm, lns, mixln (default preln)" in out
+    assert ("Architecture preset: preln, postln, dslm, dslm-post, deepnorm, lns, mixln, llama, gpt2, bert, olmo2, "
+            "peri (default preln)") in out
     assert "scheme: normal, xavier, torch-default, scaled, dslm, deepnorm" in out
-    assert "FFN activation: relu, gelu (default relu)" in out
-    assert "(default 24)" in out          # --layers, predict's own default
+    assert "FFN activation: relu, gelu, silu (a gated --ffn fixes it) (default relu, or the preset's)" in out
+    assert "FFN kind: mlp, swiglu, geglu, reglu" in out
+    assert "--no-rope" in out and "--no-qk-norm" in out and "--no-final-norm" in out and "--no-bias" in out
+    assert "(default 24, or the preset's)" in out          # --layers, predict's own default
 
 
 def test_old_option_spellings_still_work():

@@ -26,13 +26,19 @@ _MULTI_ARCH_HELP = ("Comma-separated architecture presets, each of {choices} (de
 
 
 def _help(o, default_layers: int | None) -> str:
+    from sigprop.model.presets import PRESET_OPTIONS
+
     text = o.doc[0].upper() + o.doc[1:]
     if o.choices:                                   # "Initialisation scheme: normal, ... (default: ...)"
         head, sep, tail = text.partition(" (")
         text = f"{head}: {', '.join(o.choices)}" + (f" ({tail}" if sep else "")
     default = default_layers if o.name == "n_layers" else o.default
-    if default is not None and o.type is not bool:
-        text += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+    preset = ", or the preset's" if o.name in PRESET_OPTIONS else ""
+    if o.type is bool:
+        if preset:
+            text += f" (default {'on' if default else 'off'}{preset})"
+    elif default is not None:
+        text += f" (default {default:g}{preset})" if isinstance(default, float) else f" (default {default}{preset})"
     return text + "."
 
 

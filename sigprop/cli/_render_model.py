@@ -22,28 +22,54 @@ def _span(values) -> str:
     return _g(v[0]) if v.size == 1 else f"{_g(v.min())} to {_g(v.max())}"
 
 
-def model_header(model, arch: bool = True) -> list[str]:
-    """The model a table describes, in plain lines: shape, init, dropout, and what is
-    assumed of the input stream and of the gradient arriving at the top.  ``arch=False``
-    (several architectures under the same options): without the preset's name, init and
-    residual scales."""
+_NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+_GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "relu": "ReGLU"}
+
+
+def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
+    """The model a table describes, as (label, text) pairs: shape, blocks, init, dropout, and
+    what is assumed of the input stream (where a preset derived it, from what) and of the
+    gradient arriving at the top.  ``arch=False`` (several architectures under the same
+    options): without the preset's name, placements, init and residual scales."""
     m, d, x, g = model, model.dropout, model.input, model.grad
     subs = (m.attention, m.ffn)
-    init = (m.notes or {}).get("init")
+    notes = m.notes or {}
+    init = notes.get("init")
     stds = _span([s.std[w] for s in subs for w in s.std])
     biases = _span([s.bias_std[w] for s in subs for w in s.bias_std])
-    lines = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
-                       f"d_ff {m.d_ff}, {m.activation}"),
-             ("attention", f"{m.n_heads} heads x {m.d_head}, {m.seq_len} tokens, "
-                           f"{'causal' if m.causal else 'bidirectional'}")]
+    ffn = f"{_GLU_NAMES[m.activation]} FFN" if m.ffn_kind == "glu" else m.activation
+    att = [f"{m.n_heads} heads x {m.d_head}"
+           + (f" ({m.n_kv_heads} key/value heads)" if m.n_kv_heads != m.n_heads else ""),
+           f"{m.seq_len} tokens", "causal" if m.causal else "bidirectional"]
+    if m.rope is not None:
+        att.append(f"RoPE base {m.rope:g}")
+    if m.qk_norm is not None:
+        att.append(f"QK-norm ({_NORM_NAMES[m.qk_norm]})")
+    items = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
+                       f"d_ff {m.d_ff}, {ffn}"),
+             ("attention", ", ".join(att))]
+    norm = [f"{_NORM_NAMES[m.norm]} eps {m.norm_eps:g}"]
     if arch:
-        lines.append(("init", f"{init or '(from the model file)'}: weight std {stds}, bias std {biases}"))
-        lines.append(("residual", f"skip scale {_span([s.skip_scale for s in subs])}, branch scale "
+        norm.append("placement " + " and ".join(sorted(m.attention.placements() | m.ffn.placements())))
+    norm.append(f"{m.block} blocks")
+    if m.final_norm:
+        norm.append("final norm")
+    items.append(("norm", ", ".join(norm)))
+    if arch:
+        items.append(("init", f"{init or '(from the model file)'}: weight std {stds}, bias std {biases}"))
+        items.append(("residual", f"skip scale {_span([s.skip_scale for s in subs])}, branch scale "
                                   f"{_span([s.branch_scale for s in subs])}"))
-    lines.append(("dropout", f"attention {d.attention:g}, hidden {d.hidden:g}, ffn-inner {d.ffn_inner:g}"))
-    lines.append(("input", f"stream entering layer 1: mean {_g(x.mean)}, var {_g(x.var)}, token corr {_g(x.corr)}"))
-    lines.append(("gradient", f"upstream, at the top: var {_g(g.var)}, token corr {_g(g.corr)}"))
-    return [f"{k:<10}{v}" for k, v in lines]
+    items.append(("dropout", f"attention {d.attention:g}, hidden {d.hidden:g}, ffn-inner {d.ffn_inner:g}"))
+    items.append(("input", f"stream entering layer 1: mean {_g(x.mean)}, var {_g(x.var)}, token corr {_g(x.corr)}"))
+    if notes.get("input"):
+        items.append(("", f"assumed: {notes['input']}"))
+    items.append(("gradient", f"upstream, at the top: var {_g(g.var)}, token corr {_g(g.corr)}"))
+    return items
+
+
+def model_header(model, arch: bool = True) -> list[str]:
+    """:func:`header_items` as plain lines."""
+    return [f"{k:<10}{v}" for k, v in header_items(model, arch)]
 
 
 def render_trace(model, tr: dict) -> None:

@@ -40,8 +40,6 @@ def _render(rows) -> None:
 
     from rich.markup import escape
 
-    from sigprop.cli._render_model import model_header
-
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True)
     for col in ("arch", "var out", "grad in/out", "corr top", "logit var max", "forward law", "grad law"):
         left = col in ("arch", "forward law", "grad law")
@@ -51,7 +49,7 @@ def _render(rows) -> None:
         t.add_row(r.arch + ("*" if r.saturation_layer is not None else ""), _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
                   _f(s["max_logit_var"]), s["forward_law"], s["grad_law"])
     c = Console()
-    for line in model_header(rows[0].model, arch=False):
+    for line in _header(rows):
         c.print(escape(line), highlight=False)
     c.print()
     c.print(t)
@@ -61,3 +59,30 @@ def _render(rows) -> None:
     c.print()
     for r in rows:
         c.print(f"[bold]{r.arch}[/] (init {r.init or 'from --spec'}): {r.summary['verdict']}")
+
+
+def _header(rows) -> list[str]:
+    """The models' description: a line the architectures share once, a line in which they
+    differ (a model preset's own sizes, blocks or input) once per architecture."""
+    from sigprop.cli._render_model import header_items
+
+    def keyed(its):        # (label, n): the n-th line with that label ("" continues the line above)
+        return {(k, sum(1 for kk, _ in its[:i] if kk == k)): v for i, (k, v) in enumerate(its)}
+
+    items = [keyed(header_items(r.model, arch=False)) for r in rows]
+    keys: list = []
+    for its in items:                   # every row's lines, each kept after the line it follows
+        at = 0
+        for key in its:
+            if key not in keys:
+                keys.insert(at, key)
+            at = keys.index(key) + 1
+    lines = []
+    for key in keys:
+        texts = [its.get(key) for its in items]
+        if all(t == texts[0] for t in texts):
+            lines.append(f"{key[0]:<10}{texts[0]}")
+            continue
+        lines += [f"{key[0] if i == 0 else '':<10}{r.arch}: {t}" for i, (r, t) in enumerate(zip(rows, texts))
+                  if t is not None]
+    return lines

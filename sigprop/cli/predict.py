@@ -18,6 +18,10 @@ def predict_cmd(
 ) -> None:
     """Predict forward variance, token correlation, logit variance and gradient variance, layer by layer."""
     model = build_model(model_opts, default_layers=24)
+    if symbolic:
+        from sigprop.model.symbolic import require_supported
+
+        require_supported(model)
     from sigprop.model.predict import predict
     from sigprop.model.trace import trace, trace_text
 

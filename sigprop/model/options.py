@@ -25,7 +25,9 @@ def _load_spec(spec):
 
 
 def build_model(opts: dict, default_layers: int | None = None):
-    """Resolve options into a :class:`sigprop.model.spec.Model` (library calls only)."""
+    """Resolve options into a :class:`sigprop.model.spec.Model` (library calls only).
+    ``default_layers``: the number of layers when neither the options nor the preset (the
+    model presets have their own) give one."""
     from sigprop.errors import DomainError
     from sigprop.model import presets
 
@@ -46,9 +48,19 @@ def build_model(opts: dict, default_layers: int | None = None):
         o = OPTIONS[k]
         # (arch and init are resolve's own arguments; a choice reads "unknown activation 'x'")
         merged[o.name] = (o.name if o.choices else o.flag, v)
-    if "n_layers" not in merged and default_layers is not None:
+    if "n_layers" not in merged and default_layers is not None and not _preset_sets_layers(merged):
         merged["n_layers"] = ("n_layers", default_layers)
     return presets.resolve(**{label: v for label, v in merged.values()})
+
+
+def _preset_sets_layers(merged: dict) -> bool:
+    """Whether the architecture named in ``merged`` (canonical name -> (label, value)) has its
+    own number of layers (the model presets), which then wins over a command's default."""
+    from sigprop.model.presets import ARCHS
+
+    arch = merged.get("arch", (None, "preln"))[1]
+    info = ARCHS.get(arch) if isinstance(arch, str) else None
+    return info is not None and "n_layers" in info.defaults
 
 
 def build_models(opts: dict, default_layers: int | None = None, default_archs=None) -> list:
@@ -76,7 +88,7 @@ def solve_options(model_opts: dict, target: str | None = None,
     """(arch, init, resolve() options) from the model flags and --config (flags win): for
     commands that build the model themselves (solve-init, export --what solve, the API's
     solve_init).  arch defaults to preln; n_layers to ``default_layers`` unless ``target`` is
-    max-depth (which searches it)."""
+    max-depth (which searches it) or the preset has its own."""
     from sigprop.errors import DomainError
     from sigprop.model.presets import canonical_name
 
@@ -89,6 +101,7 @@ def solve_options(model_opts: dict, target: str | None = None,
         merged.update(_load_config(config))
     for k, v in opts.items():
         merged[canonical_name(k) or k] = v
-    if target != "max-depth" and merged.get("n_layers") is None:
+    if target != "max-depth" and merged.get("n_layers") is None and \
+            not _preset_sets_layers({k: (k, v) for k, v in merged.items()}):
         merged["n_layers"] = default_layers
     return merged.pop("arch", None) or "preln", merged.pop("init", None), merged

@@ -94,9 +94,23 @@ def _const(col: np.ndarray) -> float | None:
     return float(col[0]) if np.allclose(col, col[0], rtol=1e-12, atol=0) else None
 
 
+#: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation
+#: implements: the block layouts, norms and FFN kinds of the predictor, which it runs
+SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
+                       "ffn_kind glu", "final_norm"})
+
+
+def require_supported(model) -> None:
+    """Refuse (DomainError) a model whose modern-block features the derivation does not implement."""
+    from sigprop.model.spec import require
+
+    require(model, SUPPORTED, "--symbolic")
+
+
 def derive(model) -> list[Derivation]:
     from sigprop.model.predict import run_top
 
+    require_supported(model)
     records, grads, top = run_top(model)
     out = []
     _, ffn = ffn_block(model)

@@ -38,7 +38,7 @@ from sigprop.errors import DomainError
 from sigprop.model.spec import WEIGHTS, Model, Sublayers
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
-from sigprop.solve import blocks
+from sigprop.solve import blocks, require_supported
 from sigprop.solve.blocks import BranchTable, Geometry, geometry, rows_at
 from sigprop.state import Forward
 
@@ -135,7 +135,9 @@ def base_model(arch: str, **options) -> Model:
             raise DomainError(f"{k.replace('_', '-')} does not apply to the unit targets: they solve the "
                               "weight stds and take the residual scales from --beta-k (beta^2 = k/N)")
     options = {k: v for k, v in options.items() if v is not None}
-    return presets.resolve("dslm" if arch == "preln" else "dslm-post", init="normal", **options)
+    model = presets.resolve("dslm" if arch == "preln" else "dslm-post", init="normal", **options)
+    require_supported(model)
+    return model
 
 
 def solve_unit(arch: str, target: str = "unit-variance", logit_var: float = DEFAULT_LOGIT_VAR,
@@ -409,6 +411,7 @@ def solve_logit_var(value: float, arch: str = "preln", init: str | None = None, 
     t0 = time.perf_counter()
     options = {k: v for k, v in options.items() if v is not None}
     base = presets.resolve(arch, init, **options)
+    require_supported(base)
     g = geometry(base)
     ln = get("layernorm")
     att = base.attention
