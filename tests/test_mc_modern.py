@@ -443,3 +443,74 @@ def test_old_model_gradient_profile_as_before():
     m = resolve("preln", n_layers=2, dropout=0.1, **DIMS)
     got = model_module.input_gradient_profile(m, 2, np.random.default_rng(3), np.float64)
     np.testing.assert_allclose(got, PINNED_PROFILE, rtol=1e-10)
+
+
+# --- other array backends: the same numbers as NumPy for the same seed ---------------------
+def _other_backend(name):
+    import importlib
+
+    from sigprop.mc.backend import get_backend
+
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        import os
+
+        if os.environ.get("SIGPROP_REQUIRE_TORCH") == "1":
+            pytest.fail(f"{name} is not installed but SIGPROP_REQUIRE_TORCH=1")
+        pytest.skip(f"{name} not installed")
+    return get_backend(name, "cpu")
+
+
+@pytest.mark.parametrize("backend", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("changes", [
+    dict(norm="rmsnorm", ffn_kind="glu", activation="silu", final_norm=True, norm_eps=1e-6),
+    dict(block="parallel", ffn_kind="glu", activation="relu", att=(("pre", 1.0, 0.9, 1.0),) * 2,
+         ffn=(("pre", 1.0, 0.7, 1.0),) * 2),
+    dict(activation="silu", att=(("peri", 0.9, 1.3, 1.7), ("output", 1.0, 0.8, 1.0)), causal=True),
+])
+def test_modern_model_float64_matches_numpy(backend, changes):
+    """float64, host random stream: every moment at every point within 1e-12 of NumPy's
+    (relative to its variance; what differs is the libraries' order of summation)."""
+    bk = _other_backend(backend)
+    m = _model(**changes)
+    ref = _sim(m)
+    got = _sim(m, backend=bk)
+    assert got.points == ref.points
+    for r, g in zip(ref.forward + ref.backward, got.forward + got.backward):
+        for attr in ("mean", "var", "cov"):
+            assert abs(getattr(r, attr) - getattr(g, attr)) <= 1e-12 * r.var
+    for r, g in zip(ref.logit_var, got.logit_var):
+        assert (r is None) == (g is None)
+        if r is not None:
+            assert g[0] == pytest.approx(r[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["torch", "array_api_strict"])
+@pytest.mark.parametrize("name,prm", [
+    ("rmsnorm", {"d": 16, "eps": 1e-6, "L": 6}),
+    ("silu", {"d": 16, "L": 6}),
+    ("swiglu", {"d_in": 16, "d_ff": 24, "gate_std": 0.3, "up_std": 0.2, "gate_b_std": 0.1, "up_b_std": 0.2, "L": 6}),
+    ("reglu", {"d_in": 16, "d_ff": 24, "gate_std": 0.3, "up_std": 0.2, "L": 6}),
+])
+def test_modern_components_float64_match_numpy(backend, name, prm):
+    from sigprop.mc.component import measure
+    from sigprop.state import Backward, Forward
+
+    bk = _other_backend(backend)
+    comp = component(name)
+    x, g = Forward(0.3, 1.2, 0.25), Backward(0.8, 0.2)
+    ref = measure(comp, prm, x, g, runs=3, batch=4, seed=5, dtype=np.float64)
+    got = measure(comp, prm, x, g, runs=3, batch=4, seed=5, dtype=np.float64, backend=bk)
+    for r, o in ((ref.x, got.x), (ref.g, got.g)):
+        for attr in ("mean", "var", "cov"):
+            assert abs(getattr(r, attr) - getattr(o, attr)) <= 1e-12 * r.var
+
+
+def test_numpy_only_component_refused_on_other_backends(monkeypatch):
+    bk = _other_backend("torch")
+    monkeypatch.setattr(component("rmsnorm"), "array_api", False)
+    m = _model(norm="rmsnorm")
+    with pytest.raises(DomainError, match="component rmsnorm runs on the numpy backend only"):
+        _sim(m, backend=bk)
+    _sim(_model(), backend=bk)                # a model without it still runs there
