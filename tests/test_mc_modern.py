@@ -514,3 +514,20 @@ def test_numpy_only_component_refused_on_other_backends(monkeypatch):
     with pytest.raises(DomainError, match="component rmsnorm runs on the numpy backend only"):
         _sim(m, backend=bk)
     _sim(_model(), backend=bk)                # a model without it still runs there
+
+
+def test_comparison_pairs_points_by_layer_and_sublayer():
+    """check compares point k of the prediction with point k of the measurement: the labels
+    must agree (a parallel model's measurement has one "block" point per layer)."""
+    from sigprop.model.checking import compare
+    from sigprop.model.predict import predict
+
+    m = _model(att=(("pre", 1.0, 1.0, 1.0),) * 2, ffn=(("pre", 1.0, 1.0, 1.0),) * 2, p=0.0)
+    meas = _sim(m)
+    assert compare(predict(m), meas).measured[3]["sublayer"] == "attention"
+    par = _sim(m.replace(block="parallel"))
+    with pytest.raises(DomainError, match="do not pair"):
+        compare(predict(m), par)                      # 5 sequential points against 3 block points
+    meas.points = meas.points[:3] + [(2, "block"), (2, "ffn")]
+    with pytest.raises(DomainError, match="do not pair"):
+        compare(predict(m), meas)
