@@ -531,3 +531,30 @@ def test_comparison_pairs_points_by_layer_and_sublayer():
     meas.points = meas.points[:3] + [(2, "block"), (2, "ffn")]
     with pytest.raises(DomainError, match="do not pair"):
         compare(predict(m), meas)
+
+
+def test_modern_model_on_dask_workers_equals_the_serial_run():
+    """The trials of a modern model (parallel, gated SiLU FFN, RMSNorm, final norm) on a
+    2-worker LocalCluster: the serial run's numbers exactly."""
+    try:
+        __import__("distributed")
+    except ImportError:
+        import os
+
+        if os.environ.get("SIGPROP_REQUIRE_TORCH") == "1":
+            pytest.fail("distributed is not installed but SIGPROP_REQUIRE_TORCH=1")
+        pytest.skip("distributed not installed")
+    from sigprop.mc.distributed import connect
+
+    m = _model(att=(("pre", 1.0, 0.9, 1.0),) * 2, ffn=(("pre", 1.0, 0.7, 1.0),) * 2, block="parallel",
+               ffn_kind="glu", activation="silu", norm="rmsnorm", final_norm=True)
+    d = connect("local", 2)
+    try:
+        a = model_module.simulate(m, batch=2, trials=4, seed=9, distributor=d)
+    finally:
+        d.close()
+    b = model_module.simulate(m, batch=2, trials=4, seed=9)
+    assert a.points == b.points and len(a.forward) == 3
+    assert [(f.mean, f.var, f.cov) for f in a.forward] == [(f.mean, f.var, f.cov) for f in b.forward]
+    assert [(f.var, f.cov) for f in a.backward] == [(f.var, f.cov) for f in b.backward]
+    np.testing.assert_array_equal(a.logit_draws, b.logit_draws)
