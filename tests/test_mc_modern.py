@@ -93,6 +93,16 @@ def _act(name):
     return lambda u: u * 0.5 * (1.0 + verf(u / np.sqrt(2.0)))
 
 
+def _rope(x, base):
+    """x (..., L, d_head) rotated at each position t: x cos(t theta) + rotate_half(x) sin(t theta),
+    theta_i = base^(-2i/d_head) for i < d_head/2, repeated for both halves."""
+    dh = x.shape[-1]
+    theta = base ** (-2.0 * np.arange(dh // 2) / dh)
+    ang = np.arange(x.shape[-2])[:, None] * np.concatenate([theta, theta])[None, :]
+    half = np.concatenate([-x[..., dh // 2:], x[..., :dh // 2]], axis=-1)
+    return x * np.cos(ang) + half * np.sin(ang)
+
+
 def _plain(m, X, weights, masks, attn_masks, top=True):
     """The specified semantics, line by line, in float64 (no folding, no fused steps): the
     stream at every trace point and, with ``top``, the model's output (after a final norm)."""
@@ -104,10 +114,19 @@ def _plain(m, X, weights, masks, attn_masks, top=True):
 
     def attention(h):
         W = weights.pop(0)
+        kv = m.n_kv_heads
         z = h.reshape(B * L, D) @ W["qkv"]
         if W["bqkv"] is not None:
             z = z + W["bqkv"]
-        q, k, v = z.reshape(B, L, 3, H, DH).transpose(2, 0, 3, 1, 4)
+        # columns: the H query heads, then the kv key heads, then the kv value heads
+        q, k, v = (z[:, a:e].reshape(B, L, -1, DH).transpose(0, 2, 1, 3)
+                   for a, e in ((0, hd), (hd, hd + kv * DH), (hd + kv * DH, hd + 2 * kv * DH)))
+        if m.qk_norm is not None:
+            q, k = _norm(m.qk_norm, m.norm_eps)(q), _norm(m.qk_norm, m.norm_eps)(k)
+        if m.rope is not None:
+            q, k = _rope(q, m.rope), _rope(k, m.rope)
+        group = [i * kv // H for i in range(H)]            # the key/value head of query head i
+        k, v = k[:, group], v[:, group]
         S = q @ k.transpose(0, 1, 3, 2) / np.sqrt(DH)
         if m.causal:
             S = np.where(np.tri(L, dtype=bool), S, -np.inf)
@@ -270,6 +289,35 @@ def test_final_norm(monkeypatch):
     _check_against_plain(monkeypatch, m)
 
 
+def test_rope_helper_is_the_specified_rotation():
+    """The plain forward's rotation: by hand at d_head 4 (theta = 1, 1/100), norms kept, and
+    q_t . k_s a function of t - s only."""
+    x = np.zeros((3, 4))
+    x[:, 0] = 1.0                                   # e_0 at positions 0, 1, 2
+    r = _rope(x, 1e4)
+    np.testing.assert_allclose(r[1], [np.cos(1.0), 0.0, np.sin(1.0), 0.0], atol=1e-15)
+    np.testing.assert_allclose(r[2], [np.cos(2.0), 0.0, np.sin(2.0), 0.0], atol=1e-15)
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal(8), rng.standard_normal(8)
+    Q, K = _rope(np.tile(q, (6, 1)), 500.0), _rope(np.tile(k, (6, 1)), 500.0)
+    np.testing.assert_allclose(np.linalg.norm(Q, axis=1), np.linalg.norm(q), rtol=1e-13)
+    assert Q[4] @ K[1] == pytest.approx(Q[5] @ K[2], rel=1e-12)
+    assert Q[0] @ K[0] == pytest.approx(q @ k, rel=1e-12)
+
+
+@pytest.mark.parametrize("changes", [dict(n_kv_heads=1), dict(rope={"base": 100.0}), dict(qk_norm="layernorm"),
+                                     dict(qk_norm="rmsnorm", norm_eps=0.05),
+                                     dict(n_kv_heads=1, rope={"base": 1e4}, qk_norm="rmsnorm", norm="rmsnorm", causal=True)])
+def test_attention_features_against_the_plain_forward(monkeypatch, changes):
+    """Grouped-query attention, RoPE and QK-norm through the simulation (runs where the
+    simulation supports them: SUPPORTED_FEATURES)."""
+    m = _model(**changes)
+    missing = [f for f in m.features() if f not in model_module.SUPPORTED_FEATURES]
+    if missing:
+        pytest.skip(f"the Monte Carlo does not simulate {', '.join(missing)}")
+    _check_against_plain(monkeypatch, m)
+
+
 # --- identities between models sharing every random draw ---------------------------------
 def _sim(m, **kw):
     return model_module.simulate(m, **{"batch": 2, "trials": 3, "seed": 3, "dtype": np.float64, **kw})
@@ -361,6 +409,8 @@ def test_rmsnorm_keeps_the_mean_layernorm_removes_it():
 def test_attention_features_are_refused_until_simulated(changes, feature):
     m = _model().replace(**changes)
     assert feature in m.features() and feature in model_module.ATTENTION_FEATURES
+    if feature in model_module.SUPPORTED_FEATURES:
+        pytest.skip(f"{feature} is simulated")
     with pytest.raises(DomainError, match=f"the Monte Carlo does not implement {feature}"):
         model_module.simulate(m, batch=1, trials=1)
     with pytest.raises(DomainError, match=feature):
