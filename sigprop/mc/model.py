@@ -106,6 +106,9 @@ def _norm_params(m):
     return {"d": m.d_model, "eps": m.norm_eps}
 
 
+_ln_params = _norm_params          # the older name
+
+
 def _attention_params(m, l):
     s = m.attention
     p = dict(d=m.d_model, n_heads=m.n_heads, d_head=m.d_head, L=m.seq_len, p=m.dropout.attention,
@@ -174,7 +177,7 @@ class _Trial:
         self.bk = self.rng.backend
         check_supported(model, self.bk)
         self.attn = component("attention")
-        self.norm = component(model.norm)
+        self.norm = self.ln = component(model.norm)    # ln: the same component, by its older name
         self.norm_p = _norm_params(model)
         self.lin = component("linear")
         self.act = component(model.activation)
