@@ -376,6 +376,23 @@ def test_peri_without_skip_is_the_norms_output():
     assert f.var == pytest.approx(b**2, rel=1e-3)
 
 
+def test_peri_stream_variance_grows_by_b_squared_per_sublayer():
+    """peri, a = 1, norm_eps 0: x' = x + b N(.), every token of N(.) of mean square exactly 1
+    and, by the sign symmetry of the output weights, uncorrelated with x in expectation: the
+    stream variance after k sublayers is v0 + k b^2 (within 4 standard errors; 12 draws)."""
+    b = 0.7
+    base = resolve("preln", n_layers=3, d_model=64, n_heads=2, d_ff=128, seq_len=16, dropout=0.1)
+    obj = base.to_json()
+    for layer in obj["layers"]:
+        for sub in layer.values():
+            sub["placement"], sub["branch_scale"] = "peri", b
+    obj["norm_eps"] = 0.0
+    meas = model_module.simulate(Model.from_json(obj), batch=4, trials=12, seed=1, dtype=np.float64)
+    v0 = meas.forward[0].var
+    for k, f in enumerate(meas.forward):
+        assert abs(f.var - (v0 + k * b**2)) <= 4 * f.var_se + 1e-12, (k, f.var, v0 + k * b**2, f.var_se)
+
+
 def test_output_placement_forward_variance():
     """output: x' = a x + b N(.), N(.) of mean square ~1 and uncorrelated with x at
     initialisation: variance a^2 v + b^2 (within 4 standard errors; 16 draws)."""
