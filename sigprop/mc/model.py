@@ -1,18 +1,26 @@
-"""Whole-model Monte Carlo with exactly the specified semantics (docs/formats.md):
+"""Whole-model Monte Carlo with exactly the specified semantics (docs/formats.md), N the
+model's norm (LayerNorm or RMSNorm over d_model, gain 1, the model's ``norm_eps``):
 
-    pre:  x' = a x + b * Dropout_hidden(F(n * LN(x)))
-    post: x' = LN(a x + b * Dropout_hidden(F(x)))
+    pre:    x' = a x + b * Dropout_hidden(F(n * N(x)))
+    post:   x' = N(a x + b * Dropout_hidden(F(x)))
+    peri:   x' = a x + b * N(Dropout_hidden(F(n * N(x))))
+    output: x' = a x + b * N(Dropout_hidden(F(x)))
+    parallel block: x' = a x + b_att * Dropout_hidden(Att(n * N(x))) + b_ffn * Dropout_hidden(FFN(n * N(x)))
 
-written here from the specified semantics, independently of the predictor's rule chains, but built from
-the Monte Carlo components (each with a hand-written backward checked against finite
-differences).  Weights are drawn independently for every layer and every trial; the
-upstream gradient at the top is sampled with the model's ``grad`` variance and token
-correlation, independent of everything else.
+with F the attention or the FFN (``ffn_kind`` "mlp": W_in, activation, Dropout_ffn_inner,
+W_out; "glu": (act(h W_gate + b_gate) * (h W_up + b_up)), Dropout_ffn_inner, W_down), and,
+with ``final_norm``, one more N after the last sublayer.  Written here from the specified
+semantics, independently of the predictor's rule chains, but built from the Monte Carlo
+components (each with a hand-written backward checked against finite differences).  Weights
+are drawn independently for every layer and every trial; the upstream gradient at the top (at
+the final norm's output where there is one) is sampled with the model's ``grad`` variance and
+token correlation, independent of everything else.
 
-Per trace point it records the forward stream's mean/variance/cross-token moment and the
-gradient's second moments, plus the attention logits' variance; trials are pooled with
-standard errors from their spread (trial-to-trial variation of the weights is real and, at
-finite width, large: the SE says how much).
+Per trace point (:func:`point_labels`: the input, then every sublayer, or every layer of a
+parallel model) it records the residual stream's mean/variance/cross-token moment (before a
+final norm) and its gradient's second moments, plus the attention logits' variance; trials are
+pooled with standard errors from their spread (trial-to-trial variation of the weights is real
+and, at finite width, large: the SE says how much).
 """
 
 from __future__ import annotations
@@ -24,10 +32,51 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sigprop.errors import DomainError
 from sigprop.mc.backend import Backend, Rng, as_rng, backend_of, get_backend, np_dtype, numpy_backend
 from sigprop.mc.components import get as component
 from sigprop.mc.sampling import correlated, keep_mask
 from sigprop.mc.stats import Moments, pool, raw_moments
+from sigprop.model.spec import PLACEMENTS, require
+
+#: the modern-block features (:meth:`sigprop.model.spec.Model.features`) simulated here
+BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
+                            "block parallel", "ffn_kind glu", "final_norm"})
+#: attention features, passed to the attention component as its parameters kv_heads, rope,
+#: qk_norm and qk_eps (:func:`_attention_params`); simulated where that component has them
+ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm"})
+#: what a model may use: the others are refused (DomainError), never ignored
+SUPPORTED_FEATURES = BLOCK_FEATURES
+
+#: the gated FFN's Monte Carlo component per activation
+_GLU = {"relu": "reglu", "gelu": "geglu", "silu": "swiglu"}
+_PRE, _POST, _PERI, _OUTPUT = (PLACEMENTS.index(p) for p in ("pre", "post", "peri", "output"))
+
+
+def check_supported(model, backend: Backend | None = None) -> None:
+    """Refuse (DomainError) a model with a feature this simulation does not implement, or one
+    whose components have no array-API simulation when ``backend`` is not NumPy."""
+    require(model, SUPPORTED_FEATURES, "the Monte Carlo")
+    bk = backend or numpy_backend()
+    if bk.is_numpy:
+        return
+    names = ["attention", "linear", "dropout", model.norm]
+    names.append(_GLU[model.activation] if model.ffn_kind == "glu" else model.activation)
+    for name in names:
+        if not component(name).array_api:
+            raise DomainError(f"the Monte Carlo component {name} runs on the numpy backend only "
+                              f"(--backend numpy simulates this model)")
+
+
+def point_labels(model) -> list[tuple[int, str]]:
+    """(layer, sublayer) of every trace point, in order: (0, "input"), then (l, "attention"),
+    (l, "ffn") for every layer l = 1..n_layers, or (l, "block") for a parallel model."""
+    kinds = _kinds(model)
+    return [(0, "input")] + [(l + 1, k) for l in range(model.n_layers) for k in kinds]
+
+
+def _kinds(model) -> tuple[str, ...]:
+    return ("block",) if model.block == "parallel" else ("attention", "ffn")
 
 
 @dataclass
@@ -49,10 +98,15 @@ class ModelMeasurement:
     device: str = "cpu"
     rng: str = "host"
     workers: int | None = None
+    #: (layer, sublayer) per point (:func:`point_labels`)
+    points: list[tuple[int, str]] | None = None
 
 
-def _ln_params(m):
-    return {"d": m.d_model, "eps": 1e-5}
+def _norm_params(m):
+    return {"d": m.d_model, "eps": m.norm_eps}
+
+
+_ln_params = _norm_params          # the older name
 
 
 def _attention_params(m, l):
@@ -62,11 +116,25 @@ def _attention_params(m, l):
     for w in ("q", "k", "v", "o"):
         p[f"{w}_std"] = float(s.std[w][l])
         p[f"{w}_bias_std"] = float(s.bias_std[w][l])
+    # the modern attention features, only where the model uses them
+    if m.n_kv_heads != m.n_heads:
+        p["kv_heads"] = m.n_kv_heads
+    if m.rope is not None:
+        p["rope"] = float(m.rope)
+    if m.qk_norm is not None:
+        p["qk_norm"] = 1 if m.qk_norm == "layernorm" else 2
+        p["qk_eps"] = m.norm_eps
     return p
 
 
 def _ffn_params(m, l):
+    """(first, last) linear maps' params of an "mlp" FFN; for "glu", the gated core's params
+    (the GLU component's) and the down projection's."""
     s = m.ffn
+    if m.ffn_kind == "glu":
+        return (dict(d_in=m.d_model, d_ff=m.d_ff, gate_std=float(s.std["gate"][l]), up_std=float(s.std["up"][l]),
+                     gate_b_std=float(s.bias_std["gate"][l]), up_b_std=float(s.bias_std["up"][l])),
+                dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["down"][l]), b_std=float(s.bias_std["down"][l])))
     return (dict(d_in=m.d_model, d_out=m.d_ff, w_std=float(s.std["in"][l]), b_std=float(s.bias_std["in"][l])),
             dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["out"][l]), b_std=float(s.bias_std["out"][l])))
 
@@ -89,27 +157,33 @@ def _logit_moments(component, cache) -> tuple[float, float]:
 
 
 class _Trial:
-    """One weight draw of the whole model: :meth:`sublayer` runs one sublayer of the residual
-    stream forward (drawing its weights and dropout masks) and returns its backward closure.
+    """One weight draw of the whole model: :meth:`step` runs one trace point's part of the
+    residual stream forward (a sublayer, or a parallel layer), drawing its weights and dropout
+    masks, and returns its backward closure; :meth:`final` applies the final norm.
 
     Constant factors are folded into the freshly drawn weights (exact: every one of them
-    multiplies a linear map): the norm scale n into the branch's first weight matrix (the one
-    that reads n LN(x); not its bias), and b / (1 - p_hidden) into the branch's output matrix
-    and bias, so the hidden dropout is a 0/1 mask applied in place.  With ReLU the FFN's
-    activation and inner dropout are one in-place step h = relu(u) * keep (its 1/(1 - p) is
-    folded into W_out too), whose derivative is the indicator h > 0 (h > 0 exactly where
-    u > 0 and the unit is kept), so no mask is stored."""
+    multiplies a linear map): the norm scale n into the branch's first weight matrices (those
+    that read n N(x); not their biases), and b / (1 - p_hidden) into the branch's output matrix
+    and bias (only 1 / (1 - p_hidden) where a norm follows the branch, "peri" and "output":
+    b then multiplies the norm's output), so the hidden dropout is a 0/1 mask applied in place.
+    The FFN's inner dropout is a 0/1 mask too, its 1/(1 - p) folded into W_out (W_down).  With
+    ReLU the plain FFN's activation and inner dropout are one in-place step h = relu(u) * keep,
+    whose derivative is the indicator h > 0 (h > 0 exactly where u > 0 and the unit is kept),
+    so no mask is stored."""
 
     def __init__(self, model, rng, dtype):
         self.rng = as_rng(rng)                 # an Rng, or a NumPy Generator (NumPy backend)
         self.m, self.dtype = model, np_dtype(dtype)
         self.bk = self.rng.backend
+        check_supported(model, self.bk)
         self.attn = component("attention")
-        self.ln = component("layernorm")
+        self.norm = self.ln = component(model.norm)    # ln: the same component, by its older name
+        self.norm_p = _norm_params(model)
         self.lin = component("linear")
         self.act = component(model.activation)
+        self.glu = component(_GLU[model.activation]) if model.ffn_kind == "glu" else None
         self.drop = component("dropout")
-        self.fused_relu = model.activation == "relu"
+        self.fused_relu = model.activation == "relu" and self.glu is None
 
     def _scale(self, arr, f):
         # f rounded to the simulation's dtype first, on every backend alike
@@ -127,6 +201,8 @@ class _Trial:
             self._scale(W["bo"], c_out)
             Y, c_attn = self.attn.forward(X, W, prm, rng)
             return Y, (lambda G: self.attn.backward(G, c_attn)), _logit_moments(self.attn, c_attn)
+        if self.glu is not None:
+            return self._glu_forward(l, X, n_in, c_out)
         p_in, p_out = _ffn_params(m, l)
         W1 = self.lin.sample_weights(rng, p_in, dt)
         W2 = self.lin.sample_weights(rng, p_out, dt)
@@ -159,19 +235,57 @@ class _Trial:
             return G
         return Y, backward, None
 
+    def _glu_forward(self, l, X, n_in, c_out):
+        """The gated FFN c_out * F(n_in * X): the GLU component's core act(X W_gate + b_gate) *
+        (X W_up + b_up) (n_in folded into both matrices), the inner dropout's 0/1 mask, W_down."""
+        m, rng, dt, bk = self.m, self.rng, self.dtype, self.bk
+        p_core, p_down = _ffn_params(m, l)
+        W = self.glu.sample_weights(rng, p_core, dt)
+        Wd = self.lin.sample_weights(rng, p_down, dt)
+        for k in ("gate", "up"):
+            self._scale(W[k][0], n_in)
+        self._scale(Wd["W"], c_out)
+        self._scale(Wd["b"], c_out)
+        H, c_core = self.glu.forward(X, W, p_core, rng)
+        p = m.dropout.ffn_inner
+        keep = None
+        if p > 0:
+            keep = keep_mask(rng, H.shape, p)
+            H = bk.mul_(H, keep)
+            self._scale(Wd["W"], 1.0 / (1.0 - p))
+        Y, c_down = self.lin.forward(H, Wd, p_down, rng)
+        H = None
+
+        def backward(G):
+            GH = self.lin.backward(G, c_down)
+            if keep is not None:
+                GH = bk.mul_(GH, keep)
+            return self.glu.backward(GH, c_core)
+        return Y, backward, None
+
+    def step(self, kind, l, X):
+        """Trace point ``kind`` ("attention", "ffn" or "block") of layer ``l``: (x', backward
+        closure, logit moments)."""
+        if kind == "block":
+            return self.parallel(l, X)
+        return self.sublayer(kind, l, X)
+
     def sublayer(self, kind, l, X):
         """One sublayer of the specified semantics; returns (x', backward closure, logit moments)."""
         m = self.m
         cols = getattr(m, kind)
         a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
+        place = int(cols.placement[l])
+        if place in (_PERI, _OUTPUT):
+            return self._normed_branch(kind, l, X, a, b, n, place == _PERI)
         p = m.dropout.hidden
         c = b / (1.0 - p) if p > 0 else b
-        ln_p = _ln_params(m)
-        post = bool(cols.post[l])
+        ln_p = self.norm_p
+        post = place == _POST
         if post:
             Y, bwd, logits = self.branch_forward(kind, l, X, 1.0, c)
         else:
-            Hn, c_ln = self.ln.forward(X, {}, ln_p, self.rng)
+            Hn, c_ln = self.norm.forward(X, {}, ln_p, self.rng)
             Y, bwd, logits = self.branch_forward(kind, l, Hn, n, c)
         bk = self.bk
         a_dt = float(self.dtype(a))
@@ -180,20 +294,98 @@ class _Trial:
             Y = bk.mul_(Y, keep)
         Y += X if a == 1.0 else a_dt * X               # a x + b Dropout(F(.)), in Y's buffer
         if post:
-            Xn, c_ln = self.ln.forward(Y, {}, ln_p, self.rng)
+            Xn, c_ln = self.norm.forward(Y, {}, ln_p, self.rng)
 
             def back(G):
-                Gz = self.ln.backward(G, c_ln)
+                Gz = self.norm.backward(G, c_ln)
                 Gx = bwd(bk.mul(Gz, keep) if keep is not None else Gz)
                 Gx += Gz if a == 1.0 else a_dt * Gz
                 return Gx
             return Xn, back, logits
 
         def back(G):
-            Gx = self.ln.backward(bwd(bk.mul(G, keep) if keep is not None else G), c_ln)
+            Gx = self.norm.backward(bwd(bk.mul(G, keep) if keep is not None else G), c_ln)
             Gx += G if a == 1.0 else a_dt * G
             return Gx
         return Y, back, logits
+
+    def _normed_branch(self, kind, l, X, a, b, n, norm_in):
+        """Placements "peri" (``norm_in``: x' = a x + b N(Dropout(F(n N(x))))) and "output"
+        (x' = a x + b N(Dropout(F(x))))."""
+        bk, rng, ln_p = self.bk, self.rng, self.norm_p
+        p = self.m.dropout.hidden
+        c = 1.0 / (1.0 - p) if p > 0 else 1.0
+        if norm_in:
+            Hn, c_in = self.norm.forward(X, {}, ln_p, rng)
+            Y, bwd, logits = self.branch_forward(kind, l, Hn, n, c)
+            Hn = None
+        else:
+            Y, bwd, logits = self.branch_forward(kind, l, X, 1.0, c)
+        keep = keep_mask(rng, Y.shape, p) if p > 0 else None
+        if keep is not None:
+            Y = bk.mul_(Y, keep)
+        Z, c_out = self.norm.forward(Y, {}, ln_p, rng)
+        Y = None
+        a_dt, b_dt = float(self.dtype(a)), float(self.dtype(b))
+        out = Z * b_dt if b != 1.0 else Z + 0.0        # a new array: Z is the norm's cache
+        out += X if a == 1.0 else a_dt * X
+        Z = None
+
+        def back(G):
+            Gz = self.norm.backward(G * b_dt if b != 1.0 else G, c_out)
+            Gx = bwd(bk.mul_(Gz, keep) if keep is not None else Gz)
+            if norm_in:
+                Gx = self.norm.backward(Gx, c_in)
+            Gx += G if a == 1.0 else a_dt * G
+            return Gx
+        return out, back, logits
+
+    def parallel(self, l, X):
+        """Layer ``l`` of a parallel model: x' = a x + b_att Dropout(Att(n N(x))) + b_ffn
+        Dropout(FFN(n N(x))), one norm, an independent hidden-dropout mask per branch
+        (attention's weights and masks drawn first)."""
+        m, bk, rng = self.m, self.bk, self.rng
+        att, ffn = m.attention, m.ffn
+        a, n = float(att.skip_scale[l]), float(att.norm_scale[l])
+        p = m.dropout.hidden
+        Hn, c_in = self.norm.forward(X, {}, self.norm_p, rng)
+        outs = []
+        for kind, cols in (("attention", att), ("ffn", ffn)):
+            b = float(cols.branch_scale[l])
+            Y, bwd, lg = self.branch_forward(kind, l, Hn, n, b / (1.0 - p) if p > 0 else b)
+            keep = keep_mask(rng, Y.shape, p) if p > 0 else None
+            if keep is not None:
+                Y = bk.mul_(Y, keep)
+            outs.append((Y, bwd, keep))
+            if kind == "attention":
+                logits = lg
+        Hn = None
+        Y = outs[0][0]
+        Y += outs[1][0]
+        a_dt = float(self.dtype(a))
+        Y += X if a == 1.0 else a_dt * X
+        branches = [(bwd, keep) for _, bwd, keep in outs]
+        outs = None
+
+        def back(G):
+            Gh = None
+            for bwd, keep in branches:
+                g = bwd(bk.mul(G, keep) if keep is not None else G)
+                if Gh is None:
+                    Gh = g
+                else:
+                    Gh += g
+            Gx = self.norm.backward(Gh, c_in)
+            Gx += G if a == 1.0 else a_dt * G
+            return Gx
+        return Y, back, logits
+
+    def final(self, X):
+        """The final norm N(X) (the model's top) and its backward; X itself and None without one."""
+        if not self.m.final_norm:
+            return X, None
+        Y, cache = self.norm.forward(X, {}, self.norm_p, self.rng)
+        return Y, (lambda G: self.norm.backward(G, cache))
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc mallopt parameters
@@ -234,11 +426,13 @@ def trial_seeds(seed: int, trials: int) -> list:
 
 def run_trial(model, batch: int, rng, dtype=np.float32):
     """One weight draw of the whole model from ``rng`` (an :class:`Rng`, or a NumPy Generator):
-    per trace point the raw moments forward and backward, and the logit moments (NaN where
-    there is no attention), as host arrays (n_points, 3), (n_points, 3), (n_points, 2)."""
+    per trace point (:func:`point_labels`) the raw moments forward and backward, and the logit
+    moments (NaN where there is no attention), as host arrays (n_points, 3), (n_points, 3),
+    (n_points, 2)."""
     m = model
     rng = as_rng(rng)
-    n_points = 1 + 2 * m.n_layers
+    kinds = _kinds(m)
+    n_points = 1 + len(kinds) * m.n_layers
     fw = np.zeros((n_points, 3))
     bw = np.zeros((n_points, 3))
     lg = np.full((n_points, 2), np.nan)
@@ -248,15 +442,18 @@ def run_trial(model, batch: int, rng, dtype=np.float32):
     backs = []
     i = 0
     for l in range(m.n_layers):
-        for kind in ("attention", "ffn"):
+        for kind in kinds:
             i += 1
-            X, back, logits = tr.sublayer(kind, l, X)
+            X, back, logits = tr.step(kind, l, X)
             fw[i] = raw_moments(X)
             if logits is not None:
                 lg[i] = logits
             backs.append(back)
+    X, top = tr.final(X)
     G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
     X = None                                       # the caches hold what the backward needs
+    if top is not None:
+        G = top(G)                                 # the gradient at the final norm's input
     bw[n_points - 1] = raw_moments(G)
     for j in range(len(backs) - 1, -1, -1):
         G = backs[j](G)
@@ -274,10 +471,13 @@ def input_gradient_profile(model, batch: int, rng, dtype=np.float32) -> np.ndarr
     X = correlated(rng, (batch, m.seq_len, m.d_model), m.input.mean, m.input.var, m.input.corr, dtype)
     backs = []
     for l in range(m.n_layers):
-        for kind in ("attention", "ffn"):
-            X, back, _ = tr.sublayer(kind, l, X)
+        for kind in _kinds(m):
+            X, back, _ = tr.step(kind, l, X)
             backs.append(back)
+    X, top = tr.final(X)
     G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
+    if top is not None:
+        G = top(G)
     for back in reversed(backs):
         G = back(G)
     return (G.astype(np.float64) ** 2).mean(axis=(0, 2))
@@ -302,7 +502,9 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     same numbers as the serial run: each trial depends on its seed alone)."""
     m = model
     bk = backend or numpy_backend()
-    n_points = 1 + 2 * m.n_layers
+    check_supported(m, bk)
+    labels = point_labels(m)
+    n_points = len(labels)
     seeds = trial_seeds(seed, trials)
     t0 = time.perf_counter()
     if distributor is None:
@@ -326,7 +528,7 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     logit = logit_stats(lg)
     return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(np_dtype(dtype)).name, sim_s,
                             gflop, lg, bk.name, bk.device_name, "host" if bk.is_numpy else stream,
-                            distributor.n_workers if distributor is not None else None)
+                            distributor.n_workers if distributor is not None else None, labels)
 
 
 #: logit-variance SE: the relative spread of the draws is pooled over this many attention
@@ -391,14 +593,15 @@ def _flops(m, batch: int) -> float:
     """Matrix-multiply work of one forward + backward (input gradients only) of the model, as
     performed (a causal mask does not skip the masked half of the L x L products).
 
-    Attention, forward: the fused QKV projection (3 products d -> H dh), Q K^T and A V (H
-    heads, L x L x dh each), W_o; backward: G W_o^T, then A^T G_O, G_O V^T, dS K and dS^T Q
-    (four L x L x dh products per head), and [dQ dK dV] W_qkv^T.  FFN: two products each way
-    (no weight gradients)."""
+    Attention, forward: the fused QKV projection (d -> H dh for the queries, d -> H_kv dh for
+    the keys and the values), Q K^T and A V (H heads, L x L x dh each), W_o; backward: G W_o^T,
+    then A^T G_O, G_O V^T, dS K and dS^T Q (four L x L x dh products per head), and
+    [dQ dK dV] W_qkv^T.  FFN: two products each way ("glu": three; no weight gradients)."""
     B, L, d, H, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.d_head, m.d_ff
     T, hd = B * L, H * dh
     proj = 2.0 * T * d * hd                  # one d x (H dh) projection of every token
+    proj_kv = 2.0 * T * d * m.n_kv_heads * dh
     ll = 2.0 * B * H * L * L * dh            # one L x L x dh product of every head
-    attn = (4 * proj + 2 * ll) + (4 * proj + 4 * ll)
-    ffn = 2 * (2.0 * T * d * dff) * 2
+    attn = (2 * proj + 2 * proj_kv + 2 * ll) + (2 * proj + 2 * proj_kv + 4 * ll)
+    ffn = (3 if m.ffn_kind == "glu" else 2) * (2.0 * T * d * dff) * 2
     return m.n_layers * (attn + ffn)

@@ -75,6 +75,13 @@ def tolerances(tol: dict | None = None, defaults: dict = DEFAULT_TOL) -> dict:
 
 def compare(points, meas, tol: dict | None = None) -> CheckResult:
     tol = tolerances(tol)
+    # points pair by position: the same (layer, sublayer) sequence (a parallel model has one
+    # "block" point per layer); measurements stored without their labels are paired by count
+    pairs = [(p.layer, p.sublayer) for p in points]
+    labels = getattr(meas, "points", None)
+    if len(pairs) != len(meas.forward) or (labels is not None and pairs != [tuple(t) for t in labels]):
+        raise DomainError(f"the prediction's {len(pairs)} points do not pair with the measurement's "
+                          f"{len(meas.forward)} (layer, sublayer) points")
     pred_json, meas_json, fails, failed = [], [], [], []
     e = {"forward_var_relerr": [], "grad_var_relerr": [], "forward_corr_abserr": [], "grad_corr_abserr": [],
          "logit_var_relerr": []}

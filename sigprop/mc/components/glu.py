@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from sigprop.mc.backend import backend_of
 from sigprop.mc.component import SEQ, Component
 from sigprop.mc.components import gelu as _gelu, relu as _relu, silu as _silu
 from sigprop.mc.components._util import grid_std
@@ -35,6 +34,8 @@ _ACT = {"relu": _relu.COMPONENT, "gelu": _gelu.COMPONENT, "silu": _silu.COMPONEN
 class GLUMC(Component):
     """params: d_in, d_ff, gate_std, up_std, gate_b_std, up_b_std (default 0), L."""
 
+    array_api = True
+
     def __init__(self, name: str, activation: str):
         self.name = self.rule = name
         self.activation = activation
@@ -47,34 +48,37 @@ class GLUMC(Component):
         W = {}
         for k in ("gate", "up"):
             w = standard_normal(rng, (din, dff), dtype)
-            w *= dtype(params[f"{k}_std"])
+            w *= float(dtype(params[f"{k}_std"]))
             b_std = params.get(f"{k}_b_std", 0.0)
-            W[k] = (w, standard_normal(rng, dff, dtype) * dtype(b_std) if b_std else None)
+            W[k] = (w, standard_normal(rng, dff, dtype) * float(dtype(b_std)) if b_std else None)
         return W
 
     def forward(self, X, W, params, rng):
+        xp = backend_of(X).xp
         B, L, d = X.shape
-        Xf = X.reshape(B * L, d)
+        Xf = xp.reshape(X, (B * L, d))
         proj = []
         for k in ("gate", "up"):
             w, b = W[k]
             P = Xf @ w
             if b is not None:
                 P += b
-            proj.append(P.reshape(B, L, -1))
+            proj.append(xp.reshape(P, (B, L, P.shape[-1])))
         Gt, U = proj
         A, dA = _ACT[self.activation].forward(Gt, {}, {}, rng)     # act(g) and act'(g) (or mask)
         return A * U, (A, dA, U, W["gate"][0], W["up"][0])
 
     def backward(self, GY, cache):
         A, dA, U, Wg, Wu = cache
+        bk = backend_of(GY)
+        xp = bk.xp
         B, L, e = GY.shape
-        dG = GY * dA
+        dG = bk.mul(GY, dA)
         dG *= U
         dU = GY * A
-        GX = dG.reshape(B * L, e) @ Wg.T
-        GX += dU.reshape(B * L, e) @ Wu.T
-        return GX.reshape(B, L, -1)
+        GX = xp.reshape(dG, (B * L, e)) @ Wg.T
+        GX += xp.reshape(dU, (B * L, e)) @ Wu.T
+        return xp.reshape(GX, (B, L, GX.shape[-1]))
 
     def flops(self, params, batch):
         L, din, dff = self.dims(params)

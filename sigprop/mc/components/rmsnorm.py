@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
+from sigprop.mc.backend import backend_of
 from sigprop.mc.component import SEQ, Component
 from sigprop.mc.components.layernorm import _sequences, norm_case
 from sigprop.mc.sweep import Case, SweepSpec
@@ -23,26 +22,30 @@ class RMSNormMC(Component):
 
     name = "rmsnorm"
     rule = "rmsnorm"
-
+    array_api = True
     weights = False
 
     def dims(self, params):
         return params.get("L", SEQ.default), params["d"], params["d"]
 
     def forward(self, X, W, params, rng):
-        dt = X.dtype.type
+        bk = backend_of(X)
+        xp = bk.xp
         eps = params.get("eps", 1e-6)
         d = X.shape[-1]
-        ss = np.einsum("...f,...f->...", X, X)
-        inv = (1.0 / np.sqrt(ss / d + eps)).astype(dt, copy=False)[..., None]    # 1 / rho_t
+        ss = bk.rowdot(X, X)
+        inv = 1.0 / xp.sqrt(ss / d + eps)             # 1 / rho_t, one per token
+        inv = xp.expand_dims(xp.astype(inv, X.dtype, copy=False), axis=-1)
         Y = X * inv
         return Y, (Y, inv)
 
     def backward(self, GY, cache):
         # dy/dx = (I - y y^T / d) / rho:  gx = (g - y mean_f(y g)) / rho
         Y, inv = cache
+        bk = backend_of(Y)
+        xp = bk.xp
         d = Y.shape[-1]
-        yg = (np.einsum("...f,...f->...", Y, GY) / d).astype(Y.dtype, copy=False)[..., None]
+        yg = xp.expand_dims(xp.astype(bk.rowdot(Y, GY) / d, Y.dtype, copy=False), axis=-1)
         GX = Y * -yg
         GX += GY
         GX *= inv

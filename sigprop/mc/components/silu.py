@@ -1,7 +1,9 @@
 """SiLU x sigmoid(x): Monte Carlo component and sweep grid.
 
 Forward x sigmoid(x) with sigmoid(x) = (1 + tanh(x/2))/2 (no overflow in float32); backward
-the exact derivative sigmoid(x) (1 + x (1 - sigmoid(x))), cached by the forward.
+the exact derivative sigmoid(x) (1 + x (1 - sigmoid(x))), cached by the forward.  NumPy arrays
+go through a chunked in-place kernel, other array-API backends through the same operations
+on whole arrays.
 
 Grid and sample sizes as for ReLU and GeLU (:mod:`sigprop.mc.components.relu`): there is no
 published SiLU figure, so the same 450-point activation grid is used (input std {0.316, 1,
@@ -15,6 +17,7 @@ import dataclasses
 
 import numpy as np
 
+from sigprop.mc.backend import backend_of
 from sigprop.mc.components._util import PointwiseActivation, activation_sweep, pointwise_chunks
 
 _CHUNK = 65536
@@ -35,9 +38,14 @@ def _silu_kernel(x, y, dy):
 class SiLUMC(PointwiseActivation):
     name = "silu"
     rule = "silu"
+    array_api = True
 
     def forward(self, X, W, params, rng):
-        return pointwise_chunks(X, _silu_kernel, _CHUNK)
+        bk = backend_of(X)
+        if bk.is_numpy:
+            return pointwise_chunks(X, _silu_kernel, _CHUNK)
+        sg = (bk.xp.tanh(X * 0.5) + 1.0) * 0.5        # sigmoid(x)
+        return X * sg, sg * ((1.0 - sg) * X + 1.0)
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)
