@@ -54,18 +54,34 @@ def configs(depths, default_only=False, dropouts=(0.0, 0.1), causals=(False, Tru
                         yield arch, init, n, p, causal
 
 
-def name(arch, init, n, p, causal):
-    return f"{arch}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
+#: the block layouts' matrix (``--layouts``): Pre-LN's default init with every sublayer peri or
+#: output, and parallel blocks, LayerNorm; results in docs/validation/layouts/
+LAYOUTS = (("placement", "peri"), ("placement", "output"), ("block", "parallel"))
+OUT_LAYOUTS = OUT.parent / "layouts"
+
+
+def layout_configs(depths, dropouts=(0.0, 0.1), causals=(False, True)):
+    for opt in LAYOUTS:
+        for n in depths:
+            for p in dropouts:
+                for causal in causals:
+                    yield "preln", "normal", n, p, causal, (opt,)
+
+
+def name(arch, init, n, p, causal, options=()):
+    tag = "".join(f"_{v}" for _, v in options)
+    return f"{arch}{tag}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
 
 
 def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = None, simulate_only=False,
-            backend: str = "numpy", device: str = "cpu", stream: str = "host"):
+            backend: str = "numpy", device: str = "cpu", stream: str = "host", options=()):
     """Judge one configuration.  ``raw``: a directory of stored measurements (pickles of
     :class:`sigprop.mc.model.ModelMeasurement`, keyed by configuration, trials, batch and
     seed): a stored one is reused instead of simulating again, a new one is stored, so a
     change of the rules can be re-judged against the same samples.  ``backend``, ``device``,
     ``stream``: where the simulation runs (:mod:`sigprop.mc.backend`).  Depends on its
-    arguments alone (what lets a Dask worker run it)."""
+    arguments alone (what lets a Dask worker run it).  ``options``: further resolve() options
+    as (name, value) pairs (the layouts' placement or block)."""
     from sigprop.mc.backend import get_backend
 
     bk = get_backend(backend, device)
@@ -73,10 +89,10 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
     def simulate(model, **kw):
         return _simulate(model, backend=bk, stream=stream, **kw)
 
-    model = resolve(arch, init, n_layers=n, dropout=p, causal=causal, **DIMS)
+    model = resolve(arch, init, n_layers=n, dropout=p, causal=causal, **DIMS, **dict(options))
     meas = None
     if raw is not None:
-        f = raw / f"{name(arch, init, n, p, causal)}_t{trials}_b{batch}_s{seed}.pkl"
+        f = raw / f"{name(arch, init, n, p, causal, options)}_t{trials}_b{batch}_s{seed}.pkl"
         if f.exists():
             meas = pickle.loads(f.read_bytes())
         else:
@@ -95,12 +111,24 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
     mg = np.array([b.var for b in meas.backward])
     return {
         "arch": arch, "init": init, "n_layers": n, "dropout": p, "causal": causal,
+        **({"options": dict(options)} if options else {}),
         "trials": trials, "batch": batch, "seed": seed, "pass": res.passed,
         "n_failures": len(res.failures), "failures": res.failures[:5],
         "errors": res.errors, "r2": res.r2,
         "fwd_change": float(mv.max() / mv.min()), "grad_change": float(mg.max() / mg.min()),
         "simulate_s": meas.simulate_s, "gflop": meas.gflop,
     }
+
+
+def layouts_report(store: Path = OUT_LAYOUTS) -> str:
+    """The block layouts' table (docs/validation.md)."""
+    rows = [json.loads(f.read_text()) for f in sorted(store.glob("*.json"))]
+    if not rows:
+        return ""
+    out = _table(rows)
+    out.append("")
+    out.append(f"{sum(r['pass'] for r in rows)} of {len(rows)} configurations pass.")
+    return "\n".join(out)
 
 
 #: independent, larger samples of the configurations that miss at 8 draws (see NOTES)
@@ -131,9 +159,14 @@ def report(store: Path = OUT, more: Path = OUT_MORE) -> str:
     return "\n".join(out)
 
 
+def _options(r) -> str:
+    return ", ".join(f"{k} {v}" for k, v in r.get("options", {}).items())
+
+
 def _table(rows: list) -> list:
     order = {a: i for i, a in enumerate(ARCHS)}
-    rows.sort(key=lambda r: (order[r["arch"]], r["init"], r["n_layers"], r["dropout"], r["causal"]))
+    rows.sort(key=lambda r: (order.get(r["arch"], len(order)), _options(r), r["init"], r["n_layers"], r["dropout"],
+                             r["causal"]))
     out = ["| arch | init | N | p | causal | pass | fwd var err max | grad var err max | corr err max | "
            "R² fwd (change) | R² grad (change) | trials x batch | seed |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -146,8 +179,9 @@ def _table(rows: list) -> list:
     for r in rows:
         e = r["errors"]
         corr = max(e["forward_corr_abserr"]["max"], e["grad_corr_abserr"]["max"])
+        arch = r["arch"] + (f" ({_options(r)})" if r.get("options") else "")
         out.append(
-            f"| {r['arch']} | {r['init']} | {r['n_layers']} | {r['dropout']:g} | {'yes' if r['causal'] else 'no'} | "
+            f"| {arch} | {r['init']} | {r['n_layers']} | {r['dropout']:g} | {'yes' if r['causal'] else 'no'} | "
             f"{'pass' if r['pass'] else 'FAIL (%d)' % r['n_failures']} | {e['forward_var_relerr']['max']:.3f} | "
             f"{e['grad_var_relerr']['max']:.3f} | {corr:.3f} | {r2(r['r2']['forward_var'], r['fwd_change'])} | "
             f"{r2(r['r2']['grad_var'], r['grad_change'])} | {r['trials']}x{r['batch']} | {r['seed']} |")
@@ -223,6 +257,8 @@ def main():
     ap.add_argument("--dropouts", default="0,0.1")
     ap.add_argument("--causal", default="0,1", help="comma list of 0/1")
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--layouts", action="store_true",
+                    help="the block layouts' matrix (peri, output, parallel; default depths 12,48) instead of the archs'")
     ap.add_argument("--raw", default=None, help="directory of stored measurements (reused; new ones stored)")
     ap.add_argument("--simulate-only", action="store_true", help="with --raw: only store measurements")
     ap.add_argument("--redo", action="store_true", help="judge configurations that already have a result")
@@ -232,9 +268,9 @@ def main():
     ap.add_argument("--dask", default=None, help="run the configurations on a Dask cluster: scheduler address or 'local'")
     ap.add_argument("--workers", type=int, default=None, help="with --dask local (implied alone): worker processes")
     a = ap.parse_args()
-    out = Path(a.out) if a.out else OUT
+    out = Path(a.out) if a.out else (OUT_LAYOUTS if a.layouts else OUT)
     if a.report:
-        print(report(out))
+        print(layouts_report(out) if a.layouts else report(out))
         return
     out.mkdir(parents=True, exist_ok=True)
     depths = [int(x) for x in a.depths.split(",")]
@@ -242,7 +278,12 @@ def main():
     inits = set(a.inits.split(",")) if a.inits else None
     causals = tuple(bool(int(x)) for x in a.causal.split(","))
     todo = []
-    for cfg in configs(depths, a.default_init_only, tuple(float(x) for x in a.dropouts.split(",")), causals):
+    dropouts = tuple(float(x) for x in a.dropouts.split(","))
+    if a.layouts and a.depths == "12,48,96":
+        depths = [12, 48]
+    grid = (layout_configs(depths, dropouts, causals) if a.layouts
+            else configs(depths, a.default_init_only, dropouts, causals))
+    for cfg in grid:
         if (only and cfg[0] not in only) or (inits and cfg[1] not in inits):
             continue
         f = out / (name(*cfg) + ".json")
@@ -272,7 +313,8 @@ def main():
     if a.dask is None and a.workers is None:
         for cfg in todo:
             t = time.perf_counter()
-            record(cfg, run_one(*cfg, a.trials, a.batch, a.seed, raw, a.simulate_only, *extra), time.perf_counter() - t)
+            record(cfg, run_one(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:]),
+                   time.perf_counter() - t)
         return
     from sigprop.mc.distributed import connect, stderr_progress
     from sigprop.mc.floor import run_one as task     # by module name, also under `python -m`
@@ -282,7 +324,7 @@ def main():
     except DomainError as e:
         raise SystemExit(f"floor: {e}")
     with dist:
-        dist.map(task, [(*cfg, a.trials, a.batch, a.seed, raw, a.simulate_only, *extra) for cfg in todo],
+        dist.map(task, [(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:]) for cfg in todo],
                  progress=stderr_progress("configurations"),
                  on_result=lambda i, res: record(todo[i], res, time.perf_counter() - t_start), what="floor")
 
