@@ -223,6 +223,25 @@ per draw; seed 0 throughout. What was run, and the failures by cause, are said b
 table. The floor asks for R² >= 0.998 (forward) and >= 0.99 (gradient) where the change
 exceeds 2x.
 
+""" + table + "\n" + layouts_section()
+
+
+def layouts_section() -> str:
+    """The block layouts' matrix (`python -m sigprop.mc.floor --layouts`), from its stored results."""
+    from sigprop.mc import floor
+
+    table = floor.layouts_report()
+    if not table:
+        return ""
+    return """
+### Block layouts: peri, output and parallel blocks
+
+`python -m sigprop.mc.floor --layouts`: the same comparison and pass rule for Pre-LN's `normal`
+init (N(0, 0.02^2) weights, no biases) with every sublayer placed `peri` (the model's norm before
+and after the branch) or `output` (on the branch output only), and with `parallel` blocks (one
+norm, attention and FFN branches summed), LayerNorm, at the dimensions above, depths 12 and 48,
+dropout 0 and 0.1, bidirectional and causal; results in `docs/validation/layouts/`.
+
 """ + table + "\n"
 
 
