@@ -68,8 +68,38 @@ def layout_configs(depths, dropouts=(0.0, 0.1), causals=(False, True)):
                     yield "preln", "normal", n, p, causal, (opt,)
 
 
+#: the modern blocks' matrix (``--modern``): the model presets, and LayerNorm Scaling and DSLM on
+#: LLaMA blocks (pre-RMSNorm, SwiGLU, RoPE, final norm, no biases); the LLaMA rows with
+#: grouped-query attention (n_heads / n_kv_heads = 4); each with its preset's init and with
+#: torch-default; causal, and bidirectional for the encoders (bert, peri); results in
+#: docs/validation/modern/
+LLAMA_BLOCKS = (("norm", "rmsnorm"), ("ffn", "swiglu"), ("rope", True), ("final_norm", True), ("bias", False))
+MODERN = (("llama", "normal", (("kv_heads", 1),), (True,)),
+          ("gpt2", "scaled", (), (True,)),
+          ("bert", "normal", (), (False,)),
+          ("olmo2", "normal", (), (True,)),
+          ("peri", "normal", (), (False, True)),
+          ("lns", "normal", LLAMA_BLOCKS, (True,)),
+          ("dslm", "dslm", LLAMA_BLOCKS, (True,)))
+OUT_MODERN = OUT.parent / "modern"
+
+
+def modern_configs(depths, dropouts=(0.0, 0.1), inits=None):
+    for arch, init, options, causals in MODERN:
+        for ini in (init, "torch-default"):
+            if inits and ini not in inits:
+                continue
+            for n in depths:
+                for p in dropouts:
+                    for causal in causals:
+                        yield arch, ini, n, p, causal, options
+
+
 def name(arch, init, n, p, causal, options=()):
-    tag = "".join(f"_{v}" for _, v in options)
+    tag = "".join(f"_{v}" if isinstance(v, str) else f"_{k}{v}" if not isinstance(v, bool)
+                  else (f"_{k}" if v else f"_no-{k}") for k, v in options)
+    if tuple(options) == LLAMA_BLOCKS:
+        tag = "_llama-blocks"
     return f"{arch}{tag}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
 
 
@@ -118,6 +148,17 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
         "fwd_change": float(mv.max() / mv.min()), "grad_change": float(mg.max() / mg.min()),
         "simulate_s": meas.simulate_s, "gflop": meas.gflop,
     }
+
+
+def modern_report(store: Path = OUT_MODERN) -> str:
+    """The modern blocks' table (docs/validation.md)."""
+    rows = [json.loads(f.read_text()) for f in sorted(store.glob("*.json"))]
+    if not rows:
+        return ""
+    out = _table(rows)
+    out.append("")
+    out.append(f"{sum(r['pass'] for r in rows)} of {len(rows)} configurations pass.")
+    return "\n".join(out)
 
 
 def layouts_report(store: Path = OUT_LAYOUTS) -> str:
@@ -176,7 +217,10 @@ def report(store: Path = OUT, more: Path = OUT_MORE) -> str:
 
 
 def _options(r) -> str:
-    return ", ".join(f"{k} {v}" for k, v in r.get("options", {}).items())
+    opts = r.get("options", {})
+    if tuple(opts.items()) == LLAMA_BLOCKS:
+        return "LLaMA blocks"
+    return ", ".join(f"{k} {v}" if not isinstance(v, bool) else (k if v else f"no {k}") for k, v in opts.items())
 
 
 def _table(rows: list) -> list:
@@ -275,6 +319,8 @@ def main():
     ap.add_argument("--report", action="store_true")
     ap.add_argument("--layouts", action="store_true",
                     help="the block layouts' matrix (peri, output, parallel; default depths 12,48) instead of the archs'")
+    ap.add_argument("--modern", action="store_true",
+                    help="the modern blocks' matrix (model presets, LNS and DSLM on LLaMA blocks) instead of the archs'")
     ap.add_argument("--raw", default=None, help="directory of stored measurements (reused; new ones stored)")
     ap.add_argument("--simulate-only", action="store_true", help="with --raw: only store measurements")
     ap.add_argument("--redo", action="store_true", help="judge configurations that already have a result")
@@ -284,9 +330,9 @@ def main():
     ap.add_argument("--dask", default=None, help="run the configurations on a Dask cluster: scheduler address or 'local'")
     ap.add_argument("--workers", type=int, default=None, help="with --dask local (implied alone): worker processes")
     a = ap.parse_args()
-    out = Path(a.out) if a.out else (OUT_LAYOUTS if a.layouts else OUT)
+    out = Path(a.out) if a.out else (OUT_LAYOUTS if a.layouts else OUT_MODERN if a.modern else OUT)
     if a.report:
-        print(layouts_report(out) if a.layouts else report(out))
+        print(layouts_report(out) if a.layouts else modern_report(out) if a.modern else report(out))
         return
     out.mkdir(parents=True, exist_ok=True)
     depths = [int(x) for x in a.depths.split(",")]
@@ -298,6 +344,7 @@ def main():
     if a.layouts and a.depths == "12,48,96":
         depths = [12, 48]
     grid = (layout_configs(depths, dropouts, causals) if a.layouts
+            else modern_configs(depths, dropouts, inits) if a.modern
             else configs(depths, a.default_init_only, dropouts, causals))
     for cfg in grid:
         if (only and cfg[0] not in only) or (inits and cfg[1] not in inits):
