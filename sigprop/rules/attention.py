@@ -260,8 +260,7 @@ class _Ctx:
         vqf = _floor(m, vq)                            # (no queries at all: uniform rows)
         self.vq = vq
         self.fx = vx / vqf
-        self.s_mean = m.choose(self.norm, lambda: self.tau * p.d * sk2 * vq,
-                               lambda: self.tau * p.d * sk2 * vq * (1 + self.rk * (1 + self.rk) / (2 * p.d_head)))
+        self.s_mean = m.choose(self.norm, lambda: self.tau * p.d * sk2 * vq, lambda: self._normed_var(m, p, sk2, vq))
         if check and not m.SYMBOLIC:
             worst = float(np.max(self.s_mean))
             if not worst <= ROW_LOGIT_VAR_MAX:
@@ -303,6 +302,22 @@ class _Ctx:
         fq = ln / (ln * vq + p.qk_eps)
         fk = 1 / (ln * vk + p.qk_eps)
         return sq2 * fq, sk2 * fk, sbq2 * fq, sbk2 * fk
+
+    def _normed_var(self, m, p, sk2, vq):
+        """QK-norm: the row logit variance the softmax sees.  Each key is divided by its own
+        norm, which fluctuates by O(1/sqrt(dh)) from key to key; to O(1/dh):
+        (1) the key-shared logit part times that fluctuation adds key-specific variance, a
+        factor 1 + rk (1 + rk) / (2 dh) (checked by sampling: dh 32-128, rk 0-0.9);
+        (2) the token-varying logit is no longer Gaussian: its fourth cumulant is
+        -6 (1 - rk)^2 v^2 / (dh + 2) (exact at rk = 0: a coordinate of a uniform point on the
+        sphere), and the softmax statistics are evaluated at the Gaussian variance with the
+        same log-moment-generating function at the orders that dominate sum_j P_j^2,
+        v_eff = v + (7/12) kappa_4 (log E e^{2z} - 2 log E e^z).  ``kfac`` = v_eff / v (the
+        key path's gradient scale is the true v)."""
+        v = self.tau * p.d * sk2 * vq * (1 + self.rk * (1 + self.rk) / (2 * p.d_head))
+        self.kfac = 1 - 3.5 * (1 - self.rk) ** 2 * v / (p.d_head + 2)
+        self.kfac = _num(m, lambda t: m.maximum(t, 0.5), self.kfac)
+        return v * self.kfac
 
     # -- rotary positions ------------------------------------------------------------------
     def kbar(self, n):
@@ -349,7 +364,9 @@ class _Ctx:
         z' = e + s' (e the token-varying part, variance v = beta v'; s' the key-shared part
         left after the row mean, variance (1 - beta) v', treated as iid over keys), and the
         statistics of e are those of z' through e = beta z' + (independent noise):
-        Bz, Cz -> beta (.) + (1 - beta) A2, the query direction's Ra -> Ra / beta,
+        Bz, Cz -> beta (.) + (1 - beta) A2, where in Bz = E (sum_j P_j e_j)^2 / v the pairs of
+        distinct keys also carry the cosine kappa(j - l) of their logit directions a_ij, a_il
+        (replaced by kbar(n)); the query direction's Ra -> Ra / beta,
         v T2 -> beta v' T2; trA2 (the coherent query term) -> kbar trA2 + (1 - kbar) Ajj2;
         T2kc = (1 - kbar) T2 (the key-shared part of the query gradient); m1sq carries the
         cross-row direction factor kbar(L)."""
@@ -364,7 +381,8 @@ class _Ctx:
                      "trA2": lambda v, n: 1 + rv("trA2m1", v, n)}
             return plain.get(name, lambda v, n: rv(name, v, n))
         rope = {
-            "Bz": lambda v, n, b, kb: b * rv("Bz", v, n) + (1 - b) * rv("A2", v, n),
+            "Bz": lambda v, n, b, kb: (b * (kb * rv("Bz", v, n) + (1 - kb) * rv("Cz", v, n))
+                                       + (1 - b) * rv("A2", v, n)),
             "Cz": lambda v, n, b, kb: b * rv("Cz", v, n) + (1 - b) * rv("A2", v, n),
             "m1sq": lambda v, n, b, kb: self.kbL * b * rv("m1", v, n) ** 2 / _floor(m, v),
             "Ra": lambda v, n, b, kb: rv("Ra", v, n) / _floor(m, b),
@@ -773,7 +791,8 @@ def _backward_terms(m, c, p, g, st):
     # (and, LayerNorm, off the constant direction): 1/dh of a generic gradient each
     qry, key, key_x, qry_c, key_c = _branch(
         m, c.norm, lambda: (qry, key, key_x, qry_c, key_c),
-        lambda: (c.proj * qry, c.proj * key, c.proj * key_x, c.proj * qry_c, c.proj * key_c))
+        lambda: (c.proj * qry, c.proj * key / c.kfac, c.proj * key_x / c.kfac, c.proj * qry_c,
+                 c.proj * key_c / c.kfac))
     hk = p.n_heads * K0
     return {"val": hk * val, "val_x": hk * val_x, "qry": hk * qry, "key": hk * key,
             "key_x": hk * key_x, "val_c": hk * val_c, "qry_c": hk * qry_c, "key_c": hk * key_c}
