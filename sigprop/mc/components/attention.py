@@ -411,20 +411,24 @@ def _sample_size(pt: dict) -> tuple[int, int]:
 
     Two noise regimes set the number of sequences.  (1) Small logits: every row attends
     nearly uniformly, all rows of a sequence carry the same vector, and a moment's relative
-    noise is ~ sqrt(2 / (sequences x k)), k = 1/(1/(H dh) + 1/d) the dimension that vector
-    lives in: sequences = BUDGET / k.  (2) Logits with a large token-shared part
-    s = r (1-r) s2^2 wqk^4 (the logit variance a key carries into every row): a key's column
-    sum is lognormal with log-variance s, the gradient variance is a heavy-tailed average
-    over keys, and ~ HEAVY sqrt(300 / L) (e^s - 1)/(e^2.88 - 1) sequences are needed for ~5%.
-    Batches are capped so that one (B, H, L, L) array stays near 64 MB; at least 4 weight draws."""
+    noise is ~ sqrt(2 / (sequences x k)), k = 1/(1/(kv dh) + 1/d) the dimension that vector
+    lives in (kv dh: the value heads): sequences = budget / k.  (2) Logits with a large
+    token-shared part s = r (1-r) T^2 (T the logit scale: s2 wqk^2 at unit-std weights
+    times sqrt(d), 1 with QK-norm; the logit variance a key carries into every row): a key's
+    column sum is lognormal with log-variance s, the gradient variance is a heavy-tailed
+    average over keys, and ~ HEAVY sqrt(300 / L) (e^s - 1)/(e^2.88 - 1) sequences are needed
+    for ~5%.  ``budget`` (default BUDGET) is a grid point's own when it has one.  Batches are
+    capped so that one (B, H, L, L) array stays near 64 MB; at least 4 weight draws."""
     H, dh = pt.get("n_heads", 1), pt["d_head"]
+    kv = pt.get("kv_heads", 0) or H
     d = pt.get("d", H * dh)
     L = pt["L"]
-    k = 1.0 / (1.0 / (H * dh) + 1.0 / d)
-    n_seq = BUDGET / k
+    k = 1.0 / (1.0 / (kv * dh) + 1.0 / d)
+    n_seq = pt.get("budget", BUDGET) / k
     s2 = grid_std(pt["x_std"]) ** 2
     r = pt["x_corr"]
-    shared = r * (1 - r) * s2**2 * pt["wqk_std_sqrt_d"] ** 4
+    T = 1.0 if pt.get("qk_norm", 0) else s2 * pt["wqk_std_sqrt_d"] ** 2
+    shared = r * (1 - r) * T**2
     n_seq = max(n_seq, HEAVY * np.sqrt(300.0 / L) * np.expm1(shared) / np.expm1(2.88))
     n_seq = int(min(_MAX_SEQ, max(8, round(n_seq))))
     bmax = max(2, int(16e6 / (H * L * L)))
@@ -439,6 +443,9 @@ def _case(pt: dict) -> Case:
             "q_std": pt["wqk_std_sqrt_d"] / np.sqrt(d), "k_std": pt["wqk_std_sqrt_d"] / np.sqrt(d),
             "v_std": pt["wv_std_sqrt_d"] / np.sqrt(d), "o_std": 1.0 / np.sqrt(d),
             "p": pt["p"], "causal": pt.get("causal", 0)}
+    for key in ("kv_heads", "qk_norm", "rope"):     # the modern variants' parameters
+        if key in pt:
+            rule[key] = pt[key]
     runs, batch = _sample_size(pt)
     return Case(rule, dict(rule),
                 Forward(0.0, grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
@@ -453,6 +460,19 @@ _GRID = {
     "p": (0.0, 1 / 3, 2 / 3),
 }
 
+#: the modern variants' grids: smaller sizes than the published grid (d 128-512, L 16-256),
+#: each sampled at four times the published grid's budget (noise ~1% where attention is uniform)
+_MODERN = {"g_std": (1.0,), "wv_std_sqrt_d": (1.0,), "budget": (4 * BUDGET,)}
+_GQA_GRID = {**_MODERN, "x_std": (1.0, 3.16), "x_corr": (0.0, 1 / 3, 2 / 3), "g_corr": (0.0, 1 / 3, 2 / 3),
+             "d": (256,), "n_heads": (8,), "d_head": (32,), "kv_heads": (1, 2, 4), "L": (64, 256),
+             "wqk_std_sqrt_d": (0.245, 0.6), "p": (0.0, 1 / 3), "causal": (0, 1)}
+_QKNORM_GRID = {**_MODERN, "qk_norm": (1, 2), "x_std": (0.316, 1.0, 3.16), "x_corr": (0.0, 1 / 3, 2 / 3),
+                "g_corr": (0.0, 1 / 3, 2 / 3), "d": (128, 512), "n_heads": (4,), "d_head": (32, 64),
+                "L": (64, 256), "wqk_std_sqrt_d": (0.1, 0.6, 2.0), "p": (0.0, 1 / 3), "causal": (0, 1)}
+_ROPE_GRID = {**_MODERN, "rope": (1e4, 5e5), "x_std": (1.0,), "x_corr": (0.0, 0.5, 0.9), "g_corr": (0.0, 0.5),
+              "d": (256,), "n_heads": (4,), "d_head": (64,), "L": (16, 64, 256),
+              "wqk_std_sqrt_d": (0.6, 1.0, 1.4), "qk_norm": (0, 2), "p": (0.0, 1 / 3), "causal": (0, 1)}
+
 SWEEP = SweepSpec(
     component=COMPONENT,
     grid=_GRID,
@@ -466,5 +486,12 @@ SWEEP = SweepSpec(
         "multihead": {"grid": {**{k: v for k, v in _GRID.items() if k not in ("d", "d_head")},
                                "n_heads": (2, 4, 8), "d_head": (32, 64, 128)},
                       "note": "multi-head, d = n_heads * d_head"},
+        "gqa": {"grid": _GQA_GRID, "note": "grouped-query and multi-query attention: 8 query heads of 32 "
+                "sharing 1, 2 or 4 key/value heads (d 256); bidirectional and causal"},
+        "qknorm": {"grid": _QKNORM_GRID, "note": "QK-norm (LayerNorm and RMSNorm per head, eps 1e-5) over "
+                   "a 20x range of Q/K weight scales and a 10x range of input scales"},
+        "rope": {"grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up "
+                 "to 0.9, 16-256 tokens, logit variance up to ~4, without and with RMS QK-norm; "
+                 "bidirectional and causal"},
     },
 )
