@@ -461,14 +461,14 @@ _GRID = {
 }
 
 #: the modern variants' grids: smaller sizes than the published grid (d 128-512, L 16-256),
-#: each sampled at four times the published grid's budget (noise ~1% where attention is uniform)
-_MODERN = {"g_std": (1.0,), "wv_std_sqrt_d": (1.0,), "budget": (4 * BUDGET,)}
+#: each sampled at twice the published grid's budget (noise ~1.5% where attention is uniform)
+_MODERN = {"g_std": (1.0,), "wv_std_sqrt_d": (1.0,), "budget": (2 * BUDGET,)}
 _GQA_GRID = {**_MODERN, "x_std": (1.0, 3.16), "x_corr": (0.0, 1 / 3, 2 / 3), "g_corr": (0.0, 1 / 3, 2 / 3),
-             "d": (256,), "n_heads": (8,), "d_head": (32,), "kv_heads": (1, 2, 4), "L": (64, 256),
+             "d": (256,), "n_heads": (8,), "d_head": (32,), "kv_heads": (1, 2, 4), "L": (32, 128),
              "wqk_std_sqrt_d": (0.245, 0.6), "p": (0.0, 1 / 3), "causal": (0, 1)}
 _QKNORM_GRID = {**_MODERN, "qk_norm": (1, 2), "x_std": (0.316, 1.0, 3.16), "x_corr": (0.0, 1 / 3, 2 / 3),
                 "g_corr": (0.0, 1 / 3, 2 / 3), "d": (128, 512), "n_heads": (4,), "d_head": (32, 64),
-                "L": (64, 256), "wqk_std_sqrt_d": (0.1, 0.6, 2.0), "p": (0.0, 1 / 3), "causal": (0, 1)}
+                "L": (32, 128), "wqk_std_sqrt_d": (0.1, 0.6, 2.0), "p": (0.0, 1 / 3), "causal": (0, 1)}
 _ROPE_GRID = {**_MODERN, "rope": (1e4, 5e5), "x_std": (1.0,), "x_corr": (0.0, 0.5, 0.9), "g_corr": (0.0, 0.5),
               "d": (256,), "n_heads": (4,), "d_head": (64,), "L": (16, 64, 256),
               "wqk_std_sqrt_d": (0.6, 1.0, 1.4), "qk_norm": (0, 2), "p": (0.0, 1 / 3), "causal": (0, 1)}
