@@ -260,7 +260,8 @@ def _branch(m, flag, f0, f1, defaults=None):
     if isinstance(a, dict):
         a = {**(defaults or {}), **a}
         return {k: m.choose(flag, lambda k=k: a[k], lambda k=k: b[k]) for k in b}
-    return m.choose(flag, lambda: a, lambda: b)
+    out = m.choose(flag, lambda: a, lambda: b)
+    return type(a)(*out) if hasattr(a, "_fields") else out      # keep Forward / Backward
 
 
 def _num(m, guard, x):
