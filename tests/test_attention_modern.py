@@ -249,6 +249,18 @@ def test_rope_keeps_correlated_streams_attending():
     assert v2 > 3 * v0
 
 
+def test_rope_domain_counts_the_positional_part():
+    """With rotary positions the domain bound applies to the row logit variance including the
+    key-shared part that no longer cancels (what mean_row_logit_var reports)."""
+    from sigprop.rules.attention import ROW_LOGIT_VAR_MAX
+
+    x, g = Forward(0.0, 1.0, 0.95), Backward(1.0, 0.0)
+    prm = _params(d=64, H=1, dh=64, L=256, wqk=(2.5 * ROW_LOGIT_VAR_MAX) ** 0.25)
+    assert att.mean_row_logit_var(prm, x) < ROW_LOGIT_VAR_MAX < att.mean_row_logit_var({**prm, "rope": 1e4}, x)
+    with pytest.raises(DomainError, match="row logit variance"):
+        RULE.evaluate(x, g, **prm, rope=1e4)
+
+
 def test_rope_rows_average_to_the_forward():
     """Attention.rows (the causal per-row-length terms) with rotary positions: the row average
     of its output variance is the forward's."""

@@ -351,6 +351,13 @@ class _Ctx:
             self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
             self.kbL = _kappa_bar(m, self.L, self.base, self.dh)
             self.kvarL = _kappa_var(m, self.L, self.base, self.dh)
+            if check and not m.SYMBOLIC:
+                worst = float(np.max(self.s_mean + self.vsh * (1 - self.kbL)))
+                if not worst <= ROW_LOGIT_VAR_MAX:
+                    raise DomainError(
+                        f"attention: row logit variance {worst:.4g} (rotary positions: the key-shared "
+                        f"part that varies over positions included) is beyond the {ROW_LOGIT_VAR_MAX:g} "
+                        "this rule evaluates: smaller Q/K weight stds or input variance")
 
     def _normed(self, m, p):
         """QK-norm: per head q -> q / sqrt(mean(q^2) + eps) (LayerNorm: centred first, in
