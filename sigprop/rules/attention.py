@@ -920,7 +920,8 @@ class AttentionPublished(Rule):
     zero_mean_input = True
     assumptions = (
         "[TGS] single-head attention formulas, applied per head; "
-        "biases ignored; the causal flag is ignored (bidirectional formulas).",
+        "biases ignored; the causal flag is ignored (bidirectional formulas); kv_heads, qk_norm "
+        "and rope are ignored (plain multi-head attention).",
         "Backward keeps only the value path (the published weakness).",
     )
     references = ("[TGS] Kedia et al. 2024, attention rule and verification code",)
