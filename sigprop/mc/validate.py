@@ -31,6 +31,14 @@ from sigprop.rules import REGISTRY
 # published forms scored beside sigprop's rule on the same samples
 PUBLISHED_FORMS = {"softmax": ("softmax-approx", "softmax-full"), "attention": ("attention-published",),
                    "layernorm": ("layernorm-published",)}
+def _published_forms(name: str, spec, grid_name: str) -> tuple:
+    """The published forms scored beside the rule, unless the grid's variant says they do not
+    model it (``"published_forms": False``, e.g. attention with rotary positions)."""
+    if grid_name != "published" and not spec.variants.get(grid_name, {}).get("published_forms", True):
+        return ()
+    return tuple(REGISTRY[a] for a in PUBLISHED_FORMS.get(name, ()) if a in REGISTRY)
+
+
 LABEL = {"x_mean": "x mean", "x_var": "x var", "x_corr": "x cov", "g_var": "g var", "g_corr": "g cov"}
 
 
@@ -78,7 +86,7 @@ def main(argv=None) -> int:
         grids = [("published", None, spec.note)] + [(k, v["grid"], v.get("note", "")) for k, v in spec.variants.items()]
         for grid_name, grid, note in grids:
             t0 = time.perf_counter()
-            also = tuple(REGISTRY[a] for a in PUBLISHED_FORMS.get(name, ()) if a in REGISTRY)
+            also = _published_forms(name, spec, grid_name)
             res = run_sweep(spec, REGISTRY[spec.component.rule], n=args.n, seed=args.seed, grid=grid, also=also)
             wall = time.perf_counter() - t0
             (store / f"{name}-{grid_name}.json").write_text(json.dumps({
@@ -100,7 +108,7 @@ def rescore(store: Path, rows_file: str, name: str, grid_name: str) -> None:
 
     data = json.loads(Path(rows_file).read_text())
     spec = SWEEPS[name]
-    rules = [REGISTRY[spec.component.rule]] + [REGISTRY[a] for a in PUBLISHED_FORMS.get(name, ()) if a in REGISTRY]
+    rules = [REGISTRY[spec.component.rule], *_published_forms(name, spec, grid_name)]
     scored = {r.name: [] for r in rules}
     for row in data["rows"]:
         case = spec.make_case(row["point"])

@@ -1,0 +1,301 @@
+"""Attention's modern features: grouped-query heads (kv_heads), QK-norm (qk_norm, qk_eps) and
+rotary positions (rope), in the rule and in the Monte Carlo component."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from sigprop.backend import numeric as nm
+from sigprop.errors import DomainError
+from sigprop.mc.component import measure
+from sigprop.mc.components.attention import COMPONENT, SWEEP, rope_tables
+from sigprop.rules import REGISTRY
+from sigprop.rules import attention as att
+from sigprop.state import Backward, Forward
+
+RULE = REGISTRY["attention"]
+
+
+def _params(d=128, H=2, dh=32, L=64, wqk=0.6, wv=1.0, p=0.0, causal=0, **kw):
+    out = dict(d=d, n_heads=H, d_head=dh, L=L, q_std=wqk / math.sqrt(d), k_std=wqk / math.sqrt(d),
+               v_std=wv / math.sqrt(d), o_std=1 / math.sqrt(H * dh), p=p, causal=causal)
+    out.update(kw)
+    return out
+
+
+def _agree(prm, x, g, runs, batch, seed, rel=0.03, z=4.0):
+    """Rule against the Monte Carlo: every moment within z standard errors plus rel of its scale."""
+    meas = measure(COMPONENT, prm, x, g, runs=runs, batch=batch, seed=seed)
+    y, gb = RULE.evaluate(x, g, **prm)
+    for name, m_, se, pr, scale in (("x var", meas.x.var, meas.x.var_se, y.var, y.var),
+                                    ("x cov", meas.x.cov, meas.x.cov_se, y.corr * y.var, y.var),
+                                    ("g var", meas.g.var, meas.g.var_se, gb.var, gb.var),
+                                    ("g cov", meas.g.cov, meas.g.cov_se, gb.corr * gb.var, gb.var)):
+        assert abs(m_ - pr) <= z * se + rel * abs(scale), (name, m_, pr, se)
+    return meas, y, gb
+
+
+# --- parameters and defaults ---------------------------------------------------------------
+def test_defaults_leave_the_rule_unchanged():
+    """kv_heads = n_heads (or 0), qk_norm 0 and rope 0 are the plain rule, bit for bit."""
+    x, g = Forward(np.array([0.0, 0.3]), np.array([1.0, 2.0]), np.array([0.1, 0.7])), Backward(1.0, 0.3)
+    base = RULE.evaluate(x, g, **_params(causal=1, q_bias_std=0.2))
+    same = RULE.evaluate(x, g, **_params(causal=1, q_bias_std=0.2, kv_heads=2, qk_norm=0, rope=0.0, qk_eps=0.3))
+    for a, b in zip(base, same):
+        for u, v in zip(a, b):
+            assert np.array_equal(np.asarray(u), np.asarray(v))
+
+
+@pytest.mark.parametrize("bad, match", [(dict(kv_heads=3, H=4), "must divide"), (dict(rope=0.5), "rotary base"),
+                                        (dict(rope=1e4, dh=33), "even d_head"), (dict(qk_norm=3), "qk_norm"),
+                                        (dict(qk_eps=-1.0), "qk_eps")])
+def test_bad_parameters_are_refused(bad, match):
+    H, dh = bad.pop("H", 2), bad.pop("dh", 32)
+    with pytest.raises(DomainError, match=match):
+        RULE.evaluate(Forward(0.0, 1.0, 0.2), Backward(1.0, 0.0), **_params(H=H, dh=dh, **bad))
+
+
+# --- grouped-query attention ----------------------------------------------------------------
+def test_grouped_query_moments_are_the_per_head_ones():
+    """Heads that share K and V give correlated outputs, but every cross-head term of the
+    output's and the input gradient's second moments is linear in two independent zero-mean
+    W_o blocks (through G W_o^T in the backward): it vanishes in expectation, so the rule's
+    moments do not depend on kv_heads; the Monte Carlo (multi-query, 4 query heads on one K/V)
+    agrees, forward and backward, bidirectional and causal."""
+    x, g = Forward(0.2, 1.5, 0.3), Backward(1.0, 0.4)
+    for causal in (0, 1):
+        prm = _params(d=128, H=4, dh=32, L=48, wqk=0.9, p=0.1, causal=causal, v_bias_std=0.1)
+        ref = RULE.evaluate(x, g, **prm)
+        for kv in (1, 2):
+            assert RULE.evaluate(x, g, **{**prm, "kv_heads": kv}) == ref
+        _agree({**prm, "kv_heads": 1}, x, g, runs=24, batch=8, seed=3)
+
+
+# --- the component's modern path -------------------------------------------------------------
+@pytest.mark.parametrize("kw", [dict(kv_heads=1), dict(kv_heads=2, causal=1, p=0.3), dict(qk_norm=1),
+                                dict(qk_norm=2, qk_eps=0.3), dict(rope=10.0), dict(rope=1e4, qk_norm=1, kv_heads=2, causal=1)])
+def test_component_backward_finite_differences(kw):
+    """The hand-written backward of the general path (GQA, QK-norm, rotary) against central
+    differences of the forward, float64, dropout mask fixed by the seed."""
+    rng = np.random.default_rng(0)
+    prm = _params(d=24, H=4, dh=8, L=7, wqk=0.6, q_bias_std=0.2, k_bias_std=0.3, v_bias_std=0.1, o_bias_std=0.1)
+    prm.update(kw)
+    W = COMPONENT.sample_weights(rng, prm, np.float64)
+    X, GY, E = (rng.standard_normal((2, 7, 24)) for _ in range(3))
+    seed = 5
+
+    def f(X_):
+        return float(np.sum(COMPONENT.forward(X_, W, prm, np.random.default_rng(seed))[0] * GY))
+
+    _, cache = COMPONENT.forward(X, W, prm, np.random.default_rng(seed))
+    got = float(np.sum(COMPONENT.backward(GY, cache) * E))
+    h = 1e-6
+    want = (f(X + h * E) - f(X - h * E)) / (2 * h)
+    assert got == pytest.approx(want, rel=1e-6)
+    paths = COMPONENT.backward_paths(GY, cache)
+    np.testing.assert_allclose(sum(paths.values()), COMPONENT.backward(GY, cache), rtol=1e-10, atol=1e-12)
+
+
+def test_component_general_path_equals_the_plain_one():
+    """The general forward/backward with no modern feature reproduces the fused plain path."""
+    rng = np.random.default_rng(1)
+    prm = _params(d=24, H=4, dh=8, L=7, causal=1, q_bias_std=0.2, v_bias_std=0.1)
+    W = COMPONENT.sample_weights(rng, prm, np.float64)
+    X, GY = rng.standard_normal((2, 7, 24)), rng.standard_normal((2, 7, 24))
+    Y1, c1 = COMPONENT.forward(X, W, prm, rng)
+    Y2, c2 = COMPONENT._forward_modern(X, W, prm, rng)
+    np.testing.assert_allclose(Y1, Y2, rtol=1e-12, atol=1e-13)
+    np.testing.assert_allclose(COMPONENT.backward(GY, c1), COMPONENT.backward(GY, c2), rtol=1e-11, atol=1e-13)
+    assert COMPONENT.logit_moments(c1) == pytest.approx(COMPONENT.logit_moments(c2), rel=1e-12)
+
+
+def test_component_rotary_convention():
+    """x -> x cos(t theta) + rotate_half(x) sin(t theta), theta_i = base^(-2i/dh) repeated for
+    both halves (written here with explicit 2x2 rotations of the pairs (i, i + dh/2)); and the
+    logits of identical tokens depend on the position difference only."""
+    L, dh, base = 9, 8, 100.0
+    cos, sin = rope_tables(L, dh, base)
+    x = np.random.default_rng(2).standard_normal(dh)
+    for t in range(L):
+        rot = np.empty(dh)
+        for i in range(dh // 2):
+            a = t * base ** (-2 * i / dh)
+            rot[i] = x[i] * math.cos(a) - x[i + dh // 2] * math.sin(a)
+            rot[i + dh // 2] = x[i + dh // 2] * math.cos(a) + x[i] * math.sin(a)
+        np.testing.assert_allclose(x * cos[t] + np.concatenate([-x[dh // 2:], x[:dh // 2]]) * sin[t], rot, atol=1e-12)
+    rng = np.random.default_rng(3)
+    prm = _params(d=16, H=1, dh=dh, L=L, wqk=1.0, rope=base)
+    W = COMPONENT.sample_weights(rng, prm, np.float64)
+    X = np.broadcast_to(rng.standard_normal(16), (1, L, 16)).copy()
+    _, cache = COMPONENT.forward(X, W, prm, rng)
+    S = cache["Qs"][0, 0] @ cache["Ke"][0, 0].T
+    for k in range(-L + 1, L):
+        diag = np.diagonal(S, offset=k)
+        np.testing.assert_allclose(diag, diag[0], rtol=1e-10, atol=1e-12)
+
+
+def test_component_qk_norm_is_per_head_and_scale_free():
+    """QK-norm: the logits do not change when W_q and W_k are scaled (eps -> 0)."""
+    rng = np.random.default_rng(4)
+    X = rng.standard_normal((2, 6, 16))
+    for kind in (1, 2):
+        prm = _params(d=16, H=2, dh=8, L=6, qk_norm=kind, qk_eps=0.0)
+        W = COMPONENT.sample_weights(rng, prm, np.float64)
+        W2 = {**W, "qkv": W["qkv"].copy()}
+        W2["qkv"][:, :32] *= 7.0
+        S1 = COMPONENT.forward(X, W, prm, rng)[1]["Qs"]
+        S2 = COMPONENT.forward(X, W2, prm, rng)[1]["Qs"]
+        np.testing.assert_allclose(S1, S2, rtol=1e-10)
+
+
+# --- QK-norm in the rule ----------------------------------------------------------------------
+def test_qk_norm_logits_do_not_depend_on_scales():
+    """With QK-norm the logit variance and the row logit variance are those of unit vectors:
+    independent of the Q/K weight stds and of the input scale (up to eps)."""
+    x = Forward(0.0, 1.0, 0.3)
+    for kind, one in ((2, 1.0), (1, 32 / 31)):
+        vals = []
+        for w, s2 in ((0.1, 1.0), (2.0, 1.0), (0.6, 10.0)):
+            p = _params(wqk=w, qk_norm=kind)
+            xs = Forward(0.0, s2, 0.3)
+            vals.append((att.logit_var(p, xs), att.mean_row_logit_var(p, xs)))
+        assert np.allclose(vals, vals[0], rtol=3e-3)      # (eps is 0.1% of the smallest scale)
+        assert vals[0][0] == pytest.approx(one, rel=3e-3)
+    # without it both grow like the fourth power of the weight scale
+    p1, p2 = _params(wqk=0.3), _params(wqk=0.6)
+    assert att.mean_row_logit_var(p2, x) == pytest.approx(16 * att.mean_row_logit_var(p1, x))
+    assert att.logit_var(p2, x) == pytest.approx(16 * att.logit_var(p1, x))
+
+
+def test_qk_norm_key_fluctuation_factor_by_sampling():
+    """The two 1/dh effects of normalising every key by its own norm, sampled directly: the
+    within-row logit variance is (1 - rk) (1 + rk (1 + rk) / (2 dh)) and its fourth cumulant
+    -6 (1 - rk)^2 / (dh + 2) (unit query and key scales)."""
+    rng = np.random.default_rng(5)
+    dh, n, R = 32, 64, 3000
+    for rk in (0.0, 0.6):
+        q = rng.standard_normal((R, dh))
+        q *= np.sqrt(dh) / np.linalg.norm(q, axis=1, keepdims=True)
+        k = rng.standard_normal((R, 1, dh)) * np.sqrt(rk) + rng.standard_normal((R, n, dh)) * np.sqrt(1 - rk)
+        k *= np.sqrt(dh) / np.linalg.norm(k, axis=2, keepdims=True)
+        z = np.einsum("rd,rnd->rn", q, k) / np.sqrt(dh)
+        v = z.var(axis=1, ddof=1).mean()
+        assert v == pytest.approx((1 - rk) * (1 + rk * (1 + rk) / (2 * dh)), rel=0.006)
+
+
+@pytest.mark.parametrize("kind", [1, 2])
+@pytest.mark.parametrize("causal", [0, 1])
+def test_qk_norm_against_monte_carlo(kind, causal):
+    x, g = Forward(0.0, 2.0, 0.0), Backward(1.0, 0.3)
+    _agree(_params(d=128, H=2, dh=32, L=64, wqk=1.0, qk_norm=kind, causal=causal), x, g, runs=16, batch=16, seed=7)
+
+
+# --- rotary positions in the rule --------------------------------------------------------------
+def test_kappa_bar_against_a_direct_sum():
+    """kbar(n) (Fejer-kernel form) against the mean of (2/dh) sum_i cos((j - l) theta_i) over
+    ordered pairs of distinct positions, summed directly; and its variance over the pairs."""
+    for n, base, dh in ((2, 1e4, 8), (17, 1e4, 64), (40, 5e5, 32), (64, 3.0, 16)):
+        th = base ** (-2 * np.arange(dh // 2) / dh)
+        j = np.arange(n)
+        t = (j[:, None] - j[None, :])[~np.eye(n, dtype=bool)]
+        kap = 2 / dh * np.cos(t[:, None] * th[None, :]).sum(axis=1)
+        assert att._kappa_bar(nm, n, base, dh) == pytest.approx(kap.mean(), rel=1e-10, abs=1e-12)
+        assert att._kappa_var(nm, n, base, dh) == pytest.approx(kap.var(), rel=1e-8, abs=1e-12)
+
+
+def test_kappa_bar_symbolic_equals_numeric():
+    import sympy as sp
+
+    import sigprop.backend.symbolic as sm
+    n, b, dh = sp.symbols("n b dh", positive=True)
+    expr = att._kappa_bar(sm, n, b, dh)
+    val = float(expr.subs({n: 23, b: 1e4, dh: 16}).doit().evalf())
+    assert val == pytest.approx(float(att._kappa_bar(nm, 23, 1e4, 16)), rel=1e-10)
+
+
+def test_rope_without_a_shared_part_keeps_the_softmax_statistics():
+    """A zero-mean uncorrelated input has no key-shared part: a single logit's law, and so every
+    softmax statistic of a row and of a pair of rows, is that without rotation (the forward
+    still changes through the O(1/d) term where pairs of keys carry the cosine of their
+    rotated logit directions)."""
+    from sigprop.rules.attention import _Ctx
+
+    x = Forward(np.float64(0.0), np.float64(1.3), np.float64(0.0))
+    for causal in (0, 1):
+        prm = _params(causal=causal, wqk=0.9)
+        c0 = _Ctx(nm, x, RULE.param_values(prm))
+        c1 = _Ctx(nm, x, RULE.param_values({**prm, "rope": 1e4}), rope=True)
+        for name in ("A2", "T2", "Cz"):
+            assert float(c1.row(c1.stat(name))) == pytest.approx(float(c0.row(c0.stat(name))), rel=1e-9)
+        assert float(c1.pair("C2")) == pytest.approx(float(c0.pair("C2")), rel=1e-6)
+        assert att.logit_var({**prm, "rope": 1e4}, x) == att.logit_var(prm, x)
+        assert att.mean_row_logit_var({**prm, "rope": 1e4}, x) == pytest.approx(att.mean_row_logit_var(prm, x))
+
+
+def test_rope_keeps_correlated_streams_attending():
+    """Without rotation a correlated stream's key-shared logit part cancels in the softmax; with
+    it the part that varies over key positions stays: the row logit variance rises, more so
+    for a smaller base (faster rotations) and a longer row."""
+    x = Forward(0.0, 1.0, 0.9)
+    p = _params(L=256, dh=64, wqk=1.2)
+    v0 = att.mean_row_logit_var(p, x)
+    v1 = att.mean_row_logit_var({**p, "rope": 5e5}, x)
+    v2 = att.mean_row_logit_var({**p, "rope": 1e4}, x)
+    v3 = att.mean_row_logit_var({**p, "rope": 1e4, "L": 16}, x)
+    assert v0 < v3 < v2 and v0 < v1 < v2
+    assert v2 > 3 * v0
+
+
+def test_rope_domain_counts_the_positional_part():
+    """With rotary positions the domain bound applies to the row logit variance including the
+    key-shared part that no longer cancels (what mean_row_logit_var reports)."""
+    from sigprop.rules.attention import ROW_LOGIT_VAR_MAX
+
+    x, g = Forward(0.0, 1.0, 0.95), Backward(1.0, 0.0)
+    prm = _params(d=64, H=1, dh=64, L=256, wqk=(2.5 * ROW_LOGIT_VAR_MAX) ** 0.25)
+    assert att.mean_row_logit_var(prm, x) < ROW_LOGIT_VAR_MAX < att.mean_row_logit_var({**prm, "rope": 1e4}, x)
+    with pytest.raises(DomainError, match="row logit variance"):
+        RULE.evaluate(x, g, **prm, rope=1e4)
+
+
+def test_rope_rows_average_to_the_forward():
+    """Attention.rows (the causal per-row-length terms) with rotary positions: the row average
+    of its output variance is the forward's."""
+    x, g = Forward(0.0, 1.0, 0.7), Backward(1.0, 0.0)
+    prm = _params(L=32, dh=32, wqk=1.0, causal=1, rope=1e4)
+    p = RULE.param_values(prm)
+    n = np.arange(1.0, 33.0)
+    r = RULE.rows(nm, Forward(np.float64(0.0), np.float64(1.0), np.float64(0.7)), g, p, n)
+    y, _ = RULE.evaluate(x, g, **prm)
+    assert float(np.mean(r["var"])) == pytest.approx(float(y.var), rel=1e-4)
+    rm = att.row_moments(prm, x)
+    assert rm.shape == (2, 32) and np.all(np.isfinite(rm))
+
+
+@pytest.mark.parametrize("causal", [0, 1])
+def test_rope_against_monte_carlo(causal):
+    """A strongly correlated stream (r = 0.9) at logit scale ~2: the token-varying part of the
+    output (var - cov), which rotary positions multiply, and the gradient."""
+    x, g = Forward(0.0, 1.0, 0.9), Backward(1.0, 0.3)
+    prm = _params(d=256, H=4, dh=64, L=64, wqk=1.2, causal=causal, rope=1e4)
+    meas, y, gb = _agree(prm, x, g, runs=12, batch=8, seed=9)
+    y0, _ = RULE.evaluate(x, g, **{**prm, "rope": 0.0})
+    dec, dec0 = float(y.var * (1 - y.corr)), float(y0.var * (1 - y0.corr))
+    dec_mc = meas.x.var - meas.x.cov
+    assert abs(dec - dec_mc) < 0.5 * abs(dec - dec0) + 0.1 * dec_mc
+
+
+def test_sweep_variants():
+    for name in ("gqa", "qknorm", "rope"):
+        grid = SWEEP.variants[name]["grid"]
+        pts = SWEEP.points(grid)
+        case = SWEEP.make_case(pts[-1])
+        for key in ("kv_heads", "qk_norm", "rope"):
+            if key in grid:
+                assert case.rule_params[key] == pts[-1][key]
+        RULE.param_values(case.rule_params)
+    rope = SWEEP.variants["rope"]["grid"]
+    assert max(rope["x_corr"]) >= 0.9 and set(rope["rope"]) == {1e4, 5e5} and min(rope["L"]) <= 16
