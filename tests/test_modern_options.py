@@ -566,9 +566,6 @@ TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--
     (["solve-init", "--target", "logit-var", "--value", "1", "--arch", "gpt2"], "does not implement final_norm"),
     (["solve-init", "--target", "logit-var", "--value", "1", "--rope"], "does not implement rope"),
     (["solve-init", "--target", "logit-var", "--value", "1", "--kv-heads", "2"], "does not implement n_kv_heads"),
-    (["predict", "--symbolic", "--qk-norm"], "--symbolic does not implement qk_norm (yet)"),
-    (["predict", "--symbolic", "--json", "--rope"], "--symbolic does not implement rope"),
-    (["export", "latex", "--what", "model", "--kv-heads", "2"], "the LaTeX model export does not implement n_kv_heads"),
     (["export", "latex", "--what", "solve", "--activation", "silu"], "solve-init does not implement activation silu"),
 ])
 def test_consumers_refuse_what_they_do_not_implement(args, words):
@@ -589,10 +586,8 @@ def test_library_consumers_refuse():
     from sigprop.solve import solve
 
     m = resolve(n_layers=2, rope=True, **SMALL)
-    with pytest.raises(DomainError, match="--symbolic does not implement rope"):
-        symbolic.derive(m)
-    with pytest.raises(DomainError, match="the LaTeX model export does not implement rope"):
-        model_latex(m)
+    symbolic.require_supported(m)           # the derivation and the export run what predict runs
+    assert "rope" in symbolic.SUPPORTED
     with pytest.raises(DomainError, match="solve-init does not implement norm rmsnorm"):
         solve("unit-forward", n_layers=2, norm="rmsnorm", **SMALL)
 

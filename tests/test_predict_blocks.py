@@ -143,9 +143,32 @@ def test_glu_ffn_uses_the_glu_rule():
     assert pts[2].var - pts[1].var == pytest.approx(want, rel=0.02)
 
 
-def test_unimplemented_features_are_refused_by_name():
-    m = _base(n=1)
-    for change, name in ((dict(rope=10000.0), "rope"), (dict(qk_norm="layernorm"), "qk_norm"),
-                         (dict(n_kv_heads=1), "n_kv_heads")):
-        with pytest.raises(DomainError, match=f"predict does not implement {name}"):
-            predict(m.replace(**change))
+@pytest.mark.parametrize("causal", [False, True])
+def test_grouped_query_attention_keeps_the_moments(causal):
+    """Heads sharing keys and values: every cross-head term of the second moments is linear in
+    two independent zero-mean W_o blocks, so the prediction does not depend on n_kv_heads
+    (the attention rule's derivation; its Monte Carlo sweep checks it)."""
+    m = _base(n=2, causal=causal)
+    ref = predict(m)
+    for kv in (1, 2):
+        got = predict(m.replace(n_kv_heads=kv))
+        assert [(p.log_var, p.corr, p.log_gvar) for p in got] == [(p.log_var, p.corr, p.log_gvar) for p in ref]
+
+
+def test_qk_norm_fixes_the_logit_variance():
+    """QK-norm: queries and keys normalised per head, so the logit variance no longer depends
+    on the stream's scale or on W_q, W_k (RMSNorm: var(q) = var(k) = v/(v + eps) ~ 1)."""
+    m = _base(n=1).replace(qk_norm="rmsnorm")
+    big = resolve("preln", "xavier", n_layers=1, **SMALL).replace(qk_norm="rmsnorm")
+    for model in (m, big, m.replace(input=m.input._replace(var=100.0))):
+        assert predict(model)[1].logit_var == pytest.approx(1.0, rel=1e-3)
+    assert predict(big.replace(qk_norm=None))[1].logit_var > 1.5
+
+
+def test_rotary_positions_keep_a_single_logits_variance():
+    """RoPE rotates q and k orthogonally: one logit's variance is unchanged, while the
+    attention output changes (the key-shared part no longer cancels in the softmax)."""
+    m = resolve("preln", "xavier", n_layers=1, input_corr=0.8, **SMALL)
+    plain, rot = predict(m), predict(m.replace(rope=100.0))
+    assert rot[1].logit_var == pytest.approx(plain[1].logit_var, rel=1e-12)
+    assert abs(rot[1].corr - plain[1].corr) > 1e-3

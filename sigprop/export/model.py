@@ -27,7 +27,7 @@ from sigprop.export.typeset import Block, Equation, Layout, Printer, escape_text
 PAGE = Page(landscape=False, margin_mm=20)
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the export implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 
 #: the derivation's own symbols (sympy name -> LaTeX), beside the rules' central map
 NAMES = {

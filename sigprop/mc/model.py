@@ -46,7 +46,7 @@ BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri",
 #: qk_norm and qk_eps (:func:`_attention_params`); simulated where that component has them
 ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm"})
 #: what a model may use: the others are refused (DomainError), never ignored
-SUPPORTED_FEATURES = BLOCK_FEATURES
+SUPPORTED_FEATURES = BLOCK_FEATURES | ATTENTION_FEATURES
 
 #: the gated FFN's Monte Carlo component per activation
 _GLU = {"relu": "reglu", "gelu": "geglu", "silu": "swiglu"}

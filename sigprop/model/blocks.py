@@ -31,6 +31,9 @@ PLACEMENT_NORMS = {
 }
 _BY_CODE = tuple(PLACEMENT_NORMS[p] for p in PLACEMENTS)
 
+#: the attention rule's qk_norm codes
+QK_NORM_CODES = {"layernorm": 1, "rmsnorm": 2}
+
 #: the gated FFN's rule per activation (sigprop.rules.glu)
 GLU_RULES = {"relu": "reglu", "gelu": "geglu", "silu": "swiglu"}
 
@@ -129,6 +132,15 @@ def branch_chain(model, kind: str, l: int) -> list:
                       p=m.dropout.attention, causal=int(bool(m.causal)))
         for name in ("q", "k", "v", "o"):
             params[f"{name}_std"], params[f"{name}_bias_std"] = w(name)
+        # the modern attention features, only where used (a plain model's parameters, and so
+        # its tables' keys, stay as they were)
+        if m.n_kv_heads != m.n_heads:
+            params["kv_heads"] = m.n_kv_heads
+        if m.qk_norm is not None:
+            params["qk_norm"] = QK_NORM_CODES[m.qk_norm]
+            params["qk_eps"] = m.norm_eps
+        if m.rope is not None:
+            params["rope"] = m.rope
         return [("attention", params)]
     return ffn_chain(m, {n: float(s.std[n][l]) for n in s.names}, {n: float(s.bias_std[n][l]) for n in s.names})
 

@@ -35,6 +35,7 @@ from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
 from sigprop.rules import get
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
+from sigprop.rules.attention import logit_var as attention_logit_var
 # the mean row logit variance the attention rule bounds (ROW_LOGIT_VAR_MAX), under the name
 # the predictor and its tests use
 from sigprop.rules.attention import mean_row_logit_var as row_logit_var
@@ -56,7 +57,7 @@ _LOG_VAR_LIMIT = 600.0
 
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 
 
 class Op:
@@ -201,7 +202,6 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 
 
 _RESIDUAL = get("residual")
-_LINEAR = get("linear")
 
 
 def _fwd(op: Op, x: Forward) -> Forward:
@@ -437,7 +437,6 @@ class Predictor:
         self._tables = TableCache() if tables is None else tables
         self._chains: dict = {}
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
-        self._qk: dict = {}           # per attention parameter dict: the q and k projections
         self._norm_ops: dict = {}
         self._log_sqs: dict = {}
         # causal, long sequences: the graded grid over positions (None: every position)
@@ -735,20 +734,11 @@ class Predictor:
         prediction's table cache when its parameters repeat, else nowhere."""
         return self._tables if op.repeated else None
 
-    def _logit_var(self, p: dict, x: Forward) -> float:
-        """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``: q
-        and k are independent zero-mean linear projections of it, so the variance is
-        var(q) var(k) (the d_head terms of the dot product and the 1/sqrt(d_head) cancel)."""
-        hit = self._qk.get(id(p))
-        if hit is None or hit[0] is not p:
-            width = p["n_heads"] * p["d_head"]
-            hit = self._qk[id(p)] = (p, *(dict(d_in=p["d"], d_out=width, w_std=p[f"{w}_std"], b_std=p[f"{w}_bias_std"])
-                                          for w in ("q", "k")))
-        vq, _ = _LINEAR.fast(x, None, hit[1])
-        if hit[2] == hit[1]:                  # same q and k initialisation: var(k) = var(q)
-            return float(vq.var * vq.var)
-        vk, _ = _LINEAR.fast(x, None, hit[2])
-        return float(vq.var * vk.var)
+    @staticmethod
+    def _logit_var(p: dict, x: Forward) -> float:
+        """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``
+        (the attention rule's logit_var: QK-norm and rotary positions included)."""
+        return attention_logit_var(p, x)
 
     def _chain(self, kind: str, l: int, in_norm: bool, n: float):
         """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (after

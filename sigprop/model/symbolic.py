@@ -97,7 +97,7 @@ def _const(col: np.ndarray) -> float | None:
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation
 #: implements: the block layouts, norms and FFN kinds of the predictor, which it runs
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 
 
 def require_supported(model) -> None:
