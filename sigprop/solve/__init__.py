@@ -29,9 +29,12 @@ TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
 def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | None = None,
           logit_var: float | None = None, value: float | None = None, max_ratio: float | None = None,
           n_max: int | None = None, tol: float | None = None, verify: bool = True, strict: bool = False,
-          **options):
+          model=None, **options):
     """Solve ``target`` for the model described by ``arch``, ``init`` and the options of
-    :func:`sigprop.model.presets.resolve` (n_layers, d_model, n_heads, ..., beta_k).
+    :func:`sigprop.model.presets.resolve` (n_layers, d_model, n_heads, ..., beta_k), or for
+    ``model`` (a :class:`sigprop.model.spec.Model`, or a path to a model object as
+    ``--spec`` reads it) with no options: the unit targets keep its layout, kinds and
+    residual and norm scales and solve every weight std; logit-var solves its Q and K.
 
     * unit-variance / unit-forward: arch "preln" or "postln"; ``logit_var`` (default 1) fixes
       sigma_q sigma_k; beta^2 = beta_k / N.  Both solve the forward variance exactly;
@@ -44,6 +47,10 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
     from sigprop.solve import solver
 
     tol = solver.DEFAULT_TOL if tol is None else tol
+    if model is not None and not hasattr(model, "n_layers"):
+        from sigprop.model.spec import Model
+
+        model = Model.load(model)
     if not (tol > 0):
         raise DomainError(f"tolerance must be > 0, got {tol!r}")
     if target in ("unit-variance", "unit-forward"):
@@ -57,7 +64,7 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
             raise DomainError("unit-variance decides feasibility from the prediction of the solved model: "
                               "it cannot skip it (use unit-forward)")
         return solver.solve_unit(arch, target, logit_var=solver.DEFAULT_LOGIT_VAR if logit_var is None else logit_var,
-                                 tol=tol, verify=verify, strict=strict, **options)
+                                 tol=tol, verify=verify, strict=strict, model=model, **options)
     if strict:
         raise DomainError("--strict applies to --target unit-variance only")
     if target == "logit-var":
@@ -66,8 +73,10 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
         if logit_var is not None or max_ratio is not None:
             raise DomainError("logit-var: give the variance with --value (not --logit-var); --max-grad-ratio "
                               "belongs to max-depth")
-        return solver.solve_logit_var(value, arch, init, tol=tol, verify=verify, **options)
+        return solver.solve_logit_var(value, arch, init, tol=tol, verify=verify, model=model, **options)
     if target == "max-depth":
+        if model is not None:
+            raise DomainError("max-depth searches the number of layers of a preset: it takes no model")
         from sigprop.solve.depth import DEFAULT_N_MAX, max_depth
 
         if max_ratio is None:
