@@ -645,18 +645,26 @@ def solve_logit_var(value: float, arch: str = "preln", init: str | None = None, 
     if any(float(np.max(att.bias_std[w])) > 0 for w in ("q", "k")):
         raise DomainError("logit-var: the init has Q/K biases; the closed form assumes none")
     N = base.n_layers
-    s2 = _attention_input_s2(base)
     eqs = for_model(base)
-    sq = np.array([eqs.qk_std(value, float(v)) for v in s2])
     cols = {kind: {w: np.array(getattr(base, kind).std[w]) for w in getattr(base, kind).names} for kind in KINDS}
-    cols["attention"]["q"] = sq
-    cols["attention"]["k"] = sq
-    subl = {}
-    for kind in KINDS:
-        c = getattr(base, kind)
-        subl[kind] = Sublayers(kind, c.placement, c.skip_scale, c.branch_scale, c.norm_scale, cols[kind], c.bias_std)
-    out = base.replace(attention=subl["attention"], ffn=subl["ffn"],
-                       notes={"solve_target": "logit-var", "logit_var": value, "init": base.notes.get("init")})
+    notes = {"solve_target": "logit-var", "logit_var": value, "init": base.notes.get("init")}
+    out = base
+    for _ in range(4):
+        # an attention input read off a prediction (placement output) depends on Q and K a
+        # little (through the output norm's eps on a small branch output): repeat with the
+        # solved Q and K until the second moments settle
+        s2, predicted = _attention_input_s2(out)
+        sq = np.array([eqs.qk_std(value, float(v)) for v in s2])
+        cols["attention"]["q"] = sq
+        cols["attention"]["k"] = sq
+        subl = {}
+        for kind in KINDS:
+            c = getattr(base, kind)
+            subl[kind] = Sublayers(kind, c.placement, c.skip_scale, c.branch_scale, c.norm_scale, cols[kind],
+                                   c.bias_std)
+        prev, out = out, base.replace(attention=subl["attention"], ffn=subl["ffn"], notes=notes)
+        if not predicted or np.allclose(np.asarray(prev.attention.std["q"]), sq, rtol=1e-10, atol=0):
+            break
     sol = Solution("logit-var", arch, out, True, None, tol, logit_var=value, equations=eqs)
     sol.extra["attention_input_s2"] = s2
     sol.extra["n_layers"] = N
@@ -676,13 +684,14 @@ def solve_logit_var(value: float, arch: str = "preln", init: str | None = None, 
     return sol
 
 
-def _attention_input_s2(base: Model) -> np.ndarray:
-    """Per layer, the attention input's second moment: after an input norm n^2 times the
+def _attention_input_s2(base: Model) -> tuple[np.ndarray, bool]:
+    """(Per layer, the attention input's second moment: after an input norm n^2 times the
     norm's output second moment (a stream of variance 1 is assumed after the first layer:
     the norm makes it 1 - O(eps) whatever the stream's scale); without one the stream's,
     which after a norm after the sum is that norm's output and otherwise (a normalised
     branch output, placement output) is read off a prediction of the model (such a stream's
-    variance is set by the residual scales and the normalised branches, not by Q and K)."""
+    variance is set by the residual scales and the normalised branches, hardly by Q and K);
+    whether a prediction was used)."""
     def second(y):
         return float(y.var) + float(y.mean) ** 2
 
@@ -717,4 +726,4 @@ def _attention_input_s2(base: Model) -> np.ndarray:
                     s2[l] = p.var + p.mean ** 2
             prev_post = unit.post_norm
             index += 1
-    return s2
+    return s2, points is not None
