@@ -317,3 +317,10 @@ def test_logit_var_on_modern_blocks():
         assert sol.feasible, sol.reason
         lv = [p.logit_var for p in sol.points if p.logit_var is not None]
         np.testing.assert_allclose(lv, 2.0, rtol=1e-4)
+
+
+def test_latex_export_of_a_swiglu_derivation():
+    from sigprop.export.solve import solve_latex
+
+    tex = solve_latex(solve("unit-forward", model=modern(2)), fragment_only=True)
+    assert r"\sigma_{\mathrm{gate}}" in tex and r"\int" in tex

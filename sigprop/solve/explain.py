@@ -63,7 +63,7 @@ def steps(sol) -> list[Step]:
 
 def _logit_block(eqs, value, s2_first, s2_rest, g) -> list[Step]:
     out = [
-        Step("$q$ and $k$ are linear projections of the attention input (mean 0 after LayerNorm, second moment "
+        Step("$q$ and $k$ are linear projections of the attention input (second moment "
              "$S_2$); the linear rule gives their variances, and the logit $q.k/sqrt(d_head)$ has variance "
              "$var(q) var(k)$:", sp.Eq(E.ell, eqs.logit_expr)),
         Step("sympy.solve with $sigma_q = sigma_k$:", sp.Eq(E.sq, eqs.qk_solution)),
