@@ -157,7 +157,7 @@ class SublayerEquations:
         if self._ffn is None:
             ch = self.chains
             names = ch.names["ffn"]
-            stds = {w: STD_SYMBOLS[w] for w in names}
+            stds = {w: STD_SYMBOLS.get(w) or sp.Symbol(f"sigma_{w}", positive=True) for w in names}
             dims = {self.g.d_ff: dff, self.g.d: d}       # d_model wins where they are equal
             chain = ch.symbolic("ffn", 0, stds, dims, p_f, p_h)
             x, gb = compose(list(chain), Forward(0, v_in, r), Backward(1, rg), sm)

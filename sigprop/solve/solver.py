@@ -574,7 +574,8 @@ def gradient_note(sol: Solution, grad: dict) -> str:
              f"$g_0/g_N ~ exp(-k * mean(1 - Gamma/V))$ = {grad['ratio_estimate']:.3g}"
              + (f" ($k = {k:g}$)" if k is not None else "") + ", which does not grow with the depth.")
     fm = (ffn or {}).get("mean")
-    if fm is not None and fm > 1:
+    # (a homogeneous MLP's Gamma/V is 1 up to the norm's finite-d factor: nothing to say)
+    if fm is not None and fm > 1 and (m.ffn_kind == "glu" or not sol.equations.homogeneous("ffn")):
         text += (" The FFN's backward gain exceeds its forward gain"
                  + (" (a gated FFN passes the gradient back through both its gate and its up projection)"
                     if m.ffn_kind == "glu" else
