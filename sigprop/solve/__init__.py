@@ -6,6 +6,8 @@ Library entry points:
 * :func:`solve` -- one call for every target: ``solve("unit-variance", arch="preln",
   n_layers=192, beta_k=0.96)``, ``solve("unit-forward", ...)``, ``solve("logit-var",
   value=1.0, arch=..., init=...)``, ``solve("max-depth", max_ratio=10.0, arch=..., init=...)``;
+  ``solve("unit-forward", model=M)`` for a resolved model object M (any layout of the block
+  description: pre, post, peri, output, parallel; LayerNorm or RMSNorm; plain or gated FFN);
   returns a :class:`~sigprop.solve.solver.Solution` (or a
   :class:`~sigprop.solve.depth.DepthResult`) with ``.model`` (a
   :class:`sigprop.model.spec.Model`, model JSON via ``.model.to_json()``), ``.feasible``
@@ -15,7 +17,8 @@ Library entry points:
   LaTeX rendering (``sympy.latex(step.expr)``).
 
 The equations are sympy objects (:mod:`sigprop.solve.equations`), the branch gains come from
-the registered rules (:mod:`sigprop.solve.blocks`), the solve is in
+the registered rules along the model's block description (:mod:`sigprop.solve.blocks`,
+:mod:`sigprop.model.blocks`), the solve is in
 :mod:`sigprop.solve.solver`, the depth search in :mod:`sigprop.solve.depth`.
 """
 

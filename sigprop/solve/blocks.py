@@ -123,11 +123,11 @@ class Chains:
         self._templates: dict = {}
 
     def template(self, kind: str, l: int) -> tuple[list, list]:
-        """(chain with the marker stds, [(op index, key, weight)]) of layer ``l``."""
-        chain = model_blocks.branch_chain(self._probe, kind, 0)
-        key = (kind, _freeze(chain))
-        hit = self._templates.get(key)
+        """(chain with the marker stds, [(op index, key, weight)]) of layer ``l`` (the same
+        for every layer: see the class doc)."""
+        hit = self._templates.get(kind)
         if hit is None:
+            chain = model_blocks.branch_chain(self._probe, kind, 0)
             by_value = {v: w for w, v in self.markers[kind].items()}
             slots = [(i, k, by_value[v]) for i, (_, prm) in enumerate(chain) for k, v in prm.items()
                      if _is_weight_std(k) and isinstance(v, float) and v in by_value]
@@ -135,8 +135,13 @@ class Chains:
             if found != sorted(self.names[kind]):
                 raise RuntimeError(f"the {kind} chain's weight std parameters {found} do not match its weights "
                                    f"{sorted(self.names[kind])}")
-            hit = self._templates[key] = (chain, slots)
+            hit = self._templates[kind] = (chain, slots)
         return hit
+
+    def key(self, kind: str, stds: dict) -> tuple:
+        """A hashable key of the ``kind`` chain at ``stds`` (to 15 decimals: stds computed
+        from input variances equal to rounding share a key)."""
+        return (kind, tuple(sorted((w, round(v, 15)) for w, v in stds.items())))
 
     def chain(self, kind: str, l: int, stds: dict) -> tuple:
         """Layer ``l``'s ``kind`` branch at weight stds ``stds`` (every weight of the kind),
@@ -165,20 +170,6 @@ class Chains:
                 prm["p"] = p_inner
         out.append(("dropout", dict(p=p_hidden)))
         return tuple(out)
-
-
-def _freeze(chain) -> tuple:
-    return tuple((rule, tuple(sorted(prm.items()))) for rule, prm in chain)
-
-
-def _round(v):
-    return float(f"{v:.13g}") if isinstance(v, float) else v
-
-
-def chain_key(chain) -> tuple:
-    """A hashable key of a chain (its rules and parameters, floats to 13 significant digits:
-    stds computed from input variances equal to rounding share a key)."""
-    return tuple((rule, tuple(sorted((k, _round(v)) for k, v in prm.items()))) for rule, prm in chain)
 
 
 def branch(chain, x: Forward, grad: Backward | None):
@@ -294,21 +285,22 @@ class BranchTable:
     """One branch chain (fixed stds) at a reference input (mean 0, variance ``var``): its
     forward rows as functions of the input correlation."""
 
-    def __init__(self, chain, var: float):
-        self.chain, self.var = tuple(chain), var
-        self.key = chain_key(chain)
+    def __init__(self, chain, var: float, key=None):
+        self.chain, self.var, self.key = tuple(chain), var, key
         self.table = CorrTable(lambda r: branch_rows(self.chain, Forward(0 * r, var + 0 * r, r)))
 
-    def covers(self, x: Forward, chain) -> bool:
+    def covers(self, x: Forward, key) -> bool:
+        """Whether the table serves input ``x`` of the chain with key ``key`` (Chains.key)."""
         return (x.mean == 0 and abs(x.var / self.var - 1) <= 1e-12 and 0 <= x.corr <= R_MAX
-                and chain_key(chain) == self.key)
+                and key == self.key)
 
     def rows(self, r: float) -> np.ndarray:
         return self.table(r)
 
 
-def rows_at(table: BranchTable | None, chain, x: Forward) -> np.ndarray:
-    """Rows at one input state: from the table when it covers the state, else the rules."""
-    if table is not None and table.covers(x, chain):
+def rows_at(table: BranchTable | None, chain, x: Forward, key=None) -> np.ndarray:
+    """Rows at one input state: from the table when it covers the state (``key``: the
+    chain's, Chains.key), else the rules."""
+    if table is not None and table.covers(x, key):
         return table.rows(float(x.corr))
     return branch_rows(chain, Forward(float(x.mean), float(x.var), float(x.corr)))

@@ -454,8 +454,7 @@ def _solve_branch(eqs, kind: str, l: int, xb: Forward, required: float, logit_va
 
             s = solved[key] = solve_scale(variance, required, s0, degree, where)
         ref.update({w: s for w in free})
-    chain = chains.chain(kind, l, ref)
-    rows = _rows(tables, seen, kind, chain, xb, remaining)
+    rows = _rows(tables, seen, chains, kind, l, ref, xb, remaining)
     vhat, cov = float(rows[0]), float(rows[1])
     if not vhat > 0:
         raise Infeasible(f"{where}: the {kind} branch's output variance is 0 for any weight scale")
@@ -474,20 +473,22 @@ def _solve_branch(eqs, kind: str, l: int, xb: Forward, required: float, logit_va
 TABLE_WORTH = 33
 
 
-def _rows(tables: dict, seen: dict, kind: str, chain, xb: Forward, remaining: int = TABLE_WORTH) -> np.ndarray:
+def _rows(tables: dict, seen: dict, chains, kind: str, l: int, stds: dict, xb: Forward,
+          remaining: int = TABLE_WORTH) -> np.ndarray:
     """Branch rows at one input state: direct rule evaluation the first time a (chain, input
     variance) combination appears, a correlation table from the second time on (the steady
     state of every layer after the first) when enough layers remain to repay it."""
-    key = (kind, xb.mean == 0, round(xb.var, 12), blocks.chain_key(chain))
+    ckey = chains.key(kind, stds)
+    key = (xb.mean == 0, round(xb.var, 12), ckey)
     tab = tables.get(key)
     if tab is None and key in seen and xb.mean == 0 and remaining >= TABLE_WORTH:
         t0 = time.perf_counter()
-        tab = tables[key] = BranchTable(chain, xb.var)
+        tab = tables[key] = BranchTable(chains.chain(kind, l, stds), xb.var, ckey)
         tab.build_s = time.perf_counter() - t0
     seen[key] = True
     if tab is not None and 0 <= xb.corr <= blocks.R_MAX:
         return tab.rows(float(xb.corr))
-    return rows_at(None, chain, xb)
+    return rows_at(None, chains.chain(kind, l, stds), xb)
 
 
 def _with_stds(base: Model, columns: dict, arch: str, notes: dict) -> Model:
