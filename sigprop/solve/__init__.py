@@ -27,6 +27,17 @@ from __future__ import annotations
 from sigprop.errors import DomainError
 
 TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
+#: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the solver implements;
+#: rope, n_kv_heads and qk_norm wait for the attention rule and the predictor
+SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "ffn_kind glu", "final_norm", "placement peri",
+                       "placement output", "block parallel"})
+
+
+def require_supported(model) -> None:
+    """Refuse (DomainError) a model whose modern-block features the solver does not implement."""
+    from sigprop.model.spec import require
+
+    require(model, SUPPORTED, "solve-init")
 
 
 def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | None = None,
@@ -101,4 +112,4 @@ def steps(solution) -> list:
     return _steps(solution)
 
 
-__all__ = ["TARGETS", "solve", "steps"]
+__all__ = ["SUPPORTED", "TARGETS", "require_supported", "solve", "steps"]

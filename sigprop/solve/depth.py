@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from sigprop.errors import DomainError
+from sigprop.solve import require_supported
 
 DEFAULT_N_MAX = 4096
 
@@ -61,6 +62,7 @@ def max_depth(max_ratio: float, arch: str = "preln", init: str | None = None, n_
     def evaluate(n: int):
         if n not in cache:
             m = presets.resolve(arch, init, n_layers=n, **options)
+            require_supported(m)
             pts = predict(m)
             lr = pts[0].log_gvar - math.log(m.grad.var) if m.grad.var > 0 else math.nan
             cache[n] = (m, pts, lr)

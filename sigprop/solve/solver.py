@@ -47,10 +47,10 @@ import numpy as np
 
 from sigprop.errors import DomainError
 from sigprop.model import blocks as model_blocks
-from sigprop.model.spec import KINDS, Model, Sublayers, require
+from sigprop.model.spec import KINDS, Model, Sublayers
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
-from sigprop.solve import blocks
+from sigprop.solve import blocks, require_supported
 from sigprop.solve.blocks import BranchTable, free_weights, rows_at
 from sigprop.state import Forward
 
@@ -59,10 +59,6 @@ TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
 UNIT_ARCHS = ("preln", "postln")
 DEFAULT_TOL = 0.01
 DEFAULT_LOGIT_VAR = 1.0
-#: the modern-block features (Model.features) the unit and logit-var targets solve; rope,
-#: n_kv_heads and qk_norm wait for the attention rule and the predictor
-SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "ffn_kind glu", "final_norm", "placement peri",
-                       "placement output", "block parallel"})
 
 
 class Infeasible(Exception):
@@ -206,7 +202,7 @@ def solve_unit(arch: str | None, target: str = "unit-variance", logit_var: float
     else:
         base = base_model(arch, **options)
         beta_k = options.get("beta_k") or 1.0
-    require(base, SUPPORTED, "solve-init")
+    require_supported(base)
     eqs = for_model(base)
     sol = Solution(target, arch, base, True, None, tol, logit_var=logit_var, equations=eqs,
                    beta_k=beta_k, strict=bool(strict))
@@ -642,7 +638,7 @@ def solve_logit_var(value: float, arch: str = "preln", init: str | None = None, 
     else:
         options = {k: v for k, v in options.items() if v is not None}
         base = presets.resolve(arch, init, **options)
-    require(base, SUPPORTED, "solve-init")
+    require_supported(base)
     att = base.attention
     if any(float(np.max(att.bias_std[w])) > 0 for w in ("q", "k")):
         raise DomainError("logit-var: the init has Q/K biases; the closed form assumes none")
