@@ -560,13 +560,9 @@ TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--
 
 
 @pytest.mark.parametrize("args, words", [
-    (["solve-init", "--norm", "rmsnorm"], "solve-init does not implement norm rmsnorm (yet)"),
-    (["solve-init", "--target", "unit-forward", "--ffn", "swiglu"], "solve-init does not implement activation silu, "
-                                                                     "ffn_kind glu (yet)"),
-    (["solve-init", "--target", "logit-var", "--value", "1", "--arch", "gpt2"], "does not implement final_norm"),
-    (["solve-init", "--target", "logit-var", "--value", "1", "--rope"], "does not implement rope"),
-    (["solve-init", "--target", "logit-var", "--value", "1", "--kv-heads", "2"], "does not implement n_kv_heads"),
-    (["export", "latex", "--what", "solve", "--activation", "silu"], "solve-init does not implement activation silu"),
+    (["solve-init", "--qk-norm"], "solve-init does not implement qk_norm (yet)"),
+    (["solve-init", "--target", "logit-var", "--value", "1", "--qk-norm"], "does not implement qk_norm"),
+    (["export", "latex", "--what", "solve", "--qk-norm"], "solve-init does not implement qk_norm"),
 ])
 def test_consumers_refuse_what_they_do_not_implement(args, words):
     r = run(*args, *(TINY if "max-depth" not in args else TINY[2:]))
@@ -576,8 +572,8 @@ def test_consumers_refuse_what_they_do_not_implement(args, words):
 
 def test_max_depth_refuses_modern_features():
     r = run("solve-init", "--target", "max-depth", "--max-grad-ratio", "10", "--d-model", "64", "--heads", "4",
-            "--seq-len", "8", "--norm", "rmsnorm")
-    assert "solve-init does not implement norm rmsnorm" in one_error_line(r)
+            "--seq-len", "8", "--qk-norm")
+    assert "solve-init does not implement qk_norm" in one_error_line(r)
 
 
 def test_library_consumers_refuse():
@@ -588,8 +584,8 @@ def test_library_consumers_refuse():
     m = resolve(n_layers=2, rope=True, **SMALL)
     symbolic.require_supported(m)           # the derivation and the export run what predict runs
     assert "rope" in symbolic.SUPPORTED
-    with pytest.raises(DomainError, match="solve-init does not implement norm rmsnorm"):
-        solve("unit-forward", n_layers=2, norm="rmsnorm", **SMALL)
+    with pytest.raises(DomainError, match="solve-init does not implement qk_norm"):
+        solve("unit-forward", n_layers=2, qk_norm=True, **SMALL)
 
 
 @pytest.mark.parametrize("arch", ["lns", "dslm", "deepnorm", "mixln"])

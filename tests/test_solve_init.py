@@ -27,9 +27,8 @@ def run(*args):
 @pytest.fixture(scope="module")
 def eqs():
     from sigprop.model.presets import resolve
-    from sigprop.solve.blocks import geometry
 
-    return E.SublayerEquations(geometry(resolve("dslm", init="normal", n_layers=2)))
+    return E.SublayerEquations(resolve("dslm", init="normal", n_layers=2))
 
 
 # -- the equations (symbolic) ------------------------------------------------------------
@@ -131,7 +130,7 @@ def test_gelu_dropout_dff_give_a_new_answer():
 def test_causal_attention_gives_a_new_answer():
     """One causal layer: the solved V/O std differs from the bidirectional one, and the
     attention branch evaluated by the rules with it delivers the required variance 1."""
-    from sigprop.solve.blocks import branch, geometry
+    from sigprop.solve.blocks import branch
     from sigprop.state import Forward
 
     kw = dict(TINY, seq_len=16)
@@ -140,9 +139,8 @@ def test_causal_attention_gives_a_new_answer():
     s_bi, s_ca = bi.model.attention.std["v"][0], ca.model.attention.std["v"][0]
     assert abs(s_ca / s_bi - 1) > 0.02
     a = ca.sublayers[0]
-    y, _ = branch("attention", geometry(ca.model), Forward(*[np.float64(v) for v in (0.0, a.branch_in.var,
-                                                                                     a.branch_in.corr)]),
-                  None, a.stds)
+    y, _ = branch(ca.equations.chains.chain("attention", 0, a.stds),
+                  Forward(*[np.float64(v) for v in (0.0, a.branch_in.var, a.branch_in.corr)]), None)
     assert float(y.var) == pytest.approx(1.0, rel=1e-9)
 
 
@@ -191,18 +189,17 @@ def test_the_free_quantities_that_cannot_flatten_the_gradient():
     """The derivation's claims, on the rules at layer 1: splitting sigma_v sigma_o or
     sigma_in sigma_out (ReLU) differently leaves Gamma/V unchanged (homogeneity), the logit
     variance moves it (and is the one lever, at the cost of sharper attention)."""
-    from sigprop.solve.blocks import geometry
     from sigprop.solve.explain import split_probes
 
     sol = solve("unit-forward", arch="preln", n_layers=2, **TINY, verify=False)
     a0, f0 = sol.sublayers[0], sol.sublayers[1]
-    pr = split_probes(geometry(sol.model), a0, f0)
+    pr = split_probes(sol.equations, a0, f0)
     assert pr["v_o_split"] == pytest.approx(1.0, rel=1e-9)
     assert pr["in_out_split"] == pytest.approx(1.0, rel=1e-9)
     assert pr["logit_var_x2"] > 1.5
     # GeLU is not homogeneous: the split moves Gamma/V (a little)
     gel = solve("unit-forward", arch="preln", n_layers=1, activation="gelu", **TINY, verify=False)
-    pg = split_probes(geometry(gel.model), gel.sublayers[0], gel.sublayers[1])
+    pg = split_probes(gel.equations, gel.sublayers[0], gel.sublayers[1])
     assert abs(pg["in_out_split"] - 1) > 1e-4
 
 

@@ -34,7 +34,9 @@ def _columns(sol) -> list[tuple[str, str, object]]:
 
     out = []
     m = sol.model
-    for kind, names, label in WEIGHT_LABELS:
+    groups = [(kind, names, label) for kind, names, label in WEIGHT_LABELS if kind == "attention"]
+    groups.append(("ffn", m.ffn.names, "FFN " + ", ".join(m.ffn.names) + " std"))
+    for kind, names, label in groups:
         cols = [np.asarray(getattr(m, kind).std[w]) for w in names]
         if all(np.array_equal(cols[0], c) for c in cols[1:]):
             out.append((label, f"{kind}.{'/'.join(names)}", compress(cols[0])))
@@ -194,7 +196,7 @@ def _render_layers(c, sol) -> None:
     for i in picks:
         a, f = att[i], ffn[i]
         t.add_row(str(a.layer), f"{a.x.corr:.4f}", f"{a.vhat / w:.5f}", f"{a.stds['v']:.6g}",
-                  f"{f.stds['in']:.6g}", f"{a.stds['q']:.6g}")
+                  f"{f.stds[sol.model.ffn.names[0]]:.6g}", f"{a.stds['q']:.6g}")
     c.print(t)
 
 

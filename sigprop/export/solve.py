@@ -23,6 +23,8 @@ NAMES = {
     "hat{V}": r"\hat{V}", "hat{Gamma}": r"\hat{\Gamma}", "V_req": r"V_{\mathrm{req}}", "ell": r"\ell",
     "d_ff": r"d_{\mathrm{ff}}", "sigma_in": r"\sigma_{\mathrm{in}}", "sigma_out": r"\sigma_{\mathrm{out}}",
     "p_f": r"p_{\mathrm{ffn}}", "p_h": r"p_{\mathrm{h}}", "sigma_s^2": r"\sigma_{s}^{2}",
+    "sigma_gate": r"\sigma_{\mathrm{gate}}", "sigma_up": r"\sigma_{\mathrm{up}}",
+    "sigma_down": r"\sigma_{\mathrm{down}}",
 }
 #: names with LaTeX-style braces (sigma_{s+1}^2, sigma_v^{(3)}, r_{B,s}), which sympy's own
 #: name parser leaves as they are

@@ -6,6 +6,8 @@ Library entry points:
 * :func:`solve` -- one call for every target: ``solve("unit-variance", arch="preln",
   n_layers=192, beta_k=0.96)``, ``solve("unit-forward", ...)``, ``solve("logit-var",
   value=1.0, arch=..., init=...)``, ``solve("max-depth", max_ratio=10.0, arch=..., init=...)``;
+  ``solve("unit-forward", model=M)`` for a resolved model object M (any layout of the block
+  description: pre, post, peri, output, parallel; LayerNorm or RMSNorm; plain or gated FFN);
   returns a :class:`~sigprop.solve.solver.Solution` (or a
   :class:`~sigprop.solve.depth.DepthResult`) with ``.model`` (a
   :class:`sigprop.model.spec.Model`, model JSON via ``.model.to_json()``), ``.feasible``
@@ -15,7 +17,8 @@ Library entry points:
   LaTeX rendering (``sympy.latex(step.expr)``).
 
 The equations are sympy objects (:mod:`sigprop.solve.equations`), the branch gains come from
-the registered rules (:mod:`sigprop.solve.blocks`), the solve is in
+the registered rules along the model's block description (:mod:`sigprop.solve.blocks`,
+:mod:`sigprop.model.blocks`), the solve is in
 :mod:`sigprop.solve.solver`, the depth search in :mod:`sigprop.solve.depth`.
 """
 
@@ -25,7 +28,11 @@ from sigprop.errors import DomainError
 
 TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the solver implements
-SUPPORTED = frozenset()
+#: (rotary positions and grouped-query heads pass through the attention rule's parameters;
+#: QK-norm would need its own logit equation: the logit variance no longer depends on the
+#: query and key stds)
+SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "ffn_kind glu", "final_norm", "placement peri",
+                       "placement output", "block parallel", "rope", "n_kv_heads"})
 
 
 def require_supported(model) -> None:
@@ -38,9 +45,12 @@ def require_supported(model) -> None:
 def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | None = None,
           logit_var: float | None = None, value: float | None = None, max_ratio: float | None = None,
           n_max: int | None = None, tol: float | None = None, verify: bool = True, strict: bool = False,
-          **options):
+          model=None, **options):
     """Solve ``target`` for the model described by ``arch``, ``init`` and the options of
-    :func:`sigprop.model.presets.resolve` (n_layers, d_model, n_heads, ..., beta_k).
+    :func:`sigprop.model.presets.resolve` (n_layers, d_model, n_heads, ..., beta_k), or for
+    ``model`` (a :class:`sigprop.model.spec.Model`, or a path to a model object as
+    ``--spec`` reads it) with no options: the unit targets keep its layout, kinds and
+    residual and norm scales and solve every weight std; logit-var solves its Q and K.
 
     * unit-variance / unit-forward: arch "preln" or "postln"; ``logit_var`` (default 1) fixes
       sigma_q sigma_k; beta^2 = beta_k / N.  Both solve the forward variance exactly;
@@ -53,6 +63,10 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
     from sigprop.solve import solver
 
     tol = solver.DEFAULT_TOL if tol is None else tol
+    if model is not None and not hasattr(model, "n_layers"):
+        from sigprop.model.spec import Model
+
+        model = Model.load(model)
     if not (tol > 0):
         raise DomainError(f"tolerance must be > 0, got {tol!r}")
     if target in ("unit-variance", "unit-forward"):
@@ -66,7 +80,7 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
             raise DomainError("unit-variance decides feasibility from the prediction of the solved model: "
                               "it cannot skip it (use unit-forward)")
         return solver.solve_unit(arch, target, logit_var=solver.DEFAULT_LOGIT_VAR if logit_var is None else logit_var,
-                                 tol=tol, verify=verify, strict=strict, **options)
+                                 tol=tol, verify=verify, strict=strict, model=model, **options)
     if strict:
         raise DomainError("--strict applies to --target unit-variance only")
     if target == "logit-var":
@@ -75,8 +89,10 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
         if logit_var is not None or max_ratio is not None:
             raise DomainError("logit-var: give the variance with --value (not --logit-var); --max-grad-ratio "
                               "belongs to max-depth")
-        return solver.solve_logit_var(value, arch, init, tol=tol, verify=verify, **options)
+        return solver.solve_logit_var(value, arch, init, tol=tol, verify=verify, model=model, **options)
     if target == "max-depth":
+        if model is not None:
+            raise DomainError("max-depth searches the number of layers of a preset: it takes no model")
         from sigprop.solve.depth import DEFAULT_N_MAX, max_depth
 
         if max_ratio is None:

@@ -1,22 +1,25 @@
-"""Numeric side of the solver: the residual branches composed from the registered rules.
+"""Numeric side of the solver: the model's branches, as its block description
+(:mod:`sigprop.model.blocks`) gives them, evaluated through the registered rules with the
+weight stds as parameters.
 
-A branch is what a sublayer adds to the stream: attention or FFN, then the hidden dropout
-(docs/formats.md: ``b * Dropout_hidden(F(.))``).  At initialisation (zero biases) every branch is
-homogeneous in its weight stds in a known way:
+A branch is what a residual unit adds to the stream before its branch scale: the rule chain
+of :func:`sigprop.model.blocks.branch_chain` (attention; an FFN, plain or gated), then the
+hidden dropout (docs/formats.md).  :class:`Chains` finds, once per model, where each weight's
+std sits in that chain (a copy of the model whose weights carry distinct marker stds), so
+that the solver can evaluate the chain at any stds without knowing the chain's rules: every
+other parameter of the chain (the attention's, whatever the rule takes) passes through as
+the block description gives it.
 
-* attention: output variance and backward gain are both proportional to sigma_v^2 sigma_o^2
-  (the value and output projections are linear maps applied after the softmax; the logits
-  depend on sigma_q sigma_k only), and for a fixed logit variance they are proportional to
-  the input variance;
-* FFN with ReLU: proportional to sigma_in^2 sigma_out^2 and to the input variance;
-* FFN with GeLU: proportional to sigma_out^2 only (GeLU is not homogeneous).
-
-So, for a fixed logit variance, a branch's output variance, output token correlation and the
-linear coefficients of its backward map depend on the input token correlation r alone.  They
-are tabulated once per solve on Chebyshev-Lobatto nodes in r (one vectorised evaluation of
-the rules; nested node sets, refined until the interpolant matches the rules at the new
-nodes to 1e-7 relative) and interpolated along the depth recursion.  States the table was not built
-for (a first layer whose input mean or variance differs) are evaluated directly.
+At initialisation (zero biases) a branch's output variance is, for a fixed logit variance,
+often homogeneous in its free weight stds (attention: sigma_v^2 sigma_o^2, the value and
+output projections acting after the softmax; a ReLU FFN: sigma_in^2 sigma_out^2, a ReGLU FFN
+sigma_gate^2 sigma_up^2 sigma_down^2); :func:`homogeneity` checks it on the rules.  So a
+branch's output variance, output covariance and the linear coefficients of its backward map
+depend on the input token correlation r alone (at fixed stds and input variance).  They are
+tabulated once per solve on Chebyshev-Lobatto nodes in sqrt(1 - r) (one vectorised evaluation
+of the rules; nested node sets, refined until the interpolant matches the rules at the new
+nodes to 1e-7 relative) and interpolated along the depth recursion.  States a table was not
+built for (a first layer whose input mean or variance differs) are evaluated directly.
 
 Only the forward rows (output variance and covariance) are tabulated: the solved model's
 gradient comes from the prediction engine.  For explanations, :func:`branch_rows` with
@@ -32,6 +35,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sigprop.model import blocks as model_blocks
+from sigprop.model.spec import KINDS, Sublayers
 from sigprop.model.tables import _bary_weights, _cheb
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
@@ -47,6 +52,8 @@ R_MAX = 1 - T_MIN**2
 
 @dataclass(frozen=True)
 class Geometry:
+    """The numbers of a model the derivation prints (widths, dropouts, kinds)."""
+
     d: int
     n_heads: int
     d_head: int
@@ -57,6 +64,8 @@ class Geometry:
     p_ffn: float
     activation: str
     causal: bool
+    ffn_kind: str = "mlp"
+    norm: str = "layernorm"
 
     @property
     def width(self) -> int:
@@ -66,52 +75,145 @@ class Geometry:
 def geometry(model) -> Geometry:
     return Geometry(model.d_model, model.n_heads, model.d_head, model.d_ff, model.seq_len,
                     model.dropout.attention, model.dropout.hidden, model.dropout.ffn_inner,
-                    model.activation, bool(model.causal))
+                    model.activation, bool(model.causal), model.ffn_kind, model.norm)
 
 
-def branch(kind: str, g: Geometry, x: Forward, grad: Backward, stds: dict):
-    """Forward and backward of one branch (kind "attention" or "ffn", then the hidden
-    dropout) through the registered rules; arrays broadcast.  ``stds``: attention q, k, v, o;
-    ffn in, out.  Returns (Forward at the branch output, Backward at the branch input, or
-    None when ``grad`` is None)."""
-    ops = []
-    if kind == "attention":
-        ops.append(("attention", dict(d=g.d, n_heads=g.n_heads, d_head=g.d_head, L=g.L, p=g.p_att,
-                                      causal=int(g.causal), q_std=stds["q"], k_std=stds["k"],
-                                      v_std=stds["v"], o_std=stds["o"])))
-    else:
-        ops += [("linear", dict(d_in=g.d, d_out=g.d_ff, w_std=stds["in"])),
-                (g.activation, {}),
-                ("dropout", dict(p=g.p_ffn)),
-                ("linear", dict(d_in=g.d_ff, d_out=g.d, w_std=stds["out"]))]
-    ops.append(("dropout", dict(p=g.p_hid)))
+def structure(model) -> tuple:
+    """Everything of a model that shapes its branch chains and norms except the weight stds
+    and the residual layout: equal for two models whose branches differ only in their stds."""
+    return (geometry(model), model.norm_eps, model.n_kv_heads, model.rope, model.qk_norm)
+
+
+#: the free weights of a branch, solved for one common std s (the symmetric choice); the
+#: attention's q and k are fixed by the logit variance instead
+FREE = {"attention": ("v", "o")}
+
+
+def free_weights(model, kind: str) -> tuple[str, ...]:
+    return FREE.get(kind, model.sublayers(kind).names)
+
+
+def _is_weight_std(key: str) -> bool:
+    return key.endswith("_std") and not (key == "b_std" or key.endswith("_b_std") or key.endswith("_bias_std"))
+
+
+class Chains:
+    """The branch chains of ``model`` (:func:`sigprop.model.blocks.branch_chain`, then the
+    hidden dropout) with the weight stds as parameters and zero biases.
+
+    The slot of each weight's std in a chain is found on a one-layer copy of the model whose
+    weights carry distinct marker stds (1 + i/64): a parameter named ``*_std`` (not a bias)
+    holding a marker is that weight's.  Every weight must be found exactly once.  Assumes
+    that a branch's parameters other than its weight stds and biases (widths, dropouts, the
+    attention's settings) are the model's, the same in every layer, as the block
+    description gives them; ``l`` is kept for the callers' bookkeeping."""
+
+    def __init__(self, model):
+        self.model = model
+        self.names = {kind: model.sublayers(kind).names for kind in KINDS}
+        self.markers = {kind: {w: 1.0 + (i + 1) / 64 for i, w in enumerate(self.names[kind])} for kind in KINDS}
+        one = model.truncated(1)
+        subl = {}
+        for kind in KINDS:
+            s = one.sublayers(kind)
+            subl[kind] = Sublayers(kind, s.placement, s.skip_scale, s.branch_scale, s.norm_scale,
+                                   self.markers[kind], {w: 0.0 for w in self.names[kind]})
+        self._probe = one.replace(**subl)
+        self.p_hid = float(model.dropout.hidden)
+        self._templates: dict = {}
+
+    def template(self, kind: str, l: int) -> tuple[list, list]:
+        """(chain with the marker stds, [(op index, key, weight)]) of layer ``l`` (the same
+        for every layer: see the class doc)."""
+        hit = self._templates.get(kind)
+        if hit is None:
+            chain = model_blocks.branch_chain(self._probe, kind, 0)
+            by_value = {v: w for w, v in self.markers[kind].items()}
+            slots = [(i, k, by_value[v]) for i, (_, prm) in enumerate(chain) for k, v in prm.items()
+                     if _is_weight_std(k) and isinstance(v, float) and v in by_value]
+            found = sorted(w for _, _, w in slots)
+            if found != sorted(self.names[kind]):
+                raise RuntimeError(f"the {kind} chain's weight std parameters {found} do not match its weights "
+                                   f"{sorted(self.names[kind])}")
+            hit = self._templates[kind] = (chain, slots)
+        return hit
+
+    def key(self, kind: str, stds: dict) -> tuple:
+        """A hashable key of the ``kind`` chain at ``stds`` (to 15 decimals: stds computed
+        from input variances equal to rounding share a key)."""
+        return (kind, tuple(sorted((w, round(v, 15)) for w, v in stds.items())))
+
+    def chain(self, kind: str, l: int, stds: dict) -> tuple:
+        """Layer ``l``'s ``kind`` branch at weight stds ``stds`` (every weight of the kind),
+        zero biases, then the hidden dropout: a tuple of (rule, params)."""
+        chain, slots = self.template(kind, l)
+        out = [(rule, dict(prm)) for rule, prm in chain]
+        for i, k, w in slots:
+            out[i][1][k] = stds[w]
+        out.append(("dropout", dict(p=self.p_hid)))
+        return tuple(out)
+
+    def symbolic(self, kind: str, l: int, stds: dict, dims: dict, p_inner, p_hidden) -> tuple:
+        """The chain with sympy symbols: the weight stds from ``stds`` (weight -> symbol),
+        integer widths equal to d_model or d_ff from ``dims`` ({d_model value: symbol,
+        d_ff value: symbol}; d_model first where they are equal), the branch's own dropout
+        probabilities ``p_inner`` and the hidden dropout ``p_hidden``."""
+        chain, slots = self.template(kind, l)
+        out = [(rule, dict(prm)) for rule, prm in chain]
+        for i, k, w in slots:
+            out[i][1][k] = stds[w]
+        for rule, prm in out:
+            for k, v in prm.items():
+                if isinstance(v, int) and not isinstance(v, bool) and k.startswith("d_") and v in dims:
+                    prm[k] = dims[v]
+            if rule == "dropout":
+                prm["p"] = p_inner
+        out.append(("dropout", dict(p=p_hidden)))
+        return tuple(out)
+
+
+def branch(chain, x: Forward, grad: Backward | None):
+    """Forward and backward of one branch chain through the registered rules; arrays
+    broadcast.  Returns (Forward at the branch output, Backward at the branch input, or None
+    when ``grad`` is None)."""
     states = []
     h = x
-    for name, prm in ops:
+    for name, prm in chain:
         states.append(h)
         h, _ = get(name).evaluate(h, None, **prm)
     if grad is None:
         return h, None
     gb = grad
-    for (name, prm), xin in zip(reversed(ops), reversed(states)):
+    for (name, prm), xin in zip(reversed(chain), reversed(states)):
         _, gb = get(name).evaluate(xin, gb, **prm)
     return h, gb
 
 
-def branch_rows(kind: str, g: Geometry, x: Forward, stds: dict, backward: bool = False) -> np.ndarray:
-    """Rows of a branch at input state(s) ``x``: (var, cov) of its output, and with
+def branch_rows(chain, x: Forward, backward: bool = False) -> np.ndarray:
+    """Rows of a branch chain at input state(s) ``x``: (var, cov) of its output, and with
     ``backward`` also (B0, B1, C0, C1).  The output covariance rather than the correlation,
     because cov is smooth in r where the correlation cov/var has a nearby pole (attention at
     r -> 0: var ~ r + 1/L)."""
     one = np.ones(np.broadcast(x.mean, x.var, x.corr).shape)
     if not backward:
-        y, _ = branch(kind, g, x, None, stds)
+        y, _ = branch(chain, x, None)
         return np.array([y.var * one, y.var * y.corr * one], dtype=np.float64)
-    y, g0 = branch(kind, g, x, Backward(one, 0 * one), stds)
-    _, g1 = branch(kind, g, x, Backward(one, one), stds)
+    y, g0 = branch(chain, x, Backward(one, 0 * one))
+    _, g1 = branch(chain, x, Backward(one, one))
     c0, c1 = g0.var * g0.corr, g1.var * g1.corr
     return np.array([y.var * one, y.var * y.corr * one, g0.var * one, (g1.var - g0.var) * one,
                      c0 * one, (c1 - c0) * one], dtype=np.float64)
+
+
+def homogeneity(chains: Chains, kind: str, l: int, x: Forward, stds: dict, free=None) -> tuple[bool, float]:
+    """Whether the branch's output variance is homogeneous of degree 2 k in the ``free``
+    weight stds (k of them) at input ``x``, checked on the rules: doubling them multiplies
+    the variance by 4^k to 1e-9.  Returns (homogeneous, the measured ratio)."""
+    free = free_weights(chains.model, kind) if free is None else free
+    y1, _ = branch(chains.chain(kind, l, stds), x, None)
+    y2, _ = branch(chains.chain(kind, l, {**stds, **{w: 2 * stds[w] for w in free}}), x, None)
+    ratio = float(y2.var) / float(y1.var)
+    return abs(ratio / 4.0 ** len(free) - 1) <= 1e-9, ratio
 
 
 # ---------------------------------------------------------------------------------------
@@ -180,23 +282,25 @@ class CorrTable:
 
 
 class BranchTable:
-    """One branch kind at reference stds and a reference input (mean 0, variance ``var``):
-    rows per unit of the homogeneous scale, as functions of the input correlation."""
+    """One branch chain (fixed stds) at a reference input (mean 0, variance ``var``): its
+    forward rows as functions of the input correlation."""
 
-    def __init__(self, kind: str, g: Geometry, var: float, stds: dict):
-        self.kind, self.g, self.var, self.stds = kind, g, var, dict(stds)
-        self.table = CorrTable(lambda r: branch_rows(kind, g, Forward(0 * r, var + 0 * r, r), self.stds))
+    def __init__(self, chain, var: float, key=None):
+        self.chain, self.var, self.key = tuple(chain), var, key
+        self.table = CorrTable(lambda r: branch_rows(self.chain, Forward(0 * r, var + 0 * r, r)))
 
-    def covers(self, x: Forward, stds: dict) -> bool:
+    def covers(self, x: Forward, key) -> bool:
+        """Whether the table serves input ``x`` of the chain with key ``key`` (Chains.key)."""
         return (x.mean == 0 and abs(x.var / self.var - 1) <= 1e-12 and 0 <= x.corr <= R_MAX
-                and all(abs(stds[k] - self.stds[k]) <= 1e-14 * max(abs(self.stds[k]), 1e-300) for k in self.stds))
+                and key == self.key)
 
     def rows(self, r: float) -> np.ndarray:
         return self.table(r)
 
 
-def rows_at(table: BranchTable | None, kind: str, g: Geometry, x: Forward, stds: dict) -> np.ndarray:
-    """Rows at one input state: from the table when it covers the state, else the rules."""
-    if table is not None and table.covers(x, stds):
+def rows_at(table: BranchTable | None, chain, x: Forward, key=None) -> np.ndarray:
+    """Rows at one input state: from the table when it covers the state (``key``: the
+    chain's, Chains.key), else the rules."""
+    if table is not None and table.covers(x, key):
         return table.rows(float(x.corr))
-    return branch_rows(kind, g, Forward(float(x.mean), float(x.var), float(x.corr)), stds)
+    return branch_rows(chain, Forward(float(x.mean), float(x.var), float(x.corr)))

@@ -1,29 +1,32 @@
 """The solver's equations as sympy objects, derived from the rules and solved by sympy.
 
-* The sublayer equations (forward: the stream, or the Post-LN LayerNorm's input, has variance
-  1; backward: the gradient passes unchanged) in the residual scales lambda, beta, the stream
-  variance sigma^2 and the branch's forward variance V and backward gain Gamma.
+* The unit equations (forward: the stream, or the input of the norm after the sum, has
+  variance 1; backward: the gradient passes unchanged) in the residual scales lambda, beta,
+  the stream variance sigma^2 and the branch's forward variance V and backward gain Gamma.
 * The logit variance from the linear rule applied twice (q and k), solved for
   sigma_q = sigma_k.
-* The FFN branch composed symbolically from the linear, activation and dropout rules (the
-  same composition as ``sigprop predict --symbolic``), its forward variance and backward gain
-  as functions of sigma_in = sigma_out = s and the branch input variance v.
-* Homogeneity: a branch that is homogeneous of degree 4 in s (attention in
-  sigma_v = sigma_o, ReLU FFN in sigma_in = sigma_out) has V = s^4 V-hat, and sympy solves
-  s^4 V-hat = V_required once, in closed form; the solver substitutes numbers per sublayer.
+* The FFN branch composed symbolically from the rules of the model's own FFN chain
+  (:func:`sigprop.model.blocks.branch_chain`: linear, activation, dropout, linear; or the
+  gated rule, dropout, the down projection), then the hidden dropout: its forward variance
+  and backward gain as functions of the common std s of its weights and the branch input
+  variance v.
+* Homogeneity: a branch homogeneous of degree 2k in its k free weight stds (attention in
+  sigma_v = sigma_o, k = 2; a ReLU FFN, k = 2; a ReGLU FFN, k = 3) has V = s^(2k) V-hat, and
+  sympy solves s^(2k) V-hat = V_required once, in closed form; the solver substitutes
+  numbers per sublayer.  Other branches (GeLU, SiLU) are solved numerically on the rules
+  (:func:`sigprop.solve.solver.solve_scale`).
 
 Nothing here is evaluated per layer symbolically: every closed form is lambdified once.
 """
 
 from __future__ import annotations
 
-from functools import lru_cache
+import math
 from types import SimpleNamespace
 
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
-from sigprop.errors import DomainError
 from sigprop.rules import compose, get
 from sigprop.state import Backward, Forward
 
@@ -32,9 +35,9 @@ lam, beta = sp.symbols("lambda beta", positive=True)
 sigma2 = sp.Symbol("sigma_s^2", positive=True)          # stream variance entering sublayer s
 V = sp.Symbol("V_s", positive=True)                     # branch forward variance
 Gamma = sp.Symbol("Gamma_s", positive=True)             # branch backward gain (per unit gradient)
-s = sp.Symbol("s", positive=True)                       # the homogeneous pair's common std
-vhat = sp.Symbol("Vhat", positive=True)                 # branch variance per s^4 (printed \\hat{V})
-ghat = sp.Symbol("Gammahat", positive=True)             # branch backward gain per s^4
+s = sp.Symbol("s", positive=True)                       # the free weights' common std
+vhat = sp.Symbol("Vhat", positive=True)                 # branch variance per s^(2k) (printed \\hat{V})
+ghat = sp.Symbol("Gammahat", positive=True)             # branch backward gain per s^(2k)
 R = sp.Symbol("V_req", positive=True)                   # required branch variance
 k, N = sp.symbols("k N", positive=True)
 ell = sp.Symbol("ell", positive=True)                   # attention logit variance
@@ -42,40 +45,57 @@ S2 = sp.Symbol("S_2", positive=True)                    # attention input second
 d, dff, width = sp.symbols("d d_ff w", positive=True, integer=True)
 sq, sk, sv, so = sp.symbols("sigma_q sigma_k sigma_v sigma_o", positive=True)
 s_in, s_out = sp.symbols("sigma_in sigma_out", positive=True)
+s_gate, s_up, s_down = sp.symbols("sigma_gate sigma_up sigma_down", positive=True)
+#: weight name -> its std's symbol
+STD_SYMBOLS = {"q": sq, "k": sk, "v": sv, "o": so, "in": s_in, "out": s_out,
+               "gate": s_gate, "up": s_up, "down": s_down}
 v_in = sp.Symbol("v", positive=True)                    # branch input variance
 r = sp.Symbol("r", nonnegative=True)                    # branch input token correlation
 rg = sp.Symbol("r_g", real=True)
 p_f, p_h = sp.symbols("p_f p_h", nonnegative=True)
+beta_A, beta_F = sp.symbols("beta_A beta_F", positive=True)     # a parallel block's branch scales
+
+_CACHE: dict = {}
 
 
-@lru_cache(maxsize=16)
-def for_geometry(g) -> "SublayerEquations":
-    """The (cached) equations of one geometry."""
-    return SublayerEquations(g)
+def for_model(model) -> "SublayerEquations":
+    """The (cached) equations of a model's structure (its widths, dropouts, kinds and branch
+    rules; not its stds or residual scales)."""
+    from sigprop.solve.blocks import structure
+
+    key = structure(model)
+    eqs = _CACHE.get(key)
+    if eqs is None:
+        if len(_CACHE) >= 16:
+            _CACHE.clear()
+        eqs = _CACHE[key] = SublayerEquations(model)
+    return eqs
 
 
 class SublayerEquations:
-    """Equations and their closed-form solutions for one geometry (see the module doc)."""
+    """Equations and their closed-form solutions for one model structure (module doc)."""
 
-    def __init__(self, g):
-        self.g = g
+    def __init__(self, model):
+        from sigprop.solve.blocks import Chains, geometry
+
+        self.g = geometry(model)
+        self.chains = Chains(model)
         # residual scales
         self.scales = sp.Eq(lam**2 + beta**2, 1)
         self.beta_k = sp.Eq(beta**2, k / N)
-        # forward: the stream (Pre-LN) or the LayerNorm input (Post-LN) has variance 1
+        # forward: the stream (pre) or the norm's input (post) has variance 1
         self.forward = sp.Eq(lam**2 * sigma2 + beta**2 * V, 1)
         (self.required,) = sp.solve(self.forward, V)
-        # backward (Pre-LN: the LayerNorm divides the branch gradient by sigma^2)
+        # a parallel block: both branches deliver the same V
+        self.forward_parallel = sp.Eq(lam**2 * sigma2 + (beta_A**2 + beta_F**2) * V, 1)
+        (self.required_parallel,) = sp.solve(self.forward_parallel, V)
+        # backward (pre: the input norm divides the branch gradient by sigma^2)
         self.backward_pre = sp.Eq(lam**2 + beta**2 * Gamma / sigma2, 1)
         self.backward_post = sp.Eq((lam**2 + beta**2 * Gamma) / (lam**2 * sigma2 + beta**2 * V), 1)
         (self.required_gain,) = sp.solve(self.backward_pre, Gamma)
-        # homogeneous branch
-        self.scale = sp.Eq(s**4 * vhat, R)
-        sols = sp.solve(self.scale, s)
-        if len(sols) != 1:  # pragma: no cover - positive symbols give one root
-            raise RuntimeError(f"unexpected roots of {self.scale}: {sols}")
-        self.scale_solution = sols[0]
-        self._scale = sp.lambdify((R, vhat), self.scale_solution, "math")
+        # homogeneous branch of degree 4 (attention) and the general degree
+        self._scales: dict = {}
+        self.scale, self.scale_solution = self.scale_equation(4)
         # logits, from the linear rule (q and k are linear projections of the branch input)
         lin = get("linear")
         xq = Forward(0, S2, r)
@@ -89,67 +109,83 @@ class SublayerEquations:
         self.qk_solution = sols[0]
         self._qk = sp.lambdify((ell, d, S2), self.qk_solution, "math")
         self._ffn = None
-        self._gelu_cache: dict = {}
+        self._ffn_solution = None
+        self._homogeneous: dict = {}
 
     # -- numbers -------------------------------------------------------------------------
-    def scale_std(self, required: float, vh: float) -> float:
-        """s with s^4 V-hat = V_required (the solved closed form)."""
-        return float(self._scale(required, vh))
+    def scale_equation(self, degree: int):
+        """(equation s^degree V-hat = V_req, its positive root) (cached per degree)."""
+        hit = self._scales.get(degree)
+        if hit is None:
+            eq = sp.Eq(s**degree * vhat, R)
+            sols = sp.solve(eq, s)
+            if len(sols) != 1:  # pragma: no cover - positive symbols give one root
+                raise RuntimeError(f"unexpected roots of {eq}: {sols}")
+            hit = self._scales[degree] = (eq, sols[0], sp.lambdify((R, vhat), sols[0], "math"))
+        return hit[0], hit[1]
+
+    def scale_std(self, required: float, vh: float, degree: int = 4) -> float:
+        """s with s^degree V-hat = V_required (the solved closed form)."""
+        self.scale_equation(degree)
+        return float(self._scales[degree][2](required, vh))
 
     def qk_std(self, logit_var: float, s2: float) -> float:
         """sigma_q = sigma_k giving logit variance ``logit_var`` for branch input second moment s2."""
         return float(self._qk(logit_var, self.g.d, s2))
 
+    def homogeneous(self, kind: str) -> bool:
+        """Whether ``kind``'s branch is homogeneous of degree 2k in its k free weight stds
+        (checked on the rules at a reference input: variance 1, correlation 0.5; attention
+        with sigma_q = sigma_k for logit variance 1)."""
+        hit = self._homogeneous.get(kind)
+        if hit is None:
+            from sigprop.solve.blocks import homogeneity
+
+            ch = self.chains
+            q = self.qk_std(1.0, 1.0)
+            stds = {w: (q if w in ("q", "k") else 1.0 / math.sqrt(self.g.d)) for w in ch.names[kind]}
+            hit = self._homogeneous[kind] = homogeneity(ch, kind, 0, Forward(0.0, 1.0, 0.5), stds)[0]
+        return hit
+
     # -- the FFN branch, composed from the rules ------------------------------------------
     def ffn(self) -> dict:
-        """FFN branch (linear -> activation -> dropout -> linear -> hidden dropout) from the
-        rules with the symbolic backend: forward variance V_F, output correlation r_F and
-        backward gain Gamma_F (per unit upstream gradient, at the branch input, before the
-        Pre-LN LayerNorm) as functions of sigma_in, sigma_out, the input variance v and
-        correlation r."""
+        """The model's FFN branch (its chain from the block description, then the hidden
+        dropout) composed with the symbolic backend: forward variance V_F, output
+        correlation r_F and backward gain Gamma_F (per unit upstream gradient, at the branch
+        input, before an input norm) as functions of its weight stds, the input variance v
+        and correlation r; ``stds``: weight -> symbol; ``numbers``: the widths and dropouts."""
         if self._ffn is None:
-            act = self.g.activation
-            chain = [("linear", dict(d_in=d, d_out=dff, w_std=s_in, b_std=0)), (act, {}),
-                     ("dropout", dict(p=p_f)), ("linear", dict(d_in=dff, d_out=d, w_std=s_out, b_std=0)),
-                     ("dropout", dict(p=p_h))]
-            x, gb = compose(chain, Forward(0, v_in, r), Backward(1, rg), sm)
-            # simplify the ReLU branch (fast, a monomial); the GeLU one stays as composed
-            # (sympy's simplify takes seconds on it and gains little)
-            tidy = sp.simplify if act == "relu" else (lambda e: e)
-            Vf = tidy(x.var)
-            Gf = tidy(gb.var)
-            self._ffn = {"V": Vf, "corr": x.corr, "Gamma": Gf,
+            ch = self.chains
+            names = ch.names["ffn"]
+            stds = {w: STD_SYMBOLS.get(w) or sp.Symbol(f"sigma_{w}", positive=True) for w in names}
+            dims = {self.g.d_ff: dff, self.g.d: d}       # d_model wins where they are equal
+            chain = ch.symbolic("ffn", 0, stds, dims, p_f, p_h)
+            x, gb = compose(list(chain), Forward(0, v_in, r), Backward(1, rg), sm)
+            # simplify a homogeneous branch (fast: a monomial); the others stay as composed
+            # (sympy's simplify takes seconds on GeLU's and cannot do SiLU's integrals)
+            tidy = sp.simplify if self.homogeneous("ffn") else (lambda e: e)
+            self._ffn = {"V": tidy(x.var), "corr": x.corr, "Gamma": tidy(gb.var), "stds": stds,
                          "numbers": {d: self.g.d, dff: self.g.d_ff, p_f: self.g.p_ffn, p_h: self.g.p_hid}}
         return self._ffn
 
     def ffn_solution(self):
-        """ReLU: the closed form of sigma_in = sigma_out = s from V_F = V_req (sympy.solve);
-        GeLU: None (solved numerically by :meth:`gelu_std`)."""
-        f = self.ffn()
-        Vs = f["V"].subs({s_in: s, s_out: s})
-        eq = sp.Eq(Vs, R)
-        per_s4 = sp.simplify(Vs / s**4)
-        if s in per_s4.free_symbols:
-            return eq, None
-        # homogeneous of degree 4: V_F = s^4 V-hat_F, and the generic closed form applies
-        # (written with the keep probabilities 1 - p, which sympy knows to be positive)
-        kf, kh = sp.symbols("kf kh", positive=True)
-        sol = self.scale_solution.subs(vhat, per_s4.subs({p_f: 1 - kf, p_h: 1 - kh}))
-        sol = sp.powsimp(sp.powdenest(sol, force=True), force=True)
-        return eq, sol.subs({kf: 1 - p_f, kh: 1 - p_h})
-
-    def gelu_std(self, required: float, v: float) -> float:
-        """GeLU FFN: sigma_in = sigma_out = s with V_F(s; v) = V_required, by sympy.nsolve on
-        the symbolic branch variance (cached per (V_required, v))."""
-        key = (round(required, 14), round(v, 14))
-        if key not in self._gelu_cache:
+        """(the equation V_F(s) = V_req with every FFN weight std = s, its closed-form root
+        or None).  A homogeneous FFN (ReLU, ReGLU) has V_F = s^(2k) V-hat_F and the generic
+        closed form applies; the others are solved numerically."""
+        if self._ffn_solution is None:
             f = self.ffn()
-            expr = f["V"].subs({s_in: s, s_out: s}).subs(f["numbers"]).subs(v_in, v)
-            # start from the ReLU-like estimate (GeLU's second moment ~ s2/2 for large s2)
-            s0 = (2 * required * (1 - self.g.p_hid) * (1 - self.g.p_ffn) / (self.g.d * self.g.d_ff * v)) ** 0.25
-            try:
-                root = sp.nsolve(sp.log(expr) - sp.log(required), s, s0, tol=1e-14, prec=30)
-            except (ValueError, ZeroDivisionError) as e:
-                raise DomainError(f"GeLU FFN: no std gives branch variance {required:g} ({e})") from None
-            self._gelu_cache[key] = float(root)
-        return self._gelu_cache[key]
+            Vs = f["V"].subs({sym: s for sym in f["stds"].values()})
+            eq = sp.Eq(Vs, R)
+            sol = None
+            if self.homogeneous("ffn"):
+                degree = 2 * len(f["stds"])
+                per = sp.simplify(Vs / s**degree)
+                if s not in per.free_symbols:
+                    # written with the keep probabilities 1 - p, which sympy knows to be positive
+                    kf, kh = sp.symbols("kf kh", positive=True)
+                    _, root = self.scale_equation(degree)
+                    sol = root.subs(vhat, per.subs({p_f: 1 - kf, p_h: 1 - kh}))
+                    sol = sp.powsimp(sp.powdenest(sol, force=True), force=True)
+                    sol = sol.subs({kf: 1 - p_f, kh: 1 - p_h})
+            self._ffn_solution = (eq, sol)
+        return self._ffn_solution
