@@ -370,6 +370,10 @@ def _square_table(params: dict, x: Forward, grid=None) -> tables.ThetaTable:
                              mean, var, lo, key, 1e-4)
 
 
+#: Chebyshev nodes of a position-wise branch's covariance over the range of its input's pair
+#: correlations (Predictor._branch_deviation)
+_PAIR_NODES = 7
+
 #: how the attention rule's DomainError for a saturated softmax begins
 _SATURATED = "attention: row logit variance"
 
@@ -709,13 +713,26 @@ class Predictor:
             p = att.params
             g = p["d"] * p["v_std"] ** 2 * p["n_heads"] * p["d_head"] * p["o_std"] ** 2 * float(att.x.var)
             return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid)
-        # position-wise branch: first order in dev, slope of the output covariance in the input
-        # correlation at the mean (a central difference, one-sided at r = +-1)
-        e = 1e-3
-        lo, hi = max(-1.0, h.corr - e), min(1.0, h.corr + e)
-        slope = (self._chain_cov(rec, chain, Forward(h.mean, h.var, hi))
-                 - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
-        return slope * dev
+        # position-wise branch: the output covariance of a pair of positions is the chain's
+        # covariance C(r) at that pair's input correlation r = corr + dev (wide limit), taken
+        # from a polynomial through Chebyshev nodes over the pairs' range (a curved C, such as
+        # a gated FFN's, moves the mean over the pairs too: a first-order term in dev did not)
+        R = np.clip(h.corr + dev, -1.0, 1.0)
+        lo, hi = float(R.min()), float(R.max())
+        lo, hi = min(lo, h.corr), max(hi, h.corr)
+        if hi - lo < 2e-3:
+            e = 1e-3
+            lo, hi = max(-1.0, h.corr - e), min(1.0, h.corr + e)
+            slope = (self._chain_cov(rec, chain, Forward(h.mean, h.var, hi))
+                     - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
+            return slope * dev
+        k = np.arange(_PAIR_NODES)
+        nodes = 0.5 * (lo + hi) + 0.5 * (hi - lo) * np.cos(np.pi * (k + 0.5) / _PAIR_NODES)
+        vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, float(r))) for r in nodes]
+        poly = np.polynomial.Chebyshev.fit(nodes, vals, _PAIR_NODES - 1, domain=[lo, hi])
+        out = poly(R) - poly(h.corr)
+        np.fill_diagonal(out, 0.0)
+        return out
 
     @staticmethod
     def _chain_cov(rec: SublayerRecord, chain: tuple, h: Forward) -> float:
