@@ -311,7 +311,7 @@ def test_symbolic_default_is_the_plain_rule():
     assert not any(str(s) in names for e in ex.values() for s in getattr(e, "free_symbols", ()))
 
 
-@pytest.mark.slow   # ~1 min to build
+@pytest.mark.slow   # 1-3 min to build (3 on a loaded 2-core machine)
 def test_symbolic_modern_builds():
     from sigprop import symbols
 
