@@ -299,3 +299,22 @@ def test_sweep_variants():
         RULE.param_values(case.rule_params)
     rope = SWEEP.variants["rope"]["grid"]
     assert max(rope["x_corr"]) >= 0.9 and set(rope["rope"]) == {1e4, 5e5} and min(rope["L"]) <= 16
+
+
+def test_symbolic_default_is_the_plain_rule():
+    """The default symbolic form is plain attention's (QK-norm and rotary terms are numeric by
+    default: their expressions are ~100x longer); it does not mention the new parameters."""
+    from sigprop import symbols
+
+    ex = RULE.symbolic()
+    names = {str(symbols.symbol(n)) for n in ("qk_norm", "rope", "kv_heads", "qk_eps")}
+    assert not any(str(s) in names for e in ex.values() for s in getattr(e, "free_symbols", ()))
+
+
+@pytest.mark.slow   # 1-3 min to build (3 on a loaded 2-core machine)
+def test_symbolic_modern_builds():
+    from sigprop import symbols
+
+    ex = RULE.symbolic(modern=True)
+    free = {str(s) for s in ex["x_var"].free_symbols}
+    assert str(symbols.symbol("rope")) in free and str(symbols.symbol("qk_norm")) in free

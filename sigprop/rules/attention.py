@@ -262,8 +262,10 @@ def _flag(m, value):
 
 def _branch(m, flag, f0, f1, defaults=None):
     """``m.choose`` for results that are tuples or dicts: f0() where flag == 0, f1() where
-    flag == 1; numeric and uniform flags evaluate one branch only.  ``defaults``: values for
-    dict keys only f1's result has."""
+    flag == 1; numeric and uniform flags, and a literal 0 flag in the symbolic namespace,
+    evaluate one branch only.  ``defaults``: values for dict keys only f1's result has."""
+    if getattr(m, "SYMBOLIC", False) and isinstance(flag, (int, float)) and flag == 0:
+        return f0()
     if not getattr(m, "SYMBOLIC", False):
         fl = np.asarray(flag, dtype=float)
         if np.all(fl == 0):
@@ -317,8 +319,8 @@ class _Ctx:
         self.c2 = x.corr * x.var + x.mean**2           # shared (token-constant) part
         self.tau = (1 - x.corr) * x.var                # token-varying part
         # query/key scales: the weights' own, or (QK-norm) those of the normalised vectors
-        sq2, sk2, sbq2, sbk2 = m.choose(
-            self.norm, lambda: (p.q_std**2, p.k_std**2, p.q_bias_std**2, p.k_bias_std**2),
+        sq2, sk2, sbq2, sbk2 = _branch(
+            m, self.norm, lambda: (p.q_std**2, p.k_std**2, p.q_bias_std**2, p.k_bias_std**2),
             lambda: self._normed(m, p))
         self.sq2, self.sk2, self.sbq2, self.sbk2 = sq2, sk2, sbq2, sbk2
         vx = p.d * sq2 * self.S2                       # q component variance from x
@@ -326,7 +328,7 @@ class _Ctx:
         vqf = _floor(m, vq)                            # (no queries at all: uniform rows)
         self.vq = vq
         self.fx = vx / vqf
-        self.s_mean = m.choose(self.norm, lambda: self.tau * p.d * sk2 * vq, lambda: self._normed_var(m, p, sk2, vq))
+        self.s_mean = _branch(m, self.norm, lambda: self.tau * p.d * sk2 * vq, lambda: self._normed_var(m, p, sk2, vq))
         if check and not m.SYMBOLIC:
             worst = float(np.max(self.s_mean))
             if not worst <= ROW_LOGIT_VAR_MAX:
@@ -335,8 +337,8 @@ class _Ctx:
                     "evaluates (softmax saturated; validated by Monte Carlo up to ~13): smaller "
                     "Q/K weight stds or input variance")
         kap = (x.var**2 + 2 * x.var * x.mean**2) / _floor(m, self.S2)**2
-        self.relvar = m.choose(
-            self.norm,
+        self.relvar = _branch(
+            m, self.norm,
             lambda: 2 / p.d + 2 * (vx**2 + 2 * vx * sbq2) / (p.d_head * vqf**2) + self.fx**2 * 2 * kap / p.d,
             lambda: 2 / p.d + 2 * self.rk**2 / p.d_head)
         self.ra = (p.d * sq2 * self.c2 + sbq2) / vqf
@@ -699,6 +701,21 @@ class Attention(Rule):
         "and key paths, finite-width corrections, multi-head, biases, causal masks)",
     )
 
+    def symbolic(self, modern: bool = False) -> dict:
+        """sympy expressions of the outputs.  By default those of plain attention (qk_norm = 0,
+        rope = 0; kv_heads does not enter): the QK-norm and rotary branches are written against
+        the same namespace, but with them the expressions grow from ~8e4 to ~7e6 nodes, which
+        no one reads; ``modern=True`` builds them (as sympy Piecewise in qk_norm and rope)."""
+        if modern:
+            return super().symbolic()
+        import sigprop.backend.symbolic as sm
+
+        x, g, p = self.symbolic_inputs()
+        p.qk_norm, p.rope = 0, 0
+        y = self.forward(sm, x, p)
+        gb = self.backward(sm, x, g, p)
+        return {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr, "g_var": gb.var, "g_corr": gb.corr}
+
     def check_params(self, values):
         if np.any(np.asarray(values["L"]) < 2):
             raise DomainError("attention: L must be >= 2")
@@ -876,7 +893,7 @@ def _backward_terms(m, c, p, g, st):
     lb = tr / p.d
     # the a_i direction is amplified by M M^T; a QK-norm's Jacobian removes the query's own
     # direction, so there it is a generic direction
-    la = m.choose(c.norm, lambda: tr * (1 / p.d_head + (1 + c.fx) / p.d), lambda: tr / p.d)
+    la = _branch(m, c.norm, lambda: tr * (1 / p.d_head + (1 + c.fx) / p.d), lambda: tr / p.d)
     perp = _num(m, lambda t: m.maximum(t, 0), tr - la - lb)
     val = A2 / (1 - pp)
     val_x = rg * (L - 1) * C2
