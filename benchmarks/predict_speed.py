@@ -24,7 +24,7 @@ so when it sees one; ``--python`` times another interpreter, e.g. a plain instal
 (``python -m venv /tmp/v && /tmp/v/bin/pip install .``), on this working tree's code
 (PYTHONPATH is set to the repository).
 
-    python benchmarks/predict_speed.py [--repeats 5] [--deep 100000] [--skip-deep] [--python PY]
+    python benchmarks/predict_speed.py [--repeats 5] [--deep 100000] [--skip-deep] [--python PY] [--llama]
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ def main() -> None:
     ap.add_argument("--deep", type=int, default=100_000)
     ap.add_argument("--skip-deep", action="store_true")
     ap.add_argument("--python", default=sys.executable, help="the interpreter to time")
+    ap.add_argument("--llama", action="store_true",
+                    help="also `predict --arch llama --layers 768 --json` (pre-RMSNorm, SwiGLU, RoPE, causal) "
+                         "beside --arch preln")
     a = ap.parse_args()
     py = a.python
     # byte-compiled by the interpreter that is timed (as its `pip install` would)
@@ -69,6 +72,14 @@ def main() -> None:
     print(f"python -c 'import numpy'             {base * 1000:8.0f} ms")
     print(f"predict --layers 768 --json          {t768 * 1000:8.0f} ms   ratio {t768 / base:.2f}x  (goal <= 2x)")
     print(f"  the same, store disabled (cold)    {t768c * 1000:8.0f} ms   ratio {t768c / base:.2f}x")
+    if a.llama:
+        ll = [py, "-m", "sigprop", "predict", "--arch", "llama", "--layers", "768", "--json"]
+        wall(ll, env=warm)                                       # its tables into the store
+        base2, tpre, tll = interleaved([([py, "-c", "import numpy"], warm), (sp + ["--layers", "768"], warm),
+                                        (ll, warm)], a.repeats)
+        print(f"python -c 'import numpy'             {base2 * 1000:8.0f} ms")
+        print(f"predict --arch preln --layers 768    {tpre * 1000:8.0f} ms   ratio {tpre / base2:.2f}x")
+        print(f"predict --arch llama --layers 768    {tll * 1000:8.0f} ms   ratio {tll / base2:.2f}x")
     if not a.skip_deep:
         deep = sp + ["--layers", str(a.deep), "--every", "1000"]
         t10, tdeep = interleaved([(sp + ["--layers", "10"], warm), (deep, warm)], a.repeats)
