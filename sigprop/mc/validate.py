@@ -231,7 +231,7 @@ per draw; seed 0 throughout. What was run, and the failures by cause, are said b
 table. The floor asks for R² >= 0.998 (forward) and >= 0.99 (gradient) where the change
 exceeds 2x.
 
-""" + table + "\n" + layouts_section()
+""" + table + "\n" + layouts_section() + modern_section()
 
 
 def layouts_section() -> str:
@@ -249,6 +249,26 @@ init (N(0, 0.02^2) weights, no biases) with every sublayer placed `peri` (the mo
 and after the branch) or `output` (on the branch output only), and with `parallel` blocks (one
 norm, attention and FFN branches summed), LayerNorm, at the dimensions above, depths 12 and 48,
 dropout 0 and 0.1, bidirectional and causal; results in `docs/validation/layouts/`.
+
+""" + table + "\n"
+
+
+def modern_section() -> str:
+    """The modern blocks' matrix (`python -m sigprop.mc.floor --modern`), from its stored results."""
+    from sigprop.mc import floor
+
+    table = floor.modern_report()
+    if not table:
+        return ""
+    return """
+### Modern blocks: the model presets, and LNS and DSLM on LLaMA blocks
+
+`python -m sigprop.mc.floor --modern`: the same comparison and pass rule for the model presets
+(`llama` with grouped-query attention, n_heads / n_kv_heads = 4; `gpt2`, `bert`, `olmo2`,
+`peri`) and for LayerNorm Scaling and DSLM on LLaMA blocks (pre-RMSNorm, SwiGLU, RoPE, final
+norm, no biases), each with its preset's init, at the dimensions above (d_model 256, 4 heads,
+d_ff 1024, 128 tokens; the presets' own sizes replaced), dropout 0 and 0.1, causal (and
+bidirectional for the encoders `bert` and `peri`); results in `docs/validation/modern/`.
 
 """ + table + "\n"
 
