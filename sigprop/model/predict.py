@@ -43,10 +43,9 @@ from sigprop.rules.layernorm import combine_token_stats
 from sigprop.state import Backward, Forward
 
 #: a pre attention branch shared (but for its norm scale) by at least this many layers gets a
-#: table over correlation and variance (Predictor._var_ranges).  Building one costs ~550
-#: evaluations of the branch: `predict --arch lns` (d 1024, seq 256) at 96 layers took 4.9 s on
-#: its first run and 0.39 s after (the table is stored), against 1.7 s every run evaluated
-#: layer by layer; from ~128 layers on the first run is about even
+#: table over correlation and variance (Predictor._var_ranges); building one costs ~550
+#: evaluations of the branch (the timing behind the threshold: docs/benchmarks.md, "Constants
+#: chosen by measurement")
 VAR_TABLE_AFTER = 128
 
 # the stream is handed to a rule directly while exp(log_var) stays in this range; outside it,
@@ -289,16 +288,15 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       Exception: a branch positively homogeneous of degree 1 (``rec.euler_var`` 0) makes
       x' scale-invariant in x (z(s x) = s z(x), and LN(s z) = LN(z)), so by Euler's theorem
       x . g_x = z . J^T g = 0 exactly (up to O(eps / var z) from the LayerNorm's eps): no
-      share along the stream's direction, whatever a and b (measured 0.0000 below a DSLM
-      Post-LN ReLU FFN, where the split above gives 0.167).
+      share along the stream's direction, whatever a and b.
       General position-wise branch: x . g_x = z . J^T g - b (F - J_F x) . J^T g = -b D . g_z
       exactly (g_z = J^T g is orthogonal to z), so the share along x is
       b^2 v_D / (v_x (a^2 + branch gain)), v_D the per-element variance of D = F - J_F x,
       assuming only that g_z is isotropic within the (d-2)-dimensional complement of 1 and z
       (corrections O(1/d)).  The split above is the special case cov(F, J_F x) = 0.  For a
-      ReLU FFN (``rec.euler_var``, see Predictor._euler_var) D is the bias part alone;
-      torch-default: share 0.0005 where the split gives 0.106, measured 0.000-0.001 (MC,
-      96-layer Post-LN, gradient above the next attention LayerNorm).  Attention is not
+      ReLU FFN (``rec.euler_var``, see Predictor._euler_var) D is the bias part alone.
+      (Measured against the Monte Carlo: docs/validation.md, "The Post-LN gradient's
+      shares, measured".)  Attention is not
       position-wise: its share (per token, through the response of every output token to
       scaling one input token) is Predictor._attention_euler's (``rec.att_along``).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
@@ -358,7 +356,7 @@ _A2_IGNORES = ("v_std", "o_std", "v_bias_std", "o_bias_std", "p")
 def _square_table(params: dict, x: Forward, grid=None) -> tables.ThetaTable:
     """attention.row_moments as a function of the input correlation at one input mean and
     variance (one q/k parameter set), a tables.ThetaTable (verified to 1e-4 of its largest
-    value; stored: its build is ~11 evaluations of the rule, ~40 ms of a 768-layer Post-LN run)."""
+    value; stored: its build is ~11 evaluations of the rule)."""
     mean, var, lo = float(x.mean), float(x.var), min(0.0, float(x.corr))
     if grid is None:
         key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4)
@@ -802,9 +800,9 @@ class Predictor:
         for op in ops:
             op.repeated = eager
             if split and op.rule == "attention":
-                # (no VarTable here: the causal attention rule costs ~40 ms per (corr, var)
-                # point even at seq 16, so a 545-point build took ~20 s, and the position
-                # profile's per-layer rows, evaluated directly, dominate a causal LNS model)
+                # (no VarTable here: a causal attention rule evaluation is costly, and the
+                # position profile's per-layer rows, evaluated directly, dominate a causal LNS
+                # model: docs/benchmarks.md, "Constants chosen by measurement")
                 t = self._tables.get(((op.rule, op.params),), h, eager=eager, uses=uses)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
@@ -963,8 +961,8 @@ class Predictor:
         unit |g|^2 (g isotropic in the complement of 1 and z; corrections O(1/d^2)).  ReLU FFN:
         E[F . J x] per element = v_F - v_D (see _euler_var), so without biases the cross term
         is -(2/d) b^2 v_F / v_x, i.e. -(2/d) gamma/(1 + gamma) of the sum (gamma = branch over
-        skip); measured -0.39e-3..-0.51e-3 per FFN sublayer where this gives -0.41e-3 (MC,
-        96-layer Post-LN torch-default, d 256).  Position-wise, so it scales every position's
+        skip) (measured: docs/validation.md, "The Post-LN gradient's shares, measured").
+        Position-wise, so it scales every position's
         variance and covariance alike: the correlation and the causal profile are unchanged.
         Attention (not position-wise: its cross term depends on the attention weights, e.g.
         only position 0 of a causal model keeps the full size) has its own, per position:
@@ -1010,7 +1008,7 @@ class Predictor:
         Attention: F_s = sum_h Wo_h sum_j A_sj (Wv_h x_j + bv) + bo; the value path gives
         E_st = A_st Wo Wv x_t; the key of column t (logit w_s = q_s . Wk x_t / sqrt(dh) in every
         row s) gives A_st w_s Wo (V_t - sum_j A_sj V_j); the query of row t a term of relative
-        size (row logit variance) / n, dropped (measured 0.4% of the total).
+        size (row logit variance) / n, dropped.
         Averaging over Wv, Wo (E[(b_s . x_j)(b_s' . x_j')] with b_s = Wv^T Wo^T g_s is
         dh sv^2 so^2 (g_s . g_s')(x_j . x_j') per head) gives
         E (x_t . g_x,t)^2 = b^2 gamma_v d g2 v_x [S2 T1 - 2 T2 + T3] with gamma_v = d H dh sv^2 so^2,
@@ -1029,8 +1027,7 @@ class Predictor:
         t, so their weights are correlated through the queries' covariance Q_ss') add
         Lam (K_u c2 + (K_x + 3 K_u) tau), Lam = sum_{s,s'} W~_ss' Q_ss' phi_s phi_s' / (n_s n_s'),
         K_x, K_u the key variance from x_t and from its token-specific part, phi_s^2 = 1 - 1/n_s
-        (a one-key row has no logit effect).  Without them the share was 40% low at r 0.26
-        (MC of one sublayer: value path alone with q = 0 matched it exactly).
+        (a one-key row has no logit effect).
         When the gradient tokens are
         correlated like the stream's (W ~ X ~ 1 1^T: collapse) the terms cancel (the
         attention then averages a shared value, homogeneous of degree 1 in each token's
@@ -1056,15 +1053,9 @@ class Predictor:
         (v) the key bias is taken as 0 (it does not cancel in a single-key logit change;
         torch-default, dslm, normal have none); (vi) the cross term keeps the value path
         only, and (iv) is where it is weakest: deep in a causal stack the gradient at the first
-        positions is also depleted along x_t and F_t (left by the LayerNorms above), so the
-        measured cross term is ~0 in layers 1-24 of 96 where this gives -1.2e-3.  Measured
-        share (MC, 96-layer Post-LN torch-default p 0, d 256, 12 draws, below attention,
-        layers 2-24/25-48/49-72/73-92/93-96): bidirectional 0.077/0.008/0.051/0.130/0.140,
-        this 0.073/0.008/0.050/0.130/0.141, the old split 0.24/0.28/0.24/0.18/0.17; causal
-        0.000/0.001/0.009/0.081/0.134, this 0.000/0.001/0.009/0.083/0.135, the split
-        0.24/0.29/0.31/0.25/0.18.  Cross term per attention sublayer (80 draws, causal, mean
-        over positions): MC 0.0/-2.2/-1.3/-0.6/-0.0 e-3 (block SE ~0.2e-3), this
-        -1.2/-1.2/-1.2/-0.6/-0.1 e-3."""
+        positions is also depleted along x_t and F_t (left by the norms above).  The share and
+        the cross term against the Monte Carlo: docs/validation.md, "The Post-LN gradient's
+        shares, measured"."""
         m = self.model
         op = self._chain("attention", rec.layer - 1, False, 1.0)[0][0][1]
         L, pa, ph = m.seq_len, m.dropout.attention, m.dropout.hidden
@@ -1156,7 +1147,7 @@ def run_top(model, tables: TableCache | None = None):
 def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], list]:
     """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
-    the pass re-scanned the growing heap again and again (10,000 layers: 1.0 s -> 0.8 s)."""
+    the pass re-scanned the growing heap again and again."""
     records, grads, _, _ = _run(model, False, tables)
     return records, grads
 

@@ -93,7 +93,7 @@ class RowsTable:
     input mean and variance (the branch input of a Pre-LN layer, or a Post-LN stream, is the
     same at every layer but for its correlation).  One ``rows`` evaluation costs ~0.25 s at
     L 256 (every row length, every quadrature), so a causal model evaluated layer by layer
-    paid it twice per attention layer.  Built on 9 nodes (17 if that fails), verified at the
+    would pay it twice per attention layer.  Built on 9 nodes (17 if that fails), verified at the
     midpoints nearest both ends to ROWS_TOL of each quantity's largest value (the profile
     enters the prediction as a ratio correction of a few per cent, so 1e-4 of it is far below
     the Monte Carlo's resolution), kept in the on-disk store."""

@@ -55,8 +55,8 @@ ROWS = ("mean", "var", "cov", "A", "B", "C", "D")
 #: evaluated directly, and the attention rule's cost grows with the row logit variance (its
 #: quadrature grids widen with the logit scale).  Where the mean row logit variance exceeds
 #: COSTLY_LOGIT_VAR somewhere in the table's correlation range, builds also fail their first
-#: node count (measured at 6.5: 33 nodes; a 4-layer Pre-LN prediction took 56 s cold on a busy
-#: 2-core machine and 1.05 s evaluated directly), so such a chain is tabulated only where at
+#: node count (docs/benchmarks.md, "Constants chosen by measurement"), so such a chain is
+#: tabulated only where at
 #: least COSTLY_USES sublayers share it; ordinary inits (logit variance ~0.1-1) from
 #: BUILD_AFTER uses (:func:`worth_tabulating`).
 COSTLY_LOGIT_VAR = 2.0
