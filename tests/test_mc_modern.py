@@ -428,17 +428,14 @@ def test_rmsnorm_keeps_the_mean_layernorm_removes_it():
 
 
 # --- refusals ---------------------------------------------------------------------------
-@pytest.mark.parametrize("changes,feature", [({"n_kv_heads": 1}, "n_kv_heads"), ({"rope": 10000.0}, "rope"),
-                                             ({"qk_norm": "rmsnorm"}, "qk_norm")])
-def test_attention_features_are_refused_until_simulated(changes, feature):
-    m = _model().replace(**changes)
-    assert feature in m.features() and feature in model_module.ATTENTION_FEATURES
-    if feature in model_module.SUPPORTED_FEATURES:
-        pytest.skip(f"{feature} is simulated")
-    with pytest.raises(DomainError, match=f"the Monte Carlo does not implement {feature}"):
+def test_every_model_feature_is_simulated_or_refused_by_name(monkeypatch):
+    """The simulation implements every feature of the model object; one it did not would be
+    refused by name, never ignored."""
+    m = _model().replace(n_kv_heads=1, rope=10000.0, qk_norm="rmsnorm")
+    assert set(m.features()) <= model_module.SUPPORTED_FEATURES
+    monkeypatch.setattr(model_module, "SUPPORTED_FEATURES", model_module.BLOCK_FEATURES)
+    with pytest.raises(DomainError, match="the Monte Carlo does not implement n_kv_heads, rope, qk_norm"):
         model_module.simulate(m, batch=1, trials=1)
-    with pytest.raises(DomainError, match=feature):
-        model_module.run_trial(m, 1, np.random.default_rng(0))
 
 
 def test_attention_features_reach_the_component_as_its_parameters():
