@@ -22,7 +22,6 @@ def _span(values) -> str:
     return _g(v[0]) if v.size == 1 else f"{_g(v.min())} to {_g(v.max())}"
 
 
-_NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 _GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "relu": "ReGLU"}
 
 
@@ -31,6 +30,8 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     what is assumed of the input stream (where a preset derived it, from what) and of the
     gradient arriving at the top.  ``arch=False`` (several architectures under the same
     options): without the preset's name, placements, init and residual scales."""
+    from sigprop.model.blocks import NORM_NAMES
+
     m, d, x, g = model, model.dropout, model.input, model.grad
     subs = (m.attention, m.ffn)
     notes = m.notes or {}
@@ -44,11 +45,11 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     if m.rope is not None:
         att.append(f"RoPE base {m.rope:g}")
     if m.qk_norm is not None:
-        att.append(f"QK-norm ({_NORM_NAMES[m.qk_norm]})")
+        att.append(f"QK-norm ({NORM_NAMES[m.qk_norm]})")
     items = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
                        f"d_ff {m.d_ff}, {ffn}"),
              ("attention", ", ".join(att))]
-    norm = [f"{_NORM_NAMES[m.norm]} eps {m.norm_eps:g}"]
+    norm = [f"{NORM_NAMES[m.norm]} eps {m.norm_eps:g}"]
     if arch:
         norm.append("placement " + " and ".join(sorted(m.attention.placements() | m.ffn.placements())))
     norm.append(f"{m.block} blocks")

@@ -25,9 +25,6 @@ from sigprop.export.document import Page, equation_list, fragment, itemize, stan
 from sigprop.export.typeset import Block, Equation, Layout, Printer, escape_text, tex_width
 
 PAGE = Page(landscape=False, margin_mm=20)
-#: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the export implements
-SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 
 #: the derivation's own symbols (sympy name -> LaTeX), beside the rules' central map
 NAMES = {
@@ -256,7 +253,7 @@ def _block_eqs(pairs, P, width) -> list[Equation]:
 def model_latex(model, fragment_only: bool = False) -> str:
     """The derivation for one resolved model (:class:`sigprop.model.spec.Model`)."""
     from sigprop.model.spec import require
-    from sigprop.model.symbolic import derive
+    from sigprop.model.symbolic import SUPPORTED, derive
     from sigprop.rules import get
 
     require(model, SUPPORTED, "the LaTeX model export")

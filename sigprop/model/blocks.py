@@ -31,6 +31,9 @@ PLACEMENT_NORMS = {
 }
 _BY_CODE = tuple(PLACEMENT_NORMS[p] for p in PLACEMENTS)
 
+#: the norm kinds' names in text
+NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+
 #: the attention rule's qk_norm codes
 QK_NORM_CODES = {"layernorm": 1, "rmsnorm": 2}
 

@@ -34,6 +34,7 @@ import sympy as sp
 import sigprop.backend.symbolic as sm
 from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.model import blocks
+from sigprop.model.predict import SUPPORTED as _PREDICT_SUPPORTED
 from sigprop.rules import compose
 from sigprop.state import Backward, Forward
 
@@ -76,12 +77,10 @@ def ffn_block(model) -> tuple[dict, Derivation]:
     der.lines = [f"V_F(r) = {_pretty(V)}", f"r_F(r) = {_pretty(x.corr)}",
                  f"Gamma_F (backward gain per unit upstream gradient) = {_pretty(_simplify(gb.var))}"]
     der.exprs = [V, x.corr, gb.var]
-    der.assumption = f"the input is n * {_NORM_NAME[model.norm]}(x): mean 0, variance n^2, token correlation r"
+    der.assumption = f"the input is n * {blocks.NORM_NAMES[model.norm]}(x): mean 0, variance n^2, token correlation r"
     vals = {d: model.d_model, dff: model.d_ff, p_f: model.dropout.ffn_inner, p_h: model.dropout.hidden}
     return {"V": V, "Gamma": gb.var, "subs": vals, "w": ws, "n": n}, der
 
-
-_NORM_NAME = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
 
 
 def _simplify(e):
@@ -96,8 +95,7 @@ def _const(col: np.ndarray) -> float | None:
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation
 #: implements: the block layouts, norms and FFN kinds of the predictor, which it runs
-SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
+SUPPORTED = _PREDICT_SUPPORTED
 
 
 def require_supported(model) -> None:

@@ -27,26 +27,37 @@ class LayerNormMC(Component):
         bk = backend_of(X)
         xp = bk.xp
         eps = params.get("eps", 1e-5)
-        d = X.shape[-1]
         Z = X - xp.mean(X, axis=-1, keepdims=True)
-        ss = bk.rowdot(Z, Z)
-        inv = 1.0 / xp.sqrt(ss / d + eps)             # 1 / sigma_t, one per token
-        inv = xp.expand_dims(xp.astype(inv, X.dtype, copy=False), axis=-1)
+        inv = inverse_rms(bk, Z, eps)                  # 1 / sigma_t, one per token
         Z *= inv                                       # Z is now the output Y
         return Z, (Z, inv)
 
     def backward(self, GY, cache):
         # dy/dx = (1/sigma) (P - y y^T / d):  gx = (g - mean_f g - y mean_f(y g)) / sigma
-        Y, inv = cache
-        bk = backend_of(Y)
-        xp = bk.xp
-        d = Y.shape[-1]
-        yg = xp.expand_dims(xp.astype(bk.rowdot(Y, GY) / d, Y.dtype, copy=False), axis=-1)
-        GX = Y * -yg
-        GX += GY
+        return norm_backward(GY, cache, centred=True)
+
+
+def inverse_rms(bk, Z, eps: float):
+    """1 / sqrt(mean_f Z^2 + eps) per token, shape (..., 1), in Z's dtype (LayerNorm after
+    centring, RMSNorm as is)."""
+    xp = bk.xp
+    inv = 1.0 / xp.sqrt(bk.rowdot(Z, Z) / Z.shape[-1] + eps)
+    return xp.expand_dims(xp.astype(inv, Z.dtype, copy=False), axis=-1)
+
+
+def norm_backward(GY, cache, centred: bool):
+    """Backward of y = z / rho (z = x centred per token or x itself, rho = its rms with eps):
+    gx = (g - [mean_f g] - y mean_f(y g)) / rho, the bracket only for a centring norm."""
+    Y, inv = cache
+    bk = backend_of(Y)
+    xp = bk.xp
+    yg = xp.expand_dims(xp.astype(bk.rowdot(Y, GY) / Y.shape[-1], Y.dtype, copy=False), axis=-1)
+    GX = Y * -yg
+    GX += GY
+    if centred:
         GX -= xp.mean(GY, axis=-1, keepdims=True)
-        GX *= inv
-        return GX
+    GX *= inv
+    return GX
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)

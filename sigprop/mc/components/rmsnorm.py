@@ -12,7 +12,7 @@ import math
 
 from sigprop.mc.backend import backend_of
 from sigprop.mc.component import SEQ, Component
-from sigprop.mc.components.layernorm import _sequences, norm_case
+from sigprop.mc.components.layernorm import _sequences, inverse_rms, norm_backward, norm_case
 from sigprop.mc.sweep import Case, SweepSpec
 
 
@@ -30,26 +30,13 @@ class RMSNormMC(Component):
 
     def forward(self, X, W, params, rng):
         bk = backend_of(X)
-        xp = bk.xp
-        eps = params.get("eps", 1e-6)
-        d = X.shape[-1]
-        ss = bk.rowdot(X, X)
-        inv = 1.0 / xp.sqrt(ss / d + eps)             # 1 / rho_t, one per token
-        inv = xp.expand_dims(xp.astype(inv, X.dtype, copy=False), axis=-1)
+        inv = inverse_rms(bk, X, params.get("eps", 1e-6))    # 1 / rho_t, one per token
         Y = X * inv
         return Y, (Y, inv)
 
     def backward(self, GY, cache):
         # dy/dx = (I - y y^T / d) / rho:  gx = (g - y mean_f(y g)) / rho
-        Y, inv = cache
-        bk = backend_of(Y)
-        xp = bk.xp
-        d = Y.shape[-1]
-        yg = xp.expand_dims(xp.astype(bk.rowdot(Y, GY) / d, Y.dtype, copy=False), axis=-1)
-        GX = Y * -yg
-        GX += GY
-        GX *= inv
-        return GX
+        return norm_backward(GY, cache, centred=False)
 
     def flops(self, params, batch):
         L, d, _ = self.dims(params)
