@@ -75,53 +75,73 @@ class Grid:
         self.imax = np.maximum.outer(i, i)
         self.imin = np.minimum.outer(i, i)
         self.pairs = L * (L - 1.0)
-        # the neighbours averaged for the pairs inside a block
-        self._lo = np.maximum(i - 1, 0)
-        self._hi = np.minimum(i + 1, nb - 1)
+        # the neighbours averaged for the pairs inside a block (never the block itself: with
+        # one block, nb = 1, there are none and its own entry is kept)
+        lo, hi = np.maximum(i - 1, 0), np.minimum(i + 1, nb - 1)
+        self._lo = np.where(lo == i, hi, lo)
+        self._hi = np.where(hi == i, lo, hi)
+        self._i = i
+        self.ww_w = self.w * self.w - self.w        # weights of the diagonal in mean_off
+        # constant matrices of the kernels, built once per grid
+        self._kpw = 1.0 - 1.0 / self.n[self.imin]
+        M = 1.0 / self.n[self.imax]
+        np.fill_diagonal(M, 0.0)
+        self._inv_nmax = M
+        # suffix weights as a matrix: (A Y)_k = sum over the positions from rep_k on of Y
+        # with the weights 1/n, A_ki = h_i (i > k), hp_k (i = k) (for the diagonal of U^T X U)
+        self._A = np.triu(np.ones((nb, nb)), 1) * self.h[None, :] + np.diag(self.hp)
 
     # -- means ---------------------------------------------------------------------------
     def mean(self, f: np.ndarray) -> float:
         """Mean over the positions of a quantity given per block."""
         return float(self.w @ f) / self.L
 
-    def within(self, K: np.ndarray) -> np.ndarray:
+    def within_diag(self, K: np.ndarray) -> np.ndarray:
+        """The value of pairs of distinct positions inside each block: the mean of the
+        block's neighbouring off-diagonal entries of K."""
+        i = self._i
+        return 0.5 * (K[i, self._lo] + K[i, self._hi])
+
+    def within(self, K: np.ndarray, inplace: bool = False) -> np.ndarray:
         """K with its diagonal replaced by the value of pairs of distinct positions inside
-        each block (the mean of its neighbouring off-diagonal entries)."""
-        nb = self.size
-        i = np.arange(nb)
-        lo = np.where(self._lo == i, self._hi, self._lo)
-        hi = np.where(self._hi == i, self._lo, self._hi)
-        X = K.copy()
-        X[i, i] = 0.5 * (K[i, lo] + K[i, hi])
+        each block (:meth:`within_diag`); ``inplace``: K itself is changed and returned."""
+        d = self.within_diag(K)
+        X = K if inplace else K.copy()
+        X[self._i, self._i] = d
         return X
 
     def mean_diag(self, K: np.ndarray) -> float:
         return self.mean(np.diag(K))
 
     def mean_off(self, K: np.ndarray) -> float:
-        """Mean over the L (L - 1) ordered pairs of distinct positions."""
-        X = self.within(K)
-        return float(np.sum(X * self.ww) - np.sum(self.w * np.diag(X))) / self.pairs
-
-    @staticmethod
-    def _after(Z: np.ndarray, axis: int) -> np.ndarray:
-        """Sum over the blocks after each block along ``axis``."""
-        c = np.cumsum(Z, axis=axis)
-        return np.take(c, [-1], axis=axis) - c
+        """Mean over the L (L - 1) ordered pairs of distinct positions: w^T K w with the
+        diagonal's terms replaced by the within-block pairs' (w_b^2 - w_b of them)."""
+        d = self.within_diag(K)
+        kd = np.diag(K)
+        tot = float(self.w @ (K @ self.w)) - float((self.w * self.w) @ kd) + float(self.ww_w @ d)
+        return tot / self.pairs
 
     def _from_rep(self, Y: np.ndarray, full: np.ndarray, part: np.ndarray, axis: int = 0) -> np.ndarray:
         """sum over the positions from each representative on of Y (per block) times the
-        block weights ``full`` (whole blocks) and ``part`` (the representative's own block)."""
+        block weights ``full`` (whole blocks) and ``part`` (the representative's own block):
+        the sum over the blocks after each one (total - prefix) plus its own part."""
         sh = [1] * Y.ndim
         sh[axis] = -1
-        return self._after(Y * full.reshape(sh), axis) + Y * part.reshape(sh)
+        c = Y * full.reshape(sh)
+        np.cumsum(c, axis=axis, out=c)
+        last = c[-1:] if axis == 0 else c[..., -1:]
+        np.subtract(last, c, out=c)
+        c += Y * part.reshape(sh)
+        return c
 
     def _to_rep(self, Y: np.ndarray, axis: int = 0) -> np.ndarray:
         """sum over the positions up to each representative of Y (per block)."""
         sh = [1] * Y.ndim
         sh[axis] = -1
-        c = np.cumsum(Y * self.w.reshape(sh), axis=axis)
-        return c - Y * (self.w - self.head).reshape(sh)
+        c = Y * self.w.reshape(sh)
+        np.cumsum(c, axis=axis, out=c)
+        c -= Y * (self.w - self.head).reshape(sh)
+        return c
 
     # -- the uniform causal attention matrix U (U_ij = 1/n_i, j <= i) -------------------
     def suffix_h(self, y: np.ndarray) -> np.ndarray:
@@ -136,12 +156,23 @@ class Grid:
         """sum_{s > t} W_ts f_s for every representative t (W symmetric)."""
         return np.sum(self.Mw_strict * (self.within(W) * f[None, :]), axis=1)
 
-    def UtXU(self, X: np.ndarray) -> np.ndarray:
+    def UtXU(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
         """U^T X U for X zero on the diagonal of positions (its within-block pairs as in
-        :meth:`within`): the block sums with the exact weights 1/n, less the i = j terms."""
-        Xx = self.within(X)
+        :meth:`within`): the block sums with the exact weights 1/n, less the i = j terms.
+        ``inplace``: X's diagonal may be overwritten."""
+        Xx = self.within(X, inplace)
         Y = self._from_rep(self._from_rep(Xx, self.h, self.hp, 1), self.h, self.hp, 0)
-        return Y - self.UtDU(np.diag(Xx))
+        Y -= self.UtDU(np.diag(Xx))
+        return Y
+
+    def UtXU_diag(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
+        """The diagonal of :meth:`UtXU` only: (A Xx A^T)_kk = sum_j (A Xx)_kj A_kj with one
+        suffix sum over the blocks (A the suffix weights, Xx symmetric)."""
+        Xx = self.within(X, inplace)
+        s = self._from_rep(np.diag(Xx), self.h2, self.h2p)
+        Y = self._from_rep(Xx, self.h, self.hp, 0)
+        Y *= self._A
+        return Y.sum(axis=1) - s
 
     def UtDU(self, a: np.ndarray) -> np.ndarray:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
@@ -150,18 +181,26 @@ class Grid:
     def UXUt(self, X: np.ndarray) -> np.ndarray:
         """U X U^T for X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
         Xx = self.within(X)
-        P = self._to_rep(self._to_rep(Xx, 1), 0) - self._to_rep(np.diag(Xx))[self.imin]
-        return P / self.n[:, None] / self.n[None, :]
+        P = self._to_rep(self._to_rep(Xx, 1), 0)
+        P -= self._to_rep(np.diag(Xx))[self.imin]
+        P *= self._inv_nn
+        return P
+
+    @property
+    def _inv_nn(self) -> np.ndarray:
+        m = getattr(self, "_inv_nn_m", None)
+        if m is None:
+            m = self._inv_nn_m = 1.0 / np.outer(self.n, self.n)
+        return m
 
     def inv_nmax(self) -> np.ndarray:
-        """1 / n_max(i, k) (U U^T) at the representative positions, zero diagonal."""
-        M = 1.0 / self.n[self.imax]
-        np.fill_diagonal(M, 0.0)
-        return M
+        """1 / n_max(i, k) (U U^T) at the representative positions, zero diagonal (shared:
+        not to be changed)."""
+        return self._inv_nmax
 
     def key_pair_weights(self) -> np.ndarray:
-        """1 - 1/min(n_i, n_i') at the representative positions."""
-        return 1.0 - 1.0 / self.n[self.imin]
+        """1 - 1/min(n_i, n_i') at the representative positions (shared: not to be changed)."""
+        return self._kpw
 
     def expand(self, f: np.ndarray) -> np.ndarray:
         """A per-block quantity at every position (constant over each block)."""

@@ -635,8 +635,9 @@ class Predictor:
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
             bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
-            bcov[np.diag_indices_from(bcov)] += h.var * bprof
-            bcov += h.var * h.corr * (1 - np.eye(npos))
+            d = np.diag(bcov) + h.var * bprof
+            bcov += h.var * h.corr
+            np.fill_diagonal(bcov, d)
             bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
             h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
             bcov /= bv
@@ -728,7 +729,17 @@ class Predictor:
         nodes = 0.5 * (lo + hi) + 0.5 * (hi - lo) * np.cos(np.pi * (k + 0.5) / _PAIR_NODES)
         vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, float(r))) for r in nodes]
         poly = np.polynomial.Chebyshev.fit(nodes, vals, _PAIR_NODES - 1, domain=[lo, hi])
-        out = poly(R) - poly(h.corr)
+        # evaluated in place (Horner's rule in the power basis of the mapped variable, within
+        # [-1, 1]: a few passes over the matrix and no temporaries)
+        off, scl = poly.mapparms()
+        c = np.polynomial.chebyshev.cheb2poly(poly.coef)
+        R *= scl
+        R += off
+        out = np.full_like(R, c[-1])
+        for ck in c[-2::-1]:
+            out *= R
+            out += ck
+        out -= poly(h.corr)
         np.fill_diagonal(out, 0.0)
         return out
 

@@ -170,7 +170,10 @@ def mix(v1: float, f1: np.ndarray, v2: float, f2: np.ndarray) -> np.ndarray:
     tot = v1 + v2
     if not tot > 0:
         return f1
-    return (v1 * f1 + v2 * f2) / tot
+    out = v1 * f1
+    out += v2 * f2
+    out /= tot
+    return out
 
 
 def _offdiag(C: np.ndarray) -> np.ndarray:
@@ -183,7 +186,10 @@ def suffix(A: np.ndarray, axis: int) -> np.ndarray:
     """Reversed cumulative sum along ``axis`` (sum over the entries from here to the end),
     as total - prefix + entry: contiguous passes instead of reversed views."""
     c = np.cumsum(A, axis=axis)
-    return np.take(c, [-1], axis=axis) - c + A
+    last = c[-1:] if axis == 0 else c[..., -1:]
+    np.subtract(last, c, out=c)
+    c += A
+    return c
 
 
 def _UtXU(X: np.ndarray) -> np.ndarray:
@@ -191,7 +197,25 @@ def _UtXU(X: np.ndarray) -> np.ndarray:
     (X U)_ik = sum_{j >= k} X_ij / n_j and (U^T Y)_kl = sum_{i >= k} Y_il / n_i are reversed
     cumulative sums (the dense products cost O(L^3), ~10 ms per attention layer at L 256)."""
     n = np.arange(1.0, len(X) + 1)
-    return suffix(suffix(X / n[None, :], 1) / n[:, None], 0)
+    Y = suffix(X / n[None, :], 1)
+    Y /= n[:, None]
+    return suffix(Y, 0)
+
+
+_DIAGW: dict = {}
+
+
+def _UtXU_diag(X: np.ndarray) -> np.ndarray:
+    """The diagonal of :func:`_UtXU` for a symmetric X with one suffix sum:
+    (U^T X U)_kk = sum_{i >= k} Y_ik / n_i, Y_ik = sum_{j >= k} X_ij / n_j."""
+    L = len(X)
+    n = np.arange(1.0, L + 1)
+    W = _DIAGW.get(L)
+    if W is None:
+        W = _DIAGW[L] = np.tril(np.ones((L, L))) / n[:, None]
+    Y = suffix(X / n[None, :], 1)
+    Y *= W
+    return Y.sum(axis=0)
 
 
 _MAXIDX: dict = {}
@@ -273,9 +297,13 @@ def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
     # (no pairs of rows share a key path at L = 2: row 0 has one key; then nothing to scale)
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
-    pairs = kv * np.diag(K) + kk * np.diag(_UtXU(Co * _key_pair_weights(L)))
+    pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
     ko = float(r["cross_c"]) / kf_off
-    out = _UtDU(a) + ko * K + float(r["qry_c"]) * Co
+    K *= ko
+    Co *= float(r["qry_c"])
+    out = _UtDU(a)
+    out += K
+    out += Co
     np.fill_diagonal(out, diag + pairs)
     return out
 
@@ -310,9 +338,15 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid) -> np.ndarray:
     kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
-    pairs = kv * np.diag(K) + kk * np.diag(grid.UtXU(Co * grid.key_pair_weights()))
+    pairs = kv * np.diag(K) + kk * grid.UtXU_diag(Co * grid.key_pair_weights(), inplace=True)
     ko = float(r["cross_c"]) / kf_off
-    out = grid.UtDU(a) + ko * K + float(r["qry_c"]) * Co
+    # (Co's diagonal is never read: the kernels take their within-block pairs' values, and
+    # the output's diagonal is set below)
+    K *= ko
+    Co *= float(r["qry_c"])
+    out = grid.UtDU(a)
+    out += K
+    out += Co
     np.fill_diagonal(out, diag + pairs)
     return out
 
@@ -374,8 +408,9 @@ def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
     variance gain, the off-diagonal by the covariance gain (returned relative to the former)."""
     if not var_gain > 0:
         return C
+    d = np.diag(C).copy()
     out = C * (cov_gain / var_gain)
-    np.fill_diagonal(out, np.diag(C))
+    np.fill_diagonal(out, d)
     return out
 
 
@@ -416,9 +451,16 @@ def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
     has variance profile f: position i is divided by its standard deviation."""
     s = 1 / np.sqrt(f)
     ref_off = (cov_gain / var_gain if var_gain > 0 else 1.0) * mean_off(C, grid)
-    u = positionwise(C * s[:, None] * s[None, :], var_gain, cov_gain)
+    u = C * s[:, None]
+    u *= s[None, :]
+    if var_gain > 0:
+        d = np.diag(u).copy()
+        u *= cov_gain / var_gain
+        np.fill_diagonal(u, d)
     k = float(np.trace(u) / len(u)) if grid is None else grid.mean_diag(u)
-    return k, _ratio(mean_off(u, grid), ref_off), u / k
+    m = mean_off(u, grid)
+    u /= k
+    return k, _ratio(m, ref_off), u
 
 
 # -- forward: the stream's token correlation over positions ---------------------------------
@@ -456,7 +498,11 @@ def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
 def UXUt(X: np.ndarray) -> np.ndarray:
     """U X U^T for the uniform causal attention matrix U, in O(L^2) (prefix sums)."""
     n = np.arange(1.0, len(X) + 1)
-    return np.cumsum(np.cumsum(X, axis=0) / n[:, None], axis=1) / n[None, :]
+    c = np.cumsum(X, axis=0)
+    c /= n[:, None]
+    np.cumsum(c, axis=1, out=c)
+    c /= n[None, :]
+    return c
 
 
 _INV_NMAX: dict = {}
@@ -487,14 +533,16 @@ def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=Non
         D = g * grid.UXUt(S)
     diag = np.diag(D) / keep
     D += g * (1.0 - r) * (M - m)
-    D[np.diag_indices_from(D)] = diag
+    np.fill_diagonal(D, diag)
     return D
 
 
 def normalise(K: np.ndarray) -> np.ndarray:
     """Correlation matrix of a covariance matrix (per position, divided by its std)."""
     s = 1.0 / np.sqrt(np.diag(K))
-    return K * s[:, None] * s[None, :]
+    out = K * s[:, None]
+    out *= s[None, :]
+    return out
 
 
 def deviation(K: np.ndarray, grid=None) -> tuple[float, np.ndarray]:
