@@ -149,11 +149,12 @@ def _lns(n_layers, **kw):
 
 
 def test_var_tables_only_where_they_pay(monkeypatch):
-    """No VarTable below VAR_TABLE_AFTER layers, for causal models, or for constant norm
-    scales; the range covers LayerNorm outputs of small-variance streams (s2/(s2 + eps) < 1)."""
+    """No VarTable below VAR_TABLE_AFTER layers or for constant norm scales (causal models
+    alike); the range covers LayerNorm outputs of small-variance streams (s2/(s2 + eps) < 1)."""
     assert pred_mod.Predictor(_lns(12)).var_ranges == {}
-    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 8)
     assert pred_mod.Predictor(_lns(12, causal=True)).var_ranges == {}
+    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 8)
+    assert pred_mod.Predictor(_lns(12, causal=True)).var_ranges == pred_mod.Predictor(_lns(12)).var_ranges
     assert pred_mod.Predictor(resolve("preln", n_layers=12, d_model=64, n_heads=2, d_ff=256, seq_len=16)).var_ranges == {}
     ranges = pred_mod.Predictor(_lns(12)).var_ranges
     assert set(ranges) == set(range(12)) and ranges[0] == pytest.approx((1 / 12 / 2, 1.0), rel=1e-12)
@@ -218,3 +219,52 @@ def test_progress_goes_to_stderr_only_and_only_when_asked(tmp_path):
     assert out["1"].stderr and out["1"].stdout.splitlines()[-1] == "True"
     assert out[None].stderr == "" and out[None].stdout.splitlines()[-1] == "False"
     assert out["1"].stdout.splitlines()[0] == out[None].stdout.splitlines()[0]
+
+
+@pytest.mark.slow
+def test_causal_layernorm_scaling_with_var_tables_equals_rule_by_rule(monkeypatch):
+    """Causal LayerNorm Scaling: the attention op through a VarTable of its own and the
+    position profile's per-row terms through a profile.RowsVarTable over the same variance
+    range, equal to the layer-by-layer direct evaluation (the rows table is held to 1e-4 of
+    each quantity's scale; the trace moves far less)."""
+    from sigprop.model import profile
+
+    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 8)
+    m = _lns(12, causal=True)
+    cache = tables.TableCache()
+    with_tables = pred_mod.predict(m, tables=cache)
+    assert any(cache.var_tables.values())
+    rows_tabs = [t for (fam, _), ts in cache._theta.items() if fam == "rowsvar" for t in ts]
+    assert rows_tabs and all(isinstance(t, profile.RowsVarTable) and t.ok for t in rows_tabs)
+    monkeypatch.setattr(pred_mod, "VAR_TABLE_AFTER", 10**9)
+    cache = tables.TableCache()
+    direct = pred_mod.predict(m, tables=cache)
+    assert not any(cache.var_tables.values())
+    assert not any(fam == "rowsvar" for fam, _ in cache._theta)
+    _assert_same_trace(with_tables, direct)
+
+
+def test_rows_var_table_against_direct_rows():
+    """profile.RowsVarTable between its nodes against profile._rows_direct: every per-row term
+    within 1e-4 of its quantity's scale (its largest |value| over the table's nodes), at points
+    off the verification grid; and a changed
+    table (one node value moved) fails its own verification, so the test can fail."""
+    from sigprop.model import profile
+
+    m = _lns(12, causal=True)
+    pr = pred_mod.Predictor(m)
+    chain, _ = pr._chain("attention", 3, True, float(m.attention.norm_scale[3]))
+    params = profile._canonical(next(p for r, p in chain if r == "attention"))
+    t = profile.RowsVarTable(params, 0.0, 0.05, 1.0, 0.0)
+    assert t.ok
+    L = t.L
+    for corr, var in ((0.3, 0.07), (0.71, 0.4), (0.93, 0.9)):
+        got = t.at(Forward(0.0, var, corr))
+        want = profile._rows_direct(params, Forward(0.0, var, corr))
+        for i, k in enumerate(profile._KEYS):
+            scale = np.max(np.abs(t.vals[i * L:(i + 1) * L]))
+            assert np.max(np.abs(got[k] - want[k])) <= 1e-4 * scale
+    th, u = t._nodes(*t.vals.shape[1:])
+    bad = t.vals.copy()
+    bad[:, 4, 4] *= 1.01
+    assert not t._accept(th, u, bad, t.direct)

@@ -65,16 +65,17 @@ class Op:
     (Plain classes with ``__slots__`` here rather than dataclasses: a dataclass is built with
     ``exec`` at import, and the predictor's start-up paid ~10 ms for its dataclasses.)"""
 
-    __slots__ = ("rule", "params", "x", "table", "row", "repeated")
+    __slots__ = ("rule", "params", "x", "table", "row", "repeated", "var_range")
 
     def __init__(self, rule: str, params: dict, x: Forward | None = None, table: object = None,
-                 row: object = None, repeated: bool = False):
+                 row: object = None, repeated: bool = False, var_range: tuple | None = None):
         self.rule = rule
         self.params = params
         self.x = x                    # input state, recorded by the forward pass
         self.table = table            # an interpolation table of this op alone, if used ...
         self.row = row                # ... and its row at x
         self.repeated = repeated      # its parameters are shared by at least BUILD_AFTER layers
+        self.var_range = var_range    # causal: the input variances of the layers sharing them
 
     def __repr__(self) -> str:
         return f"Op({self.rule!r}, {self.params!r})"
@@ -456,7 +457,7 @@ class Predictor:
         [min n^2 / 2, max n^2]: it covers streams down to a variance of about eps; a layer whose
         branch input falls outside is evaluated rule by rule (exact, slower)."""
         m, s = self.model, self.model.attention
-        if m.causal or m.n_layers < VAR_TABLE_AFTER or np.all(s.norm_scale == s.norm_scale[0]):
+        if m.n_layers < VAR_TABLE_AFTER or np.all(s.norm_scale == s.norm_scale[0]):
             return {}
         counts, groups = _repeats(s, with_norm=False)
         place, n2 = s.placement.tolist(), (np.asarray(s.norm_scale) ** 2).tolist()
@@ -630,7 +631,7 @@ class Predictor:
             bcov = np.zeros((npos, npos))
         elif dev_in is not None:
             att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
-            bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G) if att
+            bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G, att.var_range) if att
                      else profile.flat(m.seq_len, G))
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
@@ -758,7 +759,7 @@ class Predictor:
     def _rows(self, op: Op):
         """Where an attention op's per-row-length terms may be tabulated (profile.rows): this
         prediction's table cache when its parameters repeat, else nowhere."""
-        return self._tables if op.repeated else None
+        return self._tables if op.repeated or op.var_range is not None else None
 
     @staticmethod
     def _logit_var(p: dict, x: Forward) -> float:
@@ -811,10 +812,15 @@ class Predictor:
         for op in ops:
             op.repeated = eager
             if split and op.rule == "attention":
-                # (no VarTable here: a causal attention rule evaluation is costly, and the
-                # position profile's per-layer rows, evaluated directly, dominate a causal LNS
-                # model: docs/benchmarks.md, "Constants chosen by measurement")
-                t = self._tables.get(((op.rule, op.params),), h, eager=eager, uses=uses)
+                # causal: the attention op through a table of its own; over the correlation
+                # and the variance where the layers sharing it differ in their norm scale
+                # (LayerNorm Scaling: the position profile's per-row terms then come from a
+                # profile.RowsVarTable over the same range)
+                if var_range is not None:
+                    op.var_range = var_range
+                    t = self._tables.get_var(((op.rule, op.params),), h, *var_range)
+                else:
+                    t = self._tables.get(((op.rule, op.params),), h, eager=eager, uses=uses)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)
@@ -933,7 +939,7 @@ class Predictor:
             for op in reversed(rec.branch_ops):
                 if w is not None:
                     if op.rule == "attention":
-                        k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G)
+                        k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G, op.var_range)
                         ku, kc = ku * k, kc * k2
                     else:
                         u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))

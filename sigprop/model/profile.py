@@ -132,19 +132,148 @@ class RowsTable:
         return out
 
 
+class RowsVarTable:
+    """``Attention.rows`` as a function of the input correlation *and* variance, for the
+    attention ops of a model whose branch input changes its variance from layer to layer
+    (LayerNorm Scaling: n_l times a LayerNorm output), where a :class:`RowsTable` (one
+    variance) would serve a single layer: a Chebyshev product interpolant in theta =
+    arccos(r) (Lobatto nodes over [TH_MIN, arccos(lo)]) and u = log var (over [log v_lo,
+    log v_hi]), on a 9 x 9 grid (17 x 13 if that fails).  Verified as a :class:`RowsTable`
+    (every entry within ROWS_TOL of its quantity's largest value) at the theta midpoints
+    nearest both ends and in the middle, each at every u midpoint; kept in the on-disk store
+    ([nt, nu, 2, node values, check values], or [0, 0, 0] for a failure: the terms are then
+    evaluated directly)."""
+
+    ROWS_TOL = RowsTable.ROWS_TOL
+    GRIDS = ((9, 9), (17, 13))
+
+    def __init__(self, params: dict, mean: float, v_lo: float, v_hi: float, lo: float, grid=None):
+        self.params, self.mean, self.v_lo, self.v_hi, self.lo = params, mean, v_lo, v_hi, lo
+        self.n = None if grid is None else grid.n
+        self.L = int(params["L"]) if grid is None else grid.size
+        self.k = len(_KEYS) * self.L + len(_SCALARS)
+        self._u0, self._u_span = float(np.log(v_lo)), float(np.log(v_hi) - np.log(v_lo))
+        self._th_hi = float(np.arccos(lo))
+        self.ok = False
+        parts = ("rowsvar", tuple(sorted(params.items())), mean, v_lo, v_hi, lo, self.ROWS_TOL, tables.TH_MIN)
+        key = store.key(*parts) if grid is None else store.key(*parts, grid.signature())
+        arr = store.load(key)
+        if arr is not None and self._unpack(arr):
+            return
+        from sigprop import progress
+
+        with progress.task("sigprop: building an attention statistics table (correlation x variance)",
+                           total=len(self.GRIDS)) as bar:
+            for nt, nu in self.GRIDS:
+                th, u = self._nodes(nt, nu)
+                vals = np.stack([np.stack([self._flat(t, w) for w in u], axis=1) for t in th], axis=1)
+                ct, cu = self._checks(th, u)
+                direct = np.stack([np.stack([self._flat(t, w) for w in cu], axis=1) for t in ct], axis=1)
+                bar.advance()
+                if self._accept(th, u, vals, direct):
+                    self.vals, self.direct, self.ok = vals, direct, True
+                    break
+        store.save(key, np.concatenate([[len(th), len(u), 2.0], self.vals.ravel(), self.direct.ravel()])
+                   if self.ok else np.zeros(3))
+
+    def _nodes(self, nt: int, nu: int) -> tuple[np.ndarray, np.ndarray]:
+        return (tables._cheb(nt, tables.TH_MIN, self._th_hi),
+                tables._cheb(nu, self._u0, self._u0 + self._u_span))
+
+    @staticmethod
+    def _checks(th: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        m = len(th) // 2
+        return (np.array([(th[0] + th[1]) / 2, (th[m - 1] + th[m]) / 2, (th[-2] + th[-1]) / 2]),
+                (u[1:] + u[:-1]) / 2)
+
+    def _flat(self, th: float, u: float) -> np.ndarray:
+        r = _rows_direct(self.params, Forward(self.mean, float(np.exp(u)), float(np.cos(th))), self.n)
+        return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
+
+    def _set(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray) -> None:
+        nt, nu = len(th), len(u)
+        c = tables._cheb_coef(vals, tables._cheb_basis(nu))                        # (k, nt, nu)
+        c = tables._cheb_coef(c.transpose(0, 2, 1), tables._cheb_basis(nt))        # (k, nu, nt)
+        self._coef = np.ascontiguousarray(c.transpose(0, 2, 1)).reshape(-1, nu)    # (k nt, nu)
+        self._nt = nt
+        self._jt, self._ju = np.arange(nt, dtype=float), np.arange(nu, dtype=float)
+        self._th0, self._th_span = float(th[0]), float(th[-1] - th[0])
+
+    def _at(self, th: float, u: float) -> np.ndarray:
+        r = (self._coef @ tables._cheb_at(self._ju, u, self._u0, self._u_span)).reshape(-1, self._nt)
+        return r @ tables._cheb_at(self._jt, th, self._th0, self._th_span)
+
+    def _scale(self, vals: np.ndarray) -> np.ndarray:
+        """Each entry's scale: its quantity's largest |value| over the nodes."""
+        L, big = self.L, np.max(np.abs(vals.reshape(self.k, -1)), axis=1)
+        return np.concatenate([np.full(L, np.max(big[i * L:(i + 1) * L])) for i in range(len(_KEYS))]
+                              + [big[-len(_SCALARS):]])
+
+    def _accept(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
+        if vals.shape[0] != self.k or not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
+            return False
+        self._set(th, u, vals)
+        scale = self._scale(vals) + 1e-300
+        ct, cu = self._checks(th, u)
+        for i, t in enumerate(ct):
+            for j, w in enumerate(cu):
+                d = direct[:, i, j]
+                if np.max(np.abs(self._at(t, w) - d) / np.maximum(np.abs(d), scale)) >= self.ROWS_TOL:
+                    return False
+        return True
+
+    def _unpack(self, arr: np.ndarray) -> bool:
+        if arr.size == 3 and not np.any(arr):
+            return True                       # a stored failure: evaluate directly
+        if arr.size < 3 or (arr[0], arr[1]) not in self.GRIDS or arr[2] != 2:
+            return False
+        nt, nu = int(arr[0]), int(arr[1])
+        th, u = self._nodes(nt, nu)
+        ct, cu = self._checks(th, u)
+        nv, nd = self.k * nt * nu, self.k * len(ct) * len(cu)
+        if arr.size != 3 + nv + nd:
+            return False
+        vals = arr[3:3 + nv].reshape(self.k, nt, nu)
+        direct = arr[3 + nv:].reshape(self.k, len(ct), len(cu))
+        if not self._accept(th, u, vals, direct):
+            return False
+        self.vals, self.direct, self.ok = vals, direct, True
+        return True
+
+    def covers(self, x: Forward) -> bool:
+        return (self.ok and float(x.mean) == self.mean and self.v_lo <= float(x.var) <= self.v_hi
+                and self.lo <= float(x.corr) <= tables.R_MAX)
+
+    def at(self, x: Forward) -> dict:
+        corr = min(1.0, max(-1.0, float(x.corr)))
+        v = self._at(float(np.arccos(corr)), float(np.log(float(x.var))))
+        L = self.L
+        out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
+        out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})
+        return out
+
+
 _DIRECT: dict = {}
 
 
-def rows(params: dict, x: Forward, table=None, grid=None) -> dict:
+def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dict:
     """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` of
     the prediction's table cache ``table`` (a :class:`sigprop.model.tables.TableCache`: the
     predictor passes it when at least three layers share these parameters, as for its branch
     tables, so a table is never built for one use), else evaluated directly (memoised on the
     exact inputs, so a layer's forward and backward share one evaluation).  With a graded
-    ``grid`` the terms are evaluated at its representative row lengths only."""
+    ``grid`` the terms are evaluated at its representative row lengths only.  ``var_range``
+    (v_lo, v_hi): the layers sharing these parameters see input variances in that range (LayerNorm
+    Scaling), and a :class:`RowsVarTable` over it serves them all."""
     canon = _canonical(params)
     key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
-    if table:
+    if table and var_range is not None:
+        v_lo, v_hi = var_range
+        t = table.theta("rowsvar", key + (v_lo, v_hi), x, lambda: RowsVarTable(
+            canon, float(x.mean), v_lo, v_hi, min(0.0, float(x.corr)), grid))
+        if t is not None:
+            return t.at(x)
+    elif table:
         t = table.theta("rows", key, x, lambda: RowsTable(canon, float(x.mean), float(x.var),
                                                           min(0.0, float(x.corr)), grid))
         if t is not None:
@@ -158,9 +287,9 @@ def rows(params: dict, x: Forward, table=None, grid=None) -> dict:
     return hit
 
 
-def attention_forward(params: dict, x: Forward, table=None, grid=None) -> np.ndarray:
+def attention_forward(params: dict, x: Forward, table=None, grid=None, var_range=None) -> np.ndarray:
     """Profile of the attention output (attention parameters, attention input state)."""
-    v = rows(params, x, table, grid)["var"]
+    v = rows(params, x, table, grid, var_range)["var"]
     return v / (v.mean() if grid is None else grid.mean(v))
 
 
@@ -380,20 +509,20 @@ def _ratio(a: float, b: float) -> float:
 
 
 def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
-                       table=None, grid=None) -> tuple[float, float, np.ndarray]:
+                       table=None, grid=None, var_range=None) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over the flat-profile rule values, normalised
     covariance at the attention input) for an upstream gradient covariance over positions C
     (mean diagonal 1; attention parameters and input state; g: the gradient state reaching
     the attention op, whose correlation defines the flat reference)."""
     if grid is not None:
-        r = rows(params, x, table, grid)
+        r = rows(params, x, table, grid, var_range)
         o = _attention_cov_graded(r, C, grid)
         t = grid.mean_diag(o)
         t1, off1 = _flat_stats_graded(r, grid, float(g.corr))
         if not (t > 0 and t1 > 0):
             return 1.0, 1.0, C
         return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
-    r = rows(params, x, table)
+    r = rows(params, x, table, None, var_range)
     L = len(C)
     o = _attention_cov(r, C)
     t = np.trace(o) / L
