@@ -444,6 +444,8 @@ class Predictor:
         self._log_sqs: dict = {}
         # causal, long sequences: the graded grid over positions (None: every position)
         self.grid = positions.grid_for(m.seq_len) if m.causal else None
+        if m.causal:
+            positions.keep_heap()
         # the size of the position arrays and matrices: L, or the grid's number of blocks
         self.npos = self.grid.size if self.grid is not None else m.seq_len
 
