@@ -39,6 +39,23 @@ P0 = 128
 Q = 1.05
 
 
+def cumsum_inplace(A: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``np.cumsum(A, axis, out=A)``, bit for bit; along axis 0 of a C-ordered matrix as a
+    running sum of its rows (one vectorised add per row), which is 2-8x faster than NumPy's
+    accumulate there (that walks each column with the row stride, and at power-of-two widths
+    such as L 256 or 512 the column's entries alias in the cache: measured 1.4 ms against
+    0.17 ms at 256 x 256)."""
+    if axis == 0 and A.ndim == 2 and A.flags.c_contiguous and len(A) > 1:
+        add = np.add
+        rows = iter(A)
+        prev = next(rows)
+        for r in rows:
+            add(prev, r, out=r)
+            prev = r
+        return A
+    return np.cumsum(A, axis=axis, out=A)
+
+
 class Grid:
     """Blocks of positions of a length-``L`` causal sequence (see the module docstring)."""
 
@@ -130,7 +147,7 @@ class Grid:
         sh = [1] * Y.ndim
         sh[axis] = -1
         c = Y * full.reshape(sh)
-        np.cumsum(c, axis=axis, out=c)
+        cumsum_inplace(c, axis)
         last = c[-1:] if axis == 0 else c[..., -1:]
         np.subtract(last, c, out=c)
         c += Y * part.reshape(sh)
@@ -141,7 +158,7 @@ class Grid:
         sh = [1] * Y.ndim
         sh[axis] = -1
         c = Y * self.w.reshape(sh)
-        np.cumsum(c, axis=axis, out=c)
+        cumsum_inplace(c, axis)
         c -= Y * (self.w - self.head).reshape(sh)
         return c
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from sigprop.backend import numeric
 from sigprop.model import store, tables
+from sigprop.model.positions import cumsum_inplace
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
 from sigprop.state import Backward, Forward
@@ -314,7 +315,7 @@ def _offdiag(C: np.ndarray) -> np.ndarray:
 def suffix(A: np.ndarray, axis: int) -> np.ndarray:
     """Reversed cumulative sum along ``axis`` (sum over the entries from here to the end),
     as total - prefix + entry: contiguous passes instead of reversed views."""
-    c = np.cumsum(A, axis=axis)
+    c = cumsum_inplace(A.copy(), axis)
     last = c[-1:] if axis == 0 else c[..., -1:]
     np.subtract(last, c, out=c)
     c += A
@@ -627,7 +628,7 @@ def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
 def UXUt(X: np.ndarray) -> np.ndarray:
     """U X U^T for the uniform causal attention matrix U, in O(L^2) (prefix sums)."""
     n = np.arange(1.0, len(X) + 1)
-    c = np.cumsum(X, axis=0)
+    c = cumsum_inplace(X.copy(), 0)
     c /= n[:, None]
     np.cumsum(c, axis=1, out=c)
     c /= n[None, :]
