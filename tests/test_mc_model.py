@@ -295,3 +295,37 @@ def test_logit_se_scales_with_the_neighbourhood_level():
     assert mean == pytest.approx(0.6)
     # pooled relative SD ~0.29: x level ~0.97 gives ~0.10; x the point's own 0.6 gave ~0.06
     assert se > 0.08
+
+
+@pytest.mark.parametrize("arch,extra", [("preln", {}), ("postln", {}), ("peri", {}),
+                                        ("llama", {"n_kv_heads": 1})])
+def test_attention_recomputed_in_backward_is_bit_identical(monkeypatch, arch, extra):
+    """Long context: an attention layer whose backward cache exceeds RECOMPUTE_BYTES keeps only
+    its input, weights and random state and recomputes the cache in its backward pass.  Forced
+    here at a short sequence (RECOMPUTE_BYTES 0), the seeded trial's numbers, forward, backward
+    and logits, are bit for bit those of the trial that keeps every cache (causal, dropout 0.1:
+    the dropout masks are drawn again from the saved state); with another random state in
+    the backward the numbers differ (the comparison can fail)."""
+    from sigprop.model.presets import resolve
+
+    m = resolve(arch, None, n_layers=3, causal=True, seq_len=12, d_model=16, n_heads=2, d_ff=32, dropout=0.1,
+                **extra)
+    seed = np.random.SeedSequence(3)
+    keep = model_module.run_trial(m, 2, model_module.Rng(seed), np.float32)
+    made = []
+    orig = model_module._rng_copy
+
+    def counting(rng):
+        r = orig(rng)
+        made.append(r)
+        return r
+    monkeypatch.setattr(model_module, "RECOMPUTE_BYTES", 0)
+    monkeypatch.setattr(model_module, "_rng_copy", counting)
+    again = model_module.run_trial(m, 2, model_module.Rng(seed), np.float32)
+    assert made and all(r is not None for r in made)
+    for a, b in zip(keep, again):
+        np.testing.assert_array_equal(a, b)
+    assert m.dropout.attention > 0
+    monkeypatch.setattr(model_module, "_rng_copy", lambda rng: model_module.Rng(99))
+    other = model_module.run_trial(m, 2, model_module.Rng(seed), np.float32)
+    assert not np.array_equal(other[1], keep[1])

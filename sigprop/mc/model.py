@@ -25,6 +25,7 @@ and, at finite width, large: the SE says how much).
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
 import time
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sigprop import progress as _progress
 from sigprop.errors import DomainError
 from sigprop.mc.backend import Backend, Rng, as_rng, backend_of, get_backend, np_dtype, numpy_backend
 from sigprop.mc.components import get as component
@@ -156,6 +158,21 @@ def _logit_moments(component, cache) -> tuple[float, float]:
     return first, second
 
 
+#: an attention layer whose backward cache (the probabilities, the dropout mask and the dropped
+#: probabilities: 3 x batch x heads x L x L) would exceed this many bytes keeps only its input,
+#: its weights and its random stream's state, and recomputes the cache in its backward pass
+#: (at L 4096, batch 2, 2 heads, float32: 600 MB a layer)
+RECOMPUTE_BYTES = 16 << 20
+
+
+def _rng_copy(rng):
+    """An independent Rng at ``rng``'s current state (its draws from here on are the same as
+    rng's), or None where that cannot be had (a device stream: the backend's own generator)."""
+    if getattr(rng, "_dev", None) is not None or getattr(rng, "stream", "host") != "host":
+        return None
+    return Rng(rng.seed, rng.backend, "host", gen=copy.deepcopy(rng.gen))
+
+
 class _Trial:
     """One weight draw of the whole model: :meth:`step` runs one trace point's part of the
     residual stream forward (a sublayer, or a parallel layer), drawing its weights and dropout
@@ -199,8 +216,23 @@ class _Trial:
             self._scale(W["qkv"], n_in)
             self._scale(W["o"], c_out)
             self._scale(W["bo"], c_out)
+            B, L = int(X.shape[0]), int(X.shape[1])
+            big = 3.0 * B * int(prm.get("n_heads", 1)) * L * L * np.dtype(dt).itemsize > RECOMPUTE_BYTES
+            again = _rng_copy(rng) if big else None
             Y, c_attn = self.attn.forward(X, W, prm, rng)
-            return Y, (lambda G: self.attn.backward(G, c_attn)), _logit_moments(self.attn, c_attn)
+            logits = _logit_moments(self.attn, c_attn)
+            if again is None:
+                return Y, (lambda G: self.attn.backward(G, c_attn)), logits
+            c_attn = None
+            attn = self.attn
+
+            def recomputed(G):
+                # the same forward from the same input, weights and random state: the same
+                # probabilities and dropout masks, bit for bit; its cache lives for this
+                # layer's backward only
+                _, cache = attn.forward(X, W, prm, again)
+                return attn.backward(G, cache)
+            return Y, recomputed, logits
         if self.glu is not None:
             return self._glu_forward(l, X, n_in, c_out)
         p_in, p_out = _ffn_params(m, l)
@@ -441,24 +473,28 @@ def run_trial(model, batch: int, rng, dtype=np.float32):
     fw[0] = raw_moments(X)
     backs = []
     i = 0
-    for l in range(m.n_layers):
-        for kind in kinds:
-            i += 1
-            X, back, logits = tr.step(kind, l, X)
-            fw[i] = raw_moments(X)
-            if logits is not None:
-                lg[i] = logits
-            backs.append(back)
-    X, top = tr.final(X)
-    G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
-    X = None                                       # the caches hold what the backward needs
-    if top is not None:
-        G = top(G)                                 # the gradient at the final norm's input
-    bw[n_points - 1] = raw_moments(G)
-    for j in range(len(backs) - 1, -1, -1):
-        G = backs[j](G)
-        backs[j] = None                            # free that sublayer's cache
-        bw[j] = raw_moments(G)
+    with _progress.task("sigprop: simulating one weight draw (forward and backward)",
+                        total=2 * (n_points - 1)) as bar:
+        for l in range(m.n_layers):
+            for kind in kinds:
+                i += 1
+                X, back, logits = tr.step(kind, l, X)
+                fw[i] = raw_moments(X)
+                if logits is not None:
+                    lg[i] = logits
+                backs.append(back)
+                bar.advance()
+        X, top = tr.final(X)
+        G = correlated(rng, X.shape, 0.0, m.grad.var, m.grad.corr, dtype)
+        X = None                                       # the caches hold what the backward needs
+        if top is not None:
+            G = top(G)                                 # the gradient at the final norm's input
+        bw[n_points - 1] = raw_moments(G)
+        for j in range(len(backs) - 1, -1, -1):
+            G = backs[j](G)
+            backs[j] = None                            # free that sublayer's cache
+            bw[j] = raw_moments(G)
+            bar.advance()
     return fw, bw, lg
 
 
