@@ -246,11 +246,20 @@ class RowsVarTable:
                 and self.lo <= float(x.corr) <= tables.R_MAX)
 
     def at(self, x: Forward) -> dict:
-        corr = min(1.0, max(-1.0, float(x.corr)))
-        v = self._at(float(np.arccos(corr)), float(np.log(float(x.var))))
+        """The terms at input ``x`` (the last few kept: a layer's forward and backward ask
+        for the same state)."""
+        corr, var = min(1.0, max(-1.0, float(x.corr))), float(x.var)
+        memo = self.__dict__.setdefault("_memo", {})
+        hit = memo.get((corr, var))
+        if hit is not None:
+            return hit
+        v = self._at(float(np.arccos(corr)), float(np.log(var)))
         L = self.L
         out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
         out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})
+        if len(memo) > 8:
+            memo.clear()
+        memo[(corr, var)] = out
         return out
 
 
