@@ -104,3 +104,57 @@ def test_a_long_sequence_runs_on_a_few_hundred_blocks():
     pr.backward(recs)
     assert recs[0].g_prof.shape == (pr.grid.size,)
     assert all(np.isfinite(p.log_gvar) and np.isfinite(p.log_var) for p in predict(m))
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (7, 9), (256, 256), (214, 214)])
+def test_cumsum_inplace_is_numpys_cumsum_bit_for_bit(shape):
+    """The row-wise running sum (axis 0 of a C-ordered matrix) and the fallbacks (axis 1, a
+    transposed view, 1-D) give np.cumsum's numbers exactly, in the array given."""
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal(shape) * np.exp(rng.uniform(-20, 20, shape))
+    for axis in (0, 1):
+        B = A.copy()
+        out = positions.cumsum_inplace(B, axis)
+        assert out is B
+        np.testing.assert_array_equal(B, np.cumsum(A, axis=axis))
+    T = A.copy().T                                  # not C-ordered
+    np.testing.assert_array_equal(positions.cumsum_inplace(T, 0), np.cumsum(A.T, axis=0))
+    v = A[0].copy()
+    np.testing.assert_array_equal(positions.cumsum_inplace(v, 0), np.cumsum(A[0]))
+
+
+def test_kernel_shortcuts_against_brute_force_sums():
+    """The kernels' shortcuts against dense sums: the diagonal of U^T X U with one suffix sum
+    (exact and graded), and the mean over pairs as w^T K w (graded, against the within-block
+    pairs summed out)."""
+    L = 37
+    X = _sym(L, seed=3)
+    X = X + np.random.default_rng(4).uniform(-0.1, 0.1, (L, L))
+    X = X + X.T
+    np.fill_diagonal(X, 0.0)
+    n = np.arange(1.0, L + 1)
+    U = np.tril(np.ones((L, L))) / n[:, None]
+    dense = U.T @ X @ U
+    np.testing.assert_allclose(profile._UtXU_diag(X), np.diag(dense), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(profile._UtXU(X), dense, rtol=1e-12, atol=1e-15)
+    g = positions.Grid(3000, p0=16, q=1.3)
+    K = _sym(g.size, seed=5) + 0.2
+    np.fill_diagonal(K, np.linspace(1.0, 2.0, g.size))
+    np.testing.assert_allclose(g.UtXU_diag(K), np.diag(g.UtXU(K)), rtol=1e-12, atol=1e-15)
+    Kin = K.copy()
+    g.UtXU_diag(Kin, inplace=True)                  # may overwrite the diagonal only
+    off = ~np.eye(g.size, dtype=bool)
+    np.testing.assert_array_equal(Kin[off], K[off])
+    # mean over the L (L - 1) ordered pairs of distinct positions: pairs in blocks a != b
+    # take K_ab, pairs inside block a its within-block value
+    wd = g.within_diag(K)
+    tot = sum(g.w[a] * g.w[b] * K[a, b] for a in range(g.size) for b in range(g.size) if a != b)
+    tot += float(np.sum(g.w * (g.w - 1) * wd))
+    assert math.isclose(g.mean_off(K), tot / (3000 * 2999), rel_tol=1e-12)
+
+
+def test_keep_heap_is_idempotent():
+    """positions.keep_heap applies once per process (glibc) and says so on every call."""
+    first = positions.keep_heap()
+    assert positions.keep_heap() is first
+    assert isinstance(first, bool)
