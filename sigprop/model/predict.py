@@ -450,8 +450,8 @@ class Predictor:
         self.npos = self.grid.size if self.grid is not None else m.seq_len
 
     def _var_ranges(self) -> dict:
-        """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a bidirectional
-        model whose branch parameters but not their norm scale n are shared by at least
+        """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a model whose
+        branch parameters but not their norm scale n are shared by at least
         VAR_TABLE_AFTER layers (LayerNorm Scaling): their branch input, n times a LayerNorm
         output, changes its variance from layer to layer, so one table over the correlation
         and the variance (tables.VarTable) serves them all.  A LayerNorm output's variance is

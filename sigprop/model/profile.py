@@ -274,10 +274,12 @@ def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dic
     exact inputs, so a layer's forward and backward share one evaluation).  With a graded
     ``grid`` the terms are evaluated at its representative row lengths only.  ``var_range``
     (v_lo, v_hi): the layers sharing these parameters see input variances in that range (LayerNorm
-    Scaling), and a :class:`RowsVarTable` over it serves them all."""
+    Scaling), and a :class:`RowsVarTable` over it serves them all (a state outside it, or
+    beyond the tables' correlation range, is evaluated directly)."""
     canon = _canonical(params)
     key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
-    if table and var_range is not None:
+    if (table and var_range is not None and var_range[0] <= float(x.var) <= var_range[1]
+            and float(x.corr) <= tables.R_MAX):
         v_lo, v_hi = var_range
         t = table.theta("rowsvar", key + (v_lo, v_hi), x, lambda: RowsVarTable(
             canon, float(x.mean), v_lo, v_hi, min(0.0, float(x.corr)), grid))
