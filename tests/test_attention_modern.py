@@ -216,6 +216,39 @@ def test_kappa_bar_symbolic_equals_numeric():
     assert val == pytest.approx(float(att._kappa_bar(nm, 23, 1e4, 16)), rel=1e-10)
 
 
+def test_rotary_cosine_moments_symbolic_equal_numeric():
+    """The pair-spread moments (M2, D of the query cosine; kf, Ef2, Eqf of the field's) from the
+    symbolic namespace evaluate to the numeric ones."""
+    import sympy as sp
+
+    import sigprop.backend.symbolic as sm
+    n, b, dh = sp.symbols("n b dh", positive=True)
+    at = {n: 23, b: 1e4, dh: 16}
+    for fn in (att._kappa_moments, att._field_moments):
+        sym = fn(sm, n, b, dh)
+        num = fn(nm, 23, 1e4, 16)
+        for e, v in zip(sym, num):
+            assert float(sp.sympify(e).subs(at).doit().evalf()) == pytest.approx(float(v), rel=1e-9)
+
+
+def test_field_moments_against_a_direct_average():
+    """_field_moments (Fejer-kernel closed forms) against direct averages over all ordered pairs
+    of distinct positions of cos(t theta_i) cos(t theta_i'), with the weights' second moments
+    E nu_i nu_i' = 1 + 3 delta_ii' (field) and (1 + delta_ii') / K (query, times K)."""
+    n, base, dh = 40, 1e4, 16
+    kf, ef2, eqf = att._field_moments(nm, n, base, dh)
+    theta = base ** (-2 * np.arange(dh // 2) / dh)
+    t = (np.arange(n)[:, None] - np.arange(n)[None, :])[~np.eye(n, dtype=bool)]
+    c = np.cos(t[:, None] * theta[None, :])                       # (pairs, planes)
+    F = c.mean(axis=0)
+    u = (1 - F) / np.sum(1 - F)
+    C = c.T @ c / len(t)
+    K = dh // 2
+    assert float(kf) == pytest.approx(float(F @ u), rel=1e-9)
+    assert float(ef2) == pytest.approx(float(u @ C @ u + 3 * np.sum(u**2 * np.diag(C))), rel=1e-9)
+    assert float(eqf) == pytest.approx(float((np.sum(C @ u) + np.sum(u * np.diag(C))) / K), rel=1e-9)
+
+
 def test_rope_without_a_shared_part_changes_the_softmax_statistics_by_1_over_d():
     """A zero-mean uncorrelated input has no key-shared part: a single logit's law is that
     without rotation, but the rotated query directions meet the key projection's anisotropy
