@@ -331,3 +331,31 @@ def test_saturated_logits_are_outside_the_domain():
     assert math.isfinite(float(y.var)) and math.isfinite(float(g.var))
     with pytest.raises(DomainError, match="row logit variance"):
         att.evaluate(Forward(0.0, 1.0, 0.0), Backward(1.0, 0.0), **qk(1.2 * ROW_LOGIT_VAR_MAX))
+
+
+# --- (e) the sweeps' noise scoring ----------------------------------------------------------
+def test_noise_scores_separate_noise_from_bias():
+    """validate.noise_scores: errors in standard errors, and the p99 error the noise alone gives
+    (for equal relative SEs s: 2.576 s); a rule biased by 3 SEs scores p50 ~3."""
+    from sigprop.mc.validate import noise_scores
+
+    rng = np.random.default_rng(0)
+    n, s = 400, 0.01
+    meas = 1 + s * rng.standard_normal(n)
+    rows = [{"measured": {"x_var": m, "g_var": m}, "se": {"x_var": s, "g_var": s}} for m in meas]
+    exact = noise_scores(rows, [{"x_var": 1.0, "g_var": 1.0}] * n)
+    assert exact["x_var"]["z"]["p50"] == pytest.approx(0.674, abs=0.1)
+    assert exact["g_var"]["noise_p99"] == pytest.approx(100 * 2.576 * s, rel=0.05)
+    biased = noise_scores(rows, [{"x_var": 1.0 + 3 * s, "g_var": 1.0}] * n)
+    assert biased["x_var"]["z"]["p50"] == pytest.approx(3.0, abs=0.3)
+
+
+def test_sweep_rows_carry_standard_errors():
+    """run_sweep's rows carry the measurement's standard errors (what validate stores)."""
+    from sigprop.mc.sweep import run_sweep
+
+    res = run_sweep(SWEEP, RULE, n=1, seed=3, grid={**SWEEP.variants["gqa"]["grid"], "L": (8,), "budget": (64,),
+                                                      "max_seq": (8,), "min_runs": (4,)})
+    se = res.rows[0]["se"]
+    assert set(se) == {"x_mean", "x_var", "x_corr", "g_var", "g_corr"}
+    assert all(np.isfinite(v) and v > 0 for k, v in se.items() if k != "x_mean")

@@ -153,7 +153,8 @@ def run_sweep(spec: SweepSpec, rule, *, n: int | None = 500, seed: int = 0, dtyp
         rows.append({"point": pt, "errors": err, "also": alt,
                      "predicted": moments_of(px, pg),
                      "measured": {"x_mean": meas.x.mean, "x_var": meas.x.var, "x_corr": meas.x.corr,
-                                  "g_var": meas.g.var, "g_corr": meas.g.corr}})
+                                  "g_var": meas.g.var, "g_corr": meas.g.corr},
+                     "se": moments_of(meas.x, meas.g, se=True)})
     pct = _percentiles(rows, spec.moments)
     alt_pct = {o.name: _percentiles([{"e": r["also"][o.name]} for r in rows], spec.moments, "e") for o in also}
     pub = {k: (dict(zip(("p50", "p90", "p99"), v)) if v else None) for k, v in spec.published.items()}

@@ -46,6 +46,45 @@ def _fmt(p):
     return " / ".join(f"{p[k]:.2f}" for k in ("p50", "p90", "p99")) if p else "-"
 
 
+#: components whose sweeps store their per-point measurements and standard errors
+#: (docs/validation/rows/NAME-GRID.json), scored in standard errors too
+ROWS_STORED = ("attention",)
+_VARS = ("x_var", "g_var")
+
+
+def noise_scores(rows: list, predicted: list) -> dict:
+    """Monte Carlo noise against rule bias, per variance moment: the percentiles of
+    |predicted - measured| / SE over the points (``z``; when the rule is exact it is noise, Student's
+    t with k - 1 degrees of freedom for SEs from k weight draws: 0.71 / 1.89 / 3.50 at p50 / p90 /
+    p99 for 8 draws, 0.67 / 1.64 / 2.58 for many), the percentiles of the relative SE, and the p99 of the
+    error in percent that the noise alone would give (``noise_p99``: the 99th percentile of the
+    pooled |N(0, SE_i / measured_i)|, 20000 draws per point, seed 0).  ``rows`` carry
+    ``measured`` and ``se``; ``predicted`` the rule's moments per row."""
+    out = {}
+    rng = np.random.default_rng(0)
+    for mom in _VARS:
+        meas = np.array([r["measured"][mom] for r in rows])
+        se = np.array([r["se"][mom] for r in rows])
+        pred = np.array([p[mom] for p in predicted])
+        z = np.abs(pred - meas) / se
+        rel = se / np.abs(meas)
+        draws = np.abs(rng.standard_normal((20000, rel.size)) * rel).ravel() * 100
+        out[mom] = {"z": {f"p{q}": float(np.percentile(z, q)) for q in (50, 90, 99)},
+                    "rel_se": {f"p{q}": float(np.percentile(rel * 100, q)) for q in (50, 90, 99)},
+                    "noise_p99": float(np.percentile(draws, 99))}
+    return out
+
+
+def _store_rows(store: Path, name: str, grid_name: str, res, seed: int, wall: float) -> None:
+    """The sweep's per-point measurements and standard errors, for ``--rescore``."""
+    rows_dir = store / "rows"
+    rows_dir.mkdir(exist_ok=True)
+    (rows_dir / f"{name}-{grid_name}.json").write_text(json.dumps({
+        "rows": [{"point": {k: (v.item() if hasattr(v, "item") else v) for k, v in r["point"].items()},
+                  "measured": r["measured"], "se": r["se"]} for r in res.rows],
+        "seed": seed, "wall": wall, "mc": res.seconds}))
+
+
 def section(name: str, grid_name: str, res, spec, note: str) -> str:
     alts = list(res.also)
     head = ["moment", "sigprop p50 / p90 / p99", "published figure"] + [f"`{a}` on the same samples" for a in alts]
@@ -57,6 +96,15 @@ def section(name: str, grid_name: str, res, spec, note: str) -> str:
         pub = res.published.get(mom) if grid_name == "published" else None
         row = [LABEL[mom], _fmt(res.percentiles[mom]), _fmt(pub)] + [_fmt(res.also[a][mom]) for a in alts]
         lines.append("| " + " | ".join(row) + " |")
+    noise = getattr(res, "noise", None)
+    if noise:
+        lines += ["", "Noise against bias (variances): the error in standard errors of the measurement, "
+                  "the relative standard error, and the p99 error (percent) the noise alone would give.", "",
+                  "| moment | error / SE p50 / p90 / p99 | SE % p50 / p90 / p99 | noise-only p99 % |",
+                  "|---|---|---|---|"]
+        for mom in _VARS:
+            nz = noise[mom]
+            lines.append(f"| {LABEL[mom]} | {_fmt(nz['z'])} | {_fmt(nz['rel_se'])} | {nz['noise_p99']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -66,6 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--grid", nargs="*", default=None, help="run only these grids of the components")
     ap.add_argument("--rescore", nargs=3, metavar=("ROWS.json", "COMPONENT", "GRID"), default=None,
                     help="score stored measurements (rows with 'point' and 'measured') with the current rules")
     ap.add_argument("--assemble", action="store_true",
@@ -85,11 +134,17 @@ def main(argv=None) -> int:
             continue
         grids = [("published", None, spec.note)] + [(k, v["grid"], v.get("note", "")) for k, v in spec.variants.items()]
         for grid_name, grid, note in grids:
+            if args.grid and grid_name not in args.grid:
+                continue
             t0 = time.perf_counter()
             also = _published_forms(name, spec, grid_name)
             res = run_sweep(spec, REGISTRY[spec.component.rule], n=args.n, seed=args.seed, grid=grid, also=also)
             wall = time.perf_counter() - t0
-            (store / f"{name}-{grid_name}.json").write_text(json.dumps({
+            noise = None
+            if name in ROWS_STORED:
+                _store_rows(store, name, grid_name, res, args.seed, wall)
+                noise = noise_scores(res.rows, [r["predicted"] for r in res.rows])
+            (store / f"{name}-{grid_name}.json").write_text(json.dumps({"noise": noise,
                 "component": name, "grid": grid_name, "note": note, "n_configs": res.n_configs, "seed": res.seed,
                 "n": args.n, "wall_s": wall, "simulate_s": res.seconds, "percentiles": res.percentiles,
                 "published": res.published, "also": res.also, "version": __version__,
@@ -110,6 +165,7 @@ def rescore(store: Path, rows_file: str, name: str, grid_name: str) -> None:
     spec = SWEEPS[name]
     rules = [REGISTRY[spec.component.rule], *_published_forms(name, spec, grid_name)]
     scored = {r.name: [] for r in rules}
+    predicted = []
     for row in data["rows"]:
         case = spec.make_case(row["point"])
         m = row["measured"]
@@ -119,12 +175,15 @@ def rescore(store: Path, rows_file: str, name: str, grid_name: str) -> None:
         for rule in rules:
             px, pg = rule.evaluate(case.x, case.g, **case.rule_params)
             scored[rule.name].append({"e": errors(px, pg, meas)})
+            if rule is rules[0]:
+                predicted.append({"x_var": float(px.var), "g_var": float(pg.var)})
+    noise = noise_scores(data["rows"], predicted) if all("se" in r for r in data["rows"]) else None
     pct = {k: _percentiles(v, spec.moments, "e") for k, v in scored.items()}
     note = spec.note if grid_name == "published" else spec.variants[grid_name].get("note", "")
     pub = {k: (dict(zip(("p50", "p90", "p99"), v)) if v else None) for k, v in spec.published.items()}
     (store / f"{name}-{grid_name}.json").write_text(json.dumps({
-        "component": name, "grid": grid_name, "n_configs": len(data["rows"]), "seed": data.get("seed", 0),
-        "n": len(data["rows"]), "wall_s": data.get("wall", float("nan")), "simulate_s": data.get("mc", float("nan")),
+        "noise": noise, "component": name, "grid": grid_name, "n_configs": len(data["rows"]), "seed": data.get("seed", 0),
+        "n": len(data["rows"]), "wall_s": data.get("wall") or float("nan"), "simulate_s": data.get("mc") or float("nan"),
         "note": (note + " " if note else "") + f"Measurements from a stored run_sweep ({Path(rows_file).name}), "
                 "re-scored with the current rules (`validate --rescore`).",
         "percentiles": pct[rules[0].name], "published": pub, "also": {k: v for k, v in pct.items() if k != rules[0].name},
@@ -170,7 +229,8 @@ def write_markdown(out: str, store: Path) -> None:
     parts, timing = [], []
     for r in results:
         res = SimpleNamespace(n_configs=r["n_configs"], seed=r["seed"], seconds=r["simulate_s"],
-                              percentiles=r["percentiles"], published=r["published"], also=r["also"])
+                              percentiles=r["percentiles"], published=r["published"], also=r["also"],
+                              noise=r.get("noise"))
         parts.append(section(r["component"], r["grid"], res, SWEEPS[r["component"]], r["note"]))
         timing.append((r["component"], r["grid"], r["n_configs"], r["wall_s"]))
     ns = sorted({r["n"] for r in results}) or [500]
