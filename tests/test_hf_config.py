@@ -491,3 +491,113 @@ def test_random_llama_configs_predict(cfg):
         for v in (p.mean, p.corr, p.gcorr):
             assert math.isfinite(float(v))
         assert not math.isnan(float(p.var)) and not math.isnan(float(p.gvar))
+
+
+# ---------------------------------------------------------------------------------------
+# against transformers: the stds sigprop resolves are those transformers' init draws
+# ---------------------------------------------------------------------------------------
+
+#: per family: the module path inside a layer -> (sublayer, sigprop weight names it holds)
+MODULES = {
+    "gpt2": {"attn.c_attn": ("attention", "qkv"), "attn.c_proj": ("attention", "o"),
+             "mlp.c_fc": ("ffn", ("in",)), "mlp.c_proj": ("ffn", ("out",))},
+    "bert": {"attention.self.query": ("attention", "q"), "attention.self.key": ("attention", "k"),
+             "attention.self.value": ("attention", "v"), "attention.output.dense": ("attention", "o"),
+             "intermediate.dense": ("ffn", ("in",)), "output.dense": ("ffn", ("out",))},
+    "gpt_neox": {"attention.query_key_value": ("attention", "qkv"), "attention.dense": ("attention", "o"),
+                 "mlp.dense_h_to_4h": ("ffn", ("in",)), "mlp.dense_4h_to_h": ("ffn", ("out",))},
+    "gptj": {"attn.q_proj": ("attention", "q"), "attn.k_proj": ("attention", "k"), "attn.v_proj": ("attention", "v"),
+             "attn.out_proj": ("attention", "o"), "mlp.fc_in": ("ffn", ("in",)), "mlp.fc_out": ("ffn", ("out",))},
+}
+_LLAMA_MODULES = {"self_attn.q_proj": ("attention", "q"), "self_attn.k_proj": ("attention", "k"),
+                  "self_attn.v_proj": ("attention", "v"), "self_attn.o_proj": ("attention", "o"),
+                  "mlp.gate_proj": ("ffn", ("gate",)), "mlp.up_proj": ("ffn", ("up",)),
+                  "mlp.down_proj": ("ffn", ("down",))}
+for _f in ("llama", "mistral", "qwen2", "olmo2", "gemma2", "gemma3_text"):
+    MODULES[_f] = _LLAMA_MODULES
+
+#: fixture -> its sizes shrunk (keys of that family's config)
+TINY = {
+    "gpt2-small.json": dict(n_embd=128, n_head=4, n_layer=3, vocab_size=500),
+    "bert-base.json": dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=3, intermediate_size=256,
+                           vocab_size=500),
+    "tinyllama": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+                      intermediate_size=256, vocab_size=500),
+    "mistral-7b.json": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+                            intermediate_size=256, vocab_size=500),
+    "qwen2-0.5b.json": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=3,
+                            intermediate_size=256, vocab_size=500, max_window_layers=3),
+    "gpt-neox-full-rotary.json": dict(hidden_size=128, num_attention_heads=4, num_hidden_layers=3,
+                                      intermediate_size=256, vocab_size=500),
+    "gptj-full-rotary.json": dict(n_embd=128, n_head=4, n_layer=3, rotary_dim=32, vocab_size=500),
+    "olmo2-1b.json": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=3,
+                          intermediate_size=256, vocab_size=500, pad_token_id=1, eos_token_id=2),
+    "gemma2-2b-uncapped.json": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                                    query_pre_attn_scalar=32, num_hidden_layers=3, intermediate_size=256,
+                                    vocab_size=500),
+    "gemma3-1b-global.json": dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                                  query_pre_attn_scalar=32, num_hidden_layers=3, intermediate_size=256,
+                                  vocab_size=500, layer_types=["full_attention"] * 3),
+}
+
+
+def _transformers_model(cfg: dict):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    conf = transformers.AutoConfig.for_model(**cfg)
+    torch.manual_seed(0)
+    if cfg["model_type"] == "bert":
+        return transformers.AutoModel.from_config(conf)
+    return transformers.AutoModelForCausalLM.from_config(conf)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_stds_are_transformers_init(name):
+    """Every weight of every layer of a small model that transformers builds from the config
+    (its own _init_weights, seeded) has the std sigprop resolves for it (within 5%: at least
+    128 x 128 draws, standard error below 1%); every bias is 0 and every norm gain 1 (Gemma:
+    weight 0 in its (1 + w)); the token embedding's table std is the init std."""
+    torch = pytest.importorskip("torch")
+    cfg = {**load(name if name != "tinyllama" else "tinyllama/config.json"), **TINY[name]}
+    h = resolve(cfg)
+    m = h.model
+    net = _transformers_model(cfg)
+    table = MODULES[h.family]
+    seen = set()
+    for full, mod in net.named_modules():
+        parts = full.split(".")
+        idx = next((i for i, p in enumerate(parts) if p.isdigit()), None)
+        if idx is None:
+            continue
+        layer, rel = int(parts[idx]), ".".join(parts[idx + 1:])
+        if rel in table:
+            kind, names = table[rel]
+            w = mod.weight.detach().double()
+            expect = {float(getattr(m, kind).std[n][layer]) for n in names}
+            assert len(expect) == 1, (rel, expect)
+            assert w.std().item() == pytest.approx(expect.pop(), rel=0.05), (name, full)
+            seen.add(rel)
+        if getattr(mod, "bias", None) is not None and isinstance(mod.bias, torch.Tensor):
+            assert float(mod.bias.detach().abs().max()) == 0.0, full
+        if "norm" in rel.lower() or rel.startswith("ln_") or "layernorm" in type(mod).__name__.lower():
+            if getattr(mod, "weight", None) is not None:
+                gain = 0.0 if h.family.startswith("gemma") else 1.0
+                assert torch.all(mod.weight == gain), full
+    assert seen == set(table), (name, set(table) - seen)
+    emb = net.get_input_embeddings().weight.detach().double()
+    assert emb.std().item() == pytest.approx(h.init_std, rel=0.05)
+
+
+@pytest.mark.parametrize("name", ["tinyllama", "gemma2-2b-uncapped.json", "gemma3-1b-global.json", "olmo2-1b.json"])
+def test_embedding_output_variance_is_the_input(name):
+    """The variance of transformers' token embedding output (random token ids, Gemma's
+    sqrt(hidden_size) scale included) is the input variance sigprop resolves."""
+    torch = pytest.importorskip("torch")
+    cfg = {**load(name if name != "tinyllama" else "tinyllama/config.json"), **TINY[name]}
+    h = resolve(cfg)
+    net = _transformers_model(cfg)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, cfg["vocab_size"], (8, 64), generator=g)
+    with torch.no_grad():
+        x = net.get_input_embeddings()(ids).double()
+    assert x.var().item() == pytest.approx(h.model.input.var, rel=0.08)
