@@ -344,7 +344,8 @@ def test_compare_plot_solve_take_it(capsys, tmp_path):
     code, out, err = cli(capsys, "solve-init", "--hf-config", str(DATA / "bert-base.json"), "--layers", "2",
                          "--seq-len", "16", "--json")
     assert code in (0, 1), err
-    assert json.loads(out)["arch"] == "bert"
+    d = json.loads(out)
+    assert d["arch"] == "bert" and d["hf"]["family"] == "bert"
     pytest.importorskip("matplotlib")
     png = tmp_path / "f.png"
     code, out, err = cli(capsys, "plot", "--hf-config", str(DATA / "bert-base.json"), "--layers", "2",
