@@ -310,8 +310,12 @@ def test_overrides():
     assert m.input.var == 2.0 and m.input.corr == pytest.approx(R0 * 0.5, rel=1e-9)
     m = hf("gpt2-small.json", init="normal").model
     assert std0(m, "attention")["o"] == 0.02
-    m = hf("gpt2-small.json", attn_dropout=0.3).model
-    assert (m.dropout.attention, m.dropout.hidden) == (0.3, 0.1)
+    h = hf("gpt2-small.json", attn_dropout=0.3)
+    assert (h.model.dropout.attention, h.model.dropout.hidden) == (0.3, 0.1)
+    assert any("attn_dropout 0.3" in n for n in h.notes)
+    # BERT ties its embedding dropout to the hidden dropout: --hidden-dropout 0 sets both
+    x = hf("bert-base.json", hidden_dropout=0.0).model.input
+    assert x.var == pytest.approx(1.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("args, word", [

@@ -448,6 +448,10 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
         p_emb = opts["dropout"]
     elif "hidden_dropout" in opts and fam.dropout[2] is not None and fam.dropout[2] == fam.dropout[1]:
         p_emb = opts["hidden_dropout"]
+    given_drop = {k: opts[k] for k in ("dropout", "attn_dropout", "hidden_dropout", "ffn_dropout") if k in opts}
+    if given_drop:
+        notes.append("dropout as given, replacing the config's: " + ", ".join(f"{k} {v:g}" for k, v in given_drop.items())
+                     + f" (embedding dropout {p_emb:g})")
     drop_opts = {"attn_dropout": p_att, "hidden_dropout": p_hid, "ffn_dropout": 0.0}
     if "dropout" in opts:
         drop_opts = {}
