@@ -318,6 +318,29 @@ def test_overrides():
     assert x.var == pytest.approx(1.0, rel=1e-6)
 
 
+@pytest.mark.parametrize("name", sorted(EXPECTED) + ["gemma3-wrapped"])
+def test_transformers_config_resolves_to_the_same_model(name):
+    """HFModel.transformers_config() carries the layers, init std and dropouts given as
+    options: resolved again without them, it gives the same model."""
+    if name == "gemma3-wrapped":
+        text = load("gemma3-1b-global.json")
+        text.pop("model_type")
+        cfg = {"model_type": "gemma3", "text_config": text}
+    else:
+        cfg = load(name if name != "tinyllama" else "tinyllama/config.json")
+    opts = dict(n_layers=3, init_std=0.03, attn_dropout=0.2, hidden_dropout=0.1)
+    h = resolve(cfg, seq_len=16, **opts)
+    again = resolve(h.transformers_config(), seq_len=16)
+    if name in ("tinyllama", "mistral-7b.json", "qwen2-0.5b.json", "olmo2-1b.json", "gemma2-2b-uncapped.json",
+                "gemma3-1b-global.json", "gemma3-wrapped", "llama-rope-parameters.json"):
+        # no config key for a hidden dropout in these families: only the rest carries over
+        assert again.model == h.model.replace(dropout=type(h.model.dropout)(0.2, 0.0, 0.0))
+        assert h.model.dropout.hidden == 0.1
+    else:
+        assert again.model == h.model
+    assert again.model.n_layers == 3 and again.init_std == 0.03
+
+
 @pytest.mark.parametrize("args, word", [
     (("--arch", "preln"), "--arch"),
     (("--d-model", "64"), "--d-model"),
@@ -634,3 +657,18 @@ def test_whole_projection_qk_norm_is_per_head_to_first_order():
                 acc[kind].append((logits.var(), logits.var(axis=-1).mean()))
         head, whole = np.mean(acc["head"], axis=0), np.mean(acc["whole"], axis=0)
         assert whole == pytest.approx(head, rel=0.03), (r, head, whole)
+
+
+def test_transformers_builds_the_overridden_model():
+    """GPT-2 resolved with --layers 2 --init-std 0.05: the model transformers builds from
+    transformers_config() has 2 blocks, c_attn N(0, 0.05^2) and c_proj N(0, (0.05/2)^2)."""
+    pytest.importorskip("torch")
+    cfg = {**load("gpt2-small.json"), **TINY["gpt2-small.json"]}
+    h = resolve(cfg, n_layers=2, init_std=0.05)
+    assert std0(h.model, "attention")["o"] == pytest.approx(0.05 / math.sqrt(2 * 2), rel=1e-12)
+    net = _transformers_model(h.transformers_config())
+    assert len(net.transformer.h) == 2
+    for block in net.transformer.h:
+        assert block.attn.c_attn.weight.detach().double().std().item() == pytest.approx(0.05, rel=0.05)
+        assert block.attn.c_proj.weight.detach().double().std().item() == pytest.approx(0.025, rel=0.05)
+        assert block.mlp.c_proj.weight.detach().double().std().item() == pytest.approx(0.025, rel=0.05)
