@@ -491,7 +491,7 @@ def llama_configs(draw):
            "hidden_size": draw(st.sampled_from([32, 64, 96])), "num_attention_heads": heads,
            "num_key_value_heads": kv, "head_dim": d_head,
            "intermediate_size": draw(st.integers(16, 256)), "num_hidden_layers": draw(st.integers(1, 4)),
-           "max_position_embeddings": draw(st.integers(2, 64)),
+           "max_position_embeddings": draw(st.integers(2, 16)),
            "rms_norm_eps": draw(st.sampled_from([1e-6, 1e-5])),
            "initializer_range": draw(st.floats(0.005, 0.2)),
            "hidden_act": draw(st.sampled_from(["silu", "gelu", "relu"])),
@@ -504,7 +504,7 @@ def llama_configs(draw):
     return cfg
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(llama_configs())
 def test_random_llama_configs_predict(cfg):
     from sigprop.model.predict import predict
@@ -672,3 +672,52 @@ def test_transformers_builds_the_overridden_model():
         assert block.attn.c_attn.weight.detach().double().std().item() == pytest.approx(0.05, rel=0.05)
         assert block.attn.c_proj.weight.detach().double().std().item() == pytest.approx(0.025, rel=0.05)
         assert block.mlp.c_proj.weight.detach().double().std().item() == pytest.approx(0.025, rel=0.05)
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_prediction_agrees_with_transformers_forward(name):
+    """End to end: small models that transformers builds and initialises from each config,
+    fed random token ids (training mode, float64, seeded), have the stream variance and
+    token correlation after every layer that sigprop predicts for the config resolved with
+    the ids' token-collision probability as the input correlation (uniform ids: 1/V; BERT:
+    its shared token-type table and LayerNorm too).  Within 12% and 0.05 (4 weight draws of 4
+    sequences of 16 tokens at width 128)."""
+    torch = pytest.importorskip("torch")
+    from sigprop.model.predict import predict
+
+    cfg = {**load(name if name != "tinyllama" else "tinyllama/config.json"), **TINY[name]}
+    if name == "olmo2-1b.json":
+        # at width 128 OLMo 2's first branch outputs have mean square ~1e-6, the norm's eps: the
+        # normalised output's variance ms / (ms + eps) then depends on how ms fluctuates between
+        # draws, which the large-width norm rule does not follow (-19% at layer 1); outside that
+        # regime (a smaller eps here, or the full-width model) it does
+        cfg["rms_norm_eps"] = 1e-10
+    V, L, lo = cfg["vocab_size"], 16, 3
+    q = 1 / (V - lo)                                     # two positions draw the same id
+    corr = (q + 1) / 3 * (1 - 0.1) if cfg["model_type"] == "bert" else q
+    h = resolve(cfg, seq_len=L, input_corr=corr)
+    var, cor = [], []
+    for t in range(4):
+        net = _transformers_model(h.transformers_config()).double()
+        net.train()
+        g = torch.Generator().manual_seed(100 + t)
+        ids = torch.randint(lo, V, (4, L), generator=g)
+        torch.manual_seed(200 + t)                        # dropout masks
+        with torch.no_grad():
+            hs = net(input_ids=ids, output_hidden_states=True).hidden_states
+        v, c = [], []
+        for x in hs[:-1]:                                 # (the last is after the final norm in most families)
+            ms = (x ** 2).mean().item()                   # the model's mean is 0: no centering
+            s = x.sum(1)
+            cov = (((s ** 2).sum(-1) - (x ** 2).sum((1, 2))) / (L * (L - 1)) / x.shape[-1]).mean().item()
+            v.append(ms)
+            c.append(cov / ms)
+        var.append(v)
+        cor.append(c)
+    var = [sum(col) / len(col) for col in zip(*var)]
+    cor = [sum(col) / len(col) for col in zip(*cor)]
+    pts = predict(h.model)
+    ends = [pts[0]] + [p for p in pts if p.sublayer in ("ffn", "block")]
+    for layer, (mv, mc) in enumerate(zip(var, cor)):
+        assert mv == pytest.approx(float(ends[layer].var), rel=0.12), (name, layer, mv, ends[layer].var)
+        assert mc == pytest.approx(float(ends[layer].corr), abs=0.05), (name, layer, mc, ends[layer].corr)
