@@ -29,6 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sigprop.errors import DomainError
+from sigprop.model.spec import PLACEMENTS
+
+_PRE, _POST = PLACEMENTS.index("pre"), PLACEMENTS.index("post")
+#: the weights that produce a branch's output (a branch scale folds into them)
+OUTPUT_WEIGHTS = frozenset({"o", "out", "down"})
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class Layout:
     #: the block's attention module (its q/k are read for the logit variance)
     attention: str | None = None
     notes: tuple = field(default_factory=tuple)
+    #: sublayer kind -> {"skip_scale"|"branch_scale"|"norm_scale": block attribute} (plain
+    #: layout: the block multiplies by these floats); None: the scales must be folded or 1
+    scales: dict | None = None
 
     def weight_paths(self, kind: str) -> dict:
         return self.weights[kind]
@@ -100,14 +108,18 @@ HF["gemma3_text"] = Layout("hf:gemma3_text", "layers.{}", {"attention": _LLAMA_A
                            HF["gemma2"].points, norm_gain_weight=0.0, attention="self_attn")
 
 #: the plain PyTorch layout (docs/torch.md): blocks ``layers.{i}`` with ``attn.{q,k,v,o}``,
-#: ``ffn.{in,out}`` or ``ffn.{gate,up,down}`` (nn.Linear, weight (out, in)), an ``mid``
-#: module (nn.Identity) applied to the stream between the two sublayers, an optional final
+#: ``ffn.{in,out}`` or ``ffn.{gate,up,down}`` (nn.Linear, weight (out, in)), a ``mid``
+#: module (nn.Identity) applied to the stream between the two sublayers, float attributes
+#: ``attn_skip``, ``attn_branch``, ``attn_norm``, ``ffn_skip``, ``ffn_branch``, ``ffn_norm``
+#: (the residual and norm scales; a block without them has scales 1), an optional final
 #: norm; the model's forward takes the stream entering layer 1, (batch, seq, d_model)
 PLAIN = Layout(
     "plain", "layers.{}",
     {"attention": {w: _w(f"attn.{w}") for w in ("q", "k", "v", "o")},
      "ffn": {w: _w(f"ffn.{w}") for w in ("in", "out", "gate", "up", "down")}},
-    {"attention": ("mid", "out"), "ffn": ("", "out"), "block": ("", "out")}, attention="attn")
+    {"attention": ("mid", "out"), "ffn": ("", "out"), "block": ("", "out")}, attention="attn",
+    scales={kind: {f"{what}_scale": f"{short}_{what}" for what in ("skip", "branch", "norm")}
+            for kind, short in (("attention", "attn"), ("ffn", "ffn"))})
 
 FAMILIES = tuple(sorted(HF))
 
@@ -132,4 +144,50 @@ def stream_points(lay: Layout, parallel: bool) -> list[tuple[str, str, str]]:
         if k not in lay.points:
             raise DomainError(f"layout {lay.name} has no trace point for a {k!r} sublayer")
         out.append((k, *lay.points[k]))
+    return out
+
+
+def init_plan(model: Model, scales: bool = False) -> list[dict]:
+    """Per layer and sublayer weight: {"layer", "kind", "name", "std", "bias_std"}.
+
+    ``scales`` False (a layout without scale attributes): a branch scale is folded into the
+    branch's output weight (exact for the pre and post placements and parallel blocks: b
+    multiplies that linear map), and what module weights cannot express is refused
+    (DomainError): a skip scale or a norm scale other than 1, a branch scale other than 1 on a
+    peri or output placement.  ``scales`` True (the plain layout, whose blocks carry the
+    scales as attributes, :func:`scale_plan`): the stds as they are."""
+    import numpy as np
+
+    plan = []
+    for kind in ("attention", "ffn"):
+        s = model.sublayers(kind)
+        if not scales:
+            for what, col in (("skip_scale", s.skip_scale), ("norm_scale", s.norm_scale)):
+                bad = np.flatnonzero(np.asarray(col) != 1.0)
+                if bad.size:
+                    i = int(bad[0])
+                    raise DomainError(f"layer {i + 1} {kind}: {what} {float(col[i]):g} is not a weight of the "
+                                      "module (only 1 can be applied; the plain layout carries scales)")
+        for i in range(model.n_layers):
+            b = float(s.branch_scale[i])
+            place = int(s.placement[i])
+            if not scales and b != 1.0 and place not in (_PRE, _POST):
+                raise DomainError(f"layer {i + 1} {kind}: branch_scale {b:g} on a {PLACEMENTS[place]} placement "
+                                  "multiplies a norm's output, not a weight (only 1 can be applied)")
+            for name in s.names:
+                # |b|: a negative scale flips a zero-mean Gaussian, the same law
+                f = abs(b) if (name in OUTPUT_WEIGHTS and not scales) else 1.0
+                plan.append({"layer": i, "kind": kind, "name": name, "std": float(s.std[name][i]) * f,
+                             "bias_std": float(s.bias_std[name][i]) * f})
+    return plan
+
+
+def scale_plan(model: Model, lay: Layout) -> dict:
+    """Block attribute -> per-layer values (floats) of the layout's scale attributes
+    (``Layout.scales``; empty where the layout has none)."""
+    out = {}
+    for kind, attrs in (lay.scales or {}).items():
+        s = model.sublayers(kind)
+        for what, attr in attrs.items():
+            out[attr] = [float(v) for v in getattr(s, what)]
     return out

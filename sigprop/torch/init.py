@@ -7,12 +7,8 @@ import json
 from pathlib import Path
 
 from sigprop.errors import DomainError
-from sigprop.interop.torch_names import Layout, Weight, layout as get_layout
-from sigprop.model.spec import PLACEMENTS, Model
-
-_PRE, _POST = PLACEMENTS.index("pre"), PLACEMENTS.index("post")
-#: the weights that produce a branch's output (a branch scale folds into them)
-OUTPUT_WEIGHTS = frozenset({"o", "out", "down"})
+from sigprop.interop.torch_names import Layout, Weight, init_plan, layout as get_layout, scale_plan
+from sigprop.model.spec import Model
 
 
 def torch_module():
@@ -37,37 +33,6 @@ def as_model(solution) -> Model:
             raise DomainError("the solution holds no model (the target was infeasible)")
         return Model.from_json(json.loads(json.dumps(obj)))
     raise DomainError(f"expected a sigprop Model, a solution object or a file, got {type(solution).__name__}")
-
-
-def init_plan(model: Model) -> list[dict]:
-    """Per layer and sublayer weight: {"layer", "kind", "name", "std", "bias_std"}, with a
-    branch scale folded into the branch's output weight (exact for the pre and post placements
-    and parallel blocks: b multiplies that linear map).  Refuses (DomainError) what module
-    weights cannot express: a skip scale or a norm scale other than 1, a branch scale other
-    than 1 on a peri or output placement."""
-    import numpy as np
-
-    plan = []
-    for kind in ("attention", "ffn"):
-        s = model.sublayers(kind)
-        for what, col in (("skip_scale", s.skip_scale), ("norm_scale", s.norm_scale)):
-            bad = np.flatnonzero(np.asarray(col) != 1.0)
-            if bad.size:
-                i = int(bad[0])
-                raise DomainError(f"layer {i + 1} {kind}: {what} {float(col[i]):g} is not a weight of the module "
-                                  f"(only 1 can be applied)")
-        for i in range(model.n_layers):
-            b = float(s.branch_scale[i])
-            place = int(s.placement[i])
-            if b != 1.0 and place not in (_PRE, _POST):
-                raise DomainError(f"layer {i + 1} {kind}: branch_scale {b:g} on a {PLACEMENTS[place]} placement "
-                                  "multiplies a norm's output, not a weight (only 1 can be applied)")
-            for name in s.names:
-                # |b|: a negative scale flips a zero-mean Gaussian, the same law
-                f = abs(b) if name in OUTPUT_WEIGHTS else 1.0
-                plan.append({"layer": i, "kind": kind, "name": name, "std": float(s.std[name][i]) * f,
-                             "bias_std": float(s.bias_std[name][i]) * f})
-    return plan
 
 
 def find_blocks(net, lay: Layout) -> tuple[str, list]:
@@ -132,7 +97,8 @@ def is_norm(module) -> bool:
 def apply_init(net, solution, *, layout: str | None = None, seed: int | None = None, generator=None):
     """Set ``net``'s weights to the init of ``solution`` (a sigprop Model, a solution or model
     object, or a JSON file of one): every mapped weight matrix iid N(0, std^2) with its layer's
-    std (a branch scale folded into the output matrix, :func:`init_plan`), its bias N(0,
+    std (a branch scale folded into the output matrix, or, in the plain layout, the skip,
+    branch and norm scales set as the blocks' attributes, :func:`init_plan`), its bias N(0,
     bias_std^2) (0 when bias_std is 0), every LayerNorm/RMSNorm gain 1 and bias 0 (Gemma's
     (1 + w) norms: w = 0).  ``layout``: "plain" or "hf:FAMILY" (default: the Hugging Face
     model_type of ``net.config``, else "plain").  ``seed`` or ``generator``: the random stream
@@ -146,7 +112,14 @@ def apply_init(net, solution, *, layout: str | None = None, seed: int | None = N
     if len(blocks) != model.n_layers:
         raise DomainError(f"the model has {len(blocks)} blocks ({prefix}{lay.block}), the sigprop model "
                           f"{model.n_layers} layers")
-    plan = init_plan(model)
+    plan = init_plan(model, scales=lay.scales is not None)
+    for attr, vals in scale_plan(model, lay).items():
+        for i, blk in enumerate(blocks):
+            if hasattr(blk, attr):
+                setattr(blk, attr, vals[i])
+            elif vals[i] != 1.0:
+                raise DomainError(f"{prefix}{lay.block.format(i)} has no attribute {attr!r} for the scale "
+                                  f"{vals[i]:g}")
     with torch.no_grad():
         for step in plan:
             i, kind, name = step["layer"], step["kind"], step["name"]
