@@ -1,0 +1,732 @@
+"""Hugging Face ``config.json`` -> sigprop's model object (docs/hf.md).
+
+:func:`read_config` reads a ``config.json`` (a file, or a directory holding one);
+:func:`resolve` maps it to a fully resolved :class:`sigprop.model.spec.Model` at
+initialisation, as transformers builds and initialises that model (``_init_weights`` and the
+configuration class's defaults for keys a file leaves out), and returns it in an
+:class:`HFModel` with the family, the sequence length and its source, and every assumption
+made, in words (``notes``).  No network access, no torch or transformers import.
+
+Families (``model_type``): gpt2, bert, llama, mistral, qwen2, gpt_neox, gptj, olmo2, gemma2,
+gemma3_text (and gemma3, whose ``text_config`` is read).  Every field that changes signal
+propagation at initialisation is mapped, or refused with a :class:`sigprop.errors.DomainError`
+naming it when sigprop cannot model it (a sliding window shorter than the sequence, mixture of
+experts, ALiBi, partial or rescaled rotary positions, attention-logit soft-capping, ...).  Keys
+that do not change propagation (vocabulary size, token ids, dtypes, caching) are ignored.
+
+The stream entering layer 1 (``model.input``) is what the family's token embedding gives at
+initialisation (its tables N(0, initializer_range^2), Gemma's scaled by sqrt(hidden_size),
+BERT's followed by its LayerNorm, then the embedding dropout), computed with sigprop's
+embedding rule under its assumption that two positions hold the same token with probability
+:data:`sigprop.model.presets.R0_EMBEDDING`; ``input_mean``, ``input_var`` and ``input_corr``
+replace it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from sigprop.errors import DomainError
+
+#: the default sequence length is the model's context, capped here
+SEQ_LEN_CAP = 2048
+#: ``HFModel.seq_len_source`` values
+SEQ_LEN_FROM_FLAG = "--seq-len"
+SEQ_LEN_FROM_CONFIG = f"min(max_position_embeddings, {SEQ_LEN_CAP})"
+
+#: the resolve() options (sigprop.model.presets.OPTIONS names) that may replace what the config
+#: gives; every other model option conflicts with a config (the config fixes it)
+OVERRIDES = frozenset((
+    "n_layers", "init", "init_std", "dropout", "attn_dropout", "hidden_dropout", "ffn_dropout",
+    "input_mean", "input_var", "input_corr", "grad_var", "grad_corr", "skip_scale", "branch_scale"))
+
+#: Hugging Face activation names -> sigprop's activation
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu",
+               "gelu_fast": "gelu", "silu": "silu", "swish": "silu"}
+#: the tanh approximations of GeLU (modelled as the exact GeLU)
+TANH_GELU = frozenset(("gelu_new", "gelu_pytorch_tanh", "gelu_fast"))
+#: the largest |tanh-GeLU(x) - GeLU(x)| over the real line
+TANH_GELU_MAX_DIFF = 4.7e-4
+
+#: keys of mixture-of-experts configs (refused when they name more than one expert)
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+
+
+class Family(NamedTuple):
+    """A supported ``model_type``: which config keys hold the sizes, the defaults of its
+    configuration class (used for keys a file leaves out), and its fixed structure."""
+
+    name: str
+    title: str
+    keys: dict            # sigprop quantity -> config key
+    defaults: dict        # config key -> default of the configuration class
+    norm: str             # layernorm | rmsnorm
+    placement: str        # pre | post | peri | output
+    ffn: str              # mlp | glu
+    final_norm: bool
+    causal: bool
+    rope: bool
+    positions: bool       # learned absolute position table (seq_len <= its size)
+    dropout: tuple        # config keys of (attention probabilities, branch outputs, embedding) or None
+    init: str             # sigprop init with the same stds as transformers' _init_weights
+    embedding: str        # in words
+
+
+_GPT_KEYS = dict(n_layers="n_layer", d_model="n_embd", n_heads="n_head", d_ff="n_inner",
+                 activation="activation_function", norm_eps="layer_norm_epsilon", max_positions="n_positions")
+_BERT_KEYS = dict(n_layers="num_hidden_layers", d_model="hidden_size", n_heads="num_attention_heads",
+                  d_ff="intermediate_size", activation="hidden_act", norm_eps="layer_norm_eps",
+                  max_positions="max_position_embeddings")
+_LLAMA_KEYS = dict(_BERT_KEYS, n_kv_heads="num_key_value_heads", d_head="head_dim", norm_eps="rms_norm_eps")
+_GEMMA_KEYS = dict(_LLAMA_KEYS, activation="hidden_activation")
+
+_LLAMA_DEFAULTS = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=None,
+                       head_dim=None, intermediate_size=11008, hidden_act="silu", rms_norm_eps=1e-6,
+                       max_position_embeddings=2048, initializer_range=0.02, attention_dropout=0.0,
+                       attention_bias=False, mlp_bias=False, rope_theta=10000.0)
+_DECODER = dict(final_norm=True, causal=True)
+_LLAMA_FAMILY = dict(norm="rmsnorm", placement="pre", ffn="glu", rope=True, positions=False,
+                     dropout=("attention_dropout", None, None), init="normal", embedding="token table", **_DECODER)
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("gpt2", "GPT-2", _GPT_KEYS,
+           dict(n_layer=12, n_embd=768, n_head=12, n_inner=None, activation_function="gelu_new",
+                layer_norm_epsilon=1e-5, n_positions=1024, initializer_range=0.02, attn_pdrop=0.1,
+                resid_pdrop=0.1, embd_pdrop=0.1, scale_attn_weights=True, scale_attn_by_inverse_layer_idx=False,
+                tie_word_embeddings=True),
+           norm="layernorm", placement="pre", ffn="mlp", rope=False, positions=True,
+           dropout=("attn_pdrop", "resid_pdrop", "embd_pdrop"), init="scaled",
+           embedding="token table + learned position table", **_DECODER),
+    Family("bert", "BERT", _BERT_KEYS,
+           dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072,
+                hidden_act="gelu", layer_norm_eps=1e-12, max_position_embeddings=512, initializer_range=0.02,
+                hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, type_vocab_size=2,
+                position_embedding_type="absolute", is_decoder=False, tie_word_embeddings=True),
+           norm="layernorm", placement="post", ffn="mlp", final_norm=False, causal=False, rope=False,
+           positions=True, dropout=("attention_probs_dropout_prob", "hidden_dropout_prob", "hidden_dropout_prob"),
+           init="normal", embedding="token + learned position + token-type tables, then LayerNorm"),
+    Family("llama", "LLaMA", _LLAMA_KEYS, _LLAMA_DEFAULTS, **_LLAMA_FAMILY),
+    Family("mistral", "Mistral", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, num_key_value_heads=8, intermediate_size=14336, max_position_embeddings=131072,
+                sliding_window=4096), **_LLAMA_FAMILY),
+    Family("qwen2", "Qwen2", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, intermediate_size=22016, max_position_embeddings=32768, use_sliding_window=False,
+                sliding_window=None, max_window_layers=28), **_LLAMA_FAMILY),
+    Family("gpt_neox", "GPT-NeoX", _BERT_KEYS,
+           dict(num_hidden_layers=44, hidden_size=6144, num_attention_heads=64, intermediate_size=24576,
+                hidden_act="gelu", layer_norm_eps=1e-5, max_position_embeddings=2048, initializer_range=0.02,
+                attention_dropout=0.0, hidden_dropout=0.0, use_parallel_residual=True, rotary_pct=0.25,
+                rotary_emb_base=10000.0, attention_bias=True),
+           norm="layernorm", placement="pre", ffn="mlp", rope=True, positions=False,
+           dropout=("attention_dropout", "hidden_dropout", "hidden_dropout"), init="normal",
+           embedding="token table", **_DECODER),
+    Family("gptj", "GPT-J", _GPT_KEYS,
+           dict(n_layer=28, n_embd=4096, n_head=16, rotary_dim=64, n_inner=None, activation_function="gelu_new",
+                layer_norm_epsilon=1e-5, n_positions=2048, initializer_range=0.02, attn_pdrop=0.0,
+                resid_pdrop=0.0, embd_pdrop=0.0),
+           norm="layernorm", placement="pre", ffn="mlp", rope=True, positions=True,
+           dropout=("attn_pdrop", "resid_pdrop", "embd_pdrop"), init="normal", embedding="token table",
+           **_DECODER),
+    Family("olmo2", "OLMo 2", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, rms_norm_eps=1e-5), **dict(_LLAMA_FAMILY, placement="output")),
+    Family("gemma2", "Gemma 2", _GEMMA_KEYS,
+           dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                intermediate_size=9216, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                max_position_embeddings=8192, initializer_range=0.02, attention_dropout=0.0, attention_bias=False,
+                rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                use_bidirectional_attention=False, tie_word_embeddings=True),
+           **dict(_LLAMA_FAMILY, placement="peri", embedding="token table times sqrt(hidden_size)")),
+    Family("gemma3_text", "Gemma 3", _GEMMA_KEYS,
+           dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                intermediate_size=9216, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
+                max_position_embeddings=131072, initializer_range=0.02, attention_dropout=0.0, attention_bias=False,
+                rope_theta=1_000_000.0, rope_local_base_freq=10000.0, query_pre_attn_scalar=256, sliding_window=4096,
+                sliding_window_pattern=6, attn_logit_softcapping=None, use_bidirectional_attention=False,
+                tie_word_embeddings=True),
+           **dict(_LLAMA_FAMILY, placement="peri", embedding="token table times sqrt(hidden_size)")),
+)}
+#: the model_type values read (gemma3: its text_config, a gemma3_text model)
+MODEL_TYPES = (*FAMILIES, "gemma3")
+
+
+@dataclass(frozen=True)
+class HFModel:
+    """A Hugging Face config resolved into sigprop's model.
+
+    ``model``: the :class:`sigprop.model.spec.Model` (its ``arch`` is the family; its
+    ``notes["hf"]`` holds :meth:`to_json`); ``family``: the config's ``model_type`` (gemma3
+    configs: "gemma3_text", the text model read); ``config``: the config read (for gemma3, the
+    whole file); ``seq_len`` and ``seq_len_source`` (:data:`SEQ_LEN_FROM_FLAG` or
+    :data:`SEQ_LEN_FROM_CONFIG`); ``notes``: every assumption made, one sentence each;
+    ``init_std``: the weight std of transformers' init (``initializer_range``, or the
+    ``init_std`` option); ``embedding``: the token embedding as initialised (``word_std``,
+    ``position_std``, ``segment_std``: table stds, 0 where absent, the word std including
+    Gemma's sqrt(hidden_size) factor; ``norm``: a norm after the sum; ``dropout``);
+    ``overrides``: the options that replaced the config's values."""
+
+    model: object
+    family: str
+    config: dict
+    seq_len: int
+    seq_len_source: str
+    notes: list = field(default_factory=list)
+    init_std: float = 0.02
+    embedding: dict = field(default_factory=dict)
+    overrides: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        """The ``"hf"`` object of the commands' JSON output: family, seq_len_source, notes."""
+        return {"family": self.family, "seq_len_source": self.seq_len_source, "notes": list(self.notes)}
+
+
+# ---------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------
+
+def read_config(path) -> dict:
+    """The JSON object of a Hugging Face ``config.json``: ``path`` is the file or a directory
+    holding ``config.json``.  A missing or unreadable file, invalid JSON or a JSON value that
+    is not an object raise DomainError."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "config.json"
+        if not p.is_file():
+            raise DomainError(f"no config.json in directory {str(path)!r}")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DomainError(f"cannot read Hugging Face config {str(p)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise DomainError(f"Hugging Face config {str(p)!r} is not UTF-8 text") from None
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise DomainError(f"Hugging Face config {str(p)!r} is not valid JSON: {e.msg} "
+                          f"(line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:
+        raise DomainError(f"Hugging Face config {str(p)!r}: {e}") from None
+    if not isinstance(obj, dict):
+        raise DomainError(f"Hugging Face config {str(p)!r} must hold a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"non-standard JSON constant {name}")
+
+
+class _Reader:
+    """Typed access to a config with the family's defaults; errors name the key."""
+
+    def __init__(self, cfg: dict, defaults: dict, where: str):
+        self.cfg, self.defaults, self.where = cfg, defaults, where
+
+    def raw(self, key: str, default=None):
+        if key in self.cfg:
+            return self.cfg[key]
+        return self.defaults.get(key, default)
+
+    def has(self, key: str) -> bool:
+        return key in self.cfg
+
+    def fail(self, msg: str):
+        raise DomainError(f"{self.where}: {msg}")
+
+    def int(self, key: str, default=None, allow_none: bool = False):
+        v = self.raw(key, default)
+        if v is None and allow_none:
+            return None
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            self.fail(f"{key} must be a positive integer, got {v!r}")
+        return v
+
+    def float(self, key: str, default=None, lo: float | None = None, allow_none: bool = False):
+        v = self.raw(key, default)
+        if v is None and allow_none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            self.fail(f"{key} must be a finite number, got {v!r}")
+        if lo is not None and v < lo:
+            self.fail(f"{key} must be >= {lo:g}, got {v!r}")
+        return float(v)
+
+    def prob(self, key: str | None) -> float:
+        if key is None:
+            return 0.0
+        v = self.float(key, 0.0, allow_none=True)
+        v = 0.0 if v is None else v
+        if not 0 <= v < 1:
+            self.fail(f"{key} must lie in [0, 1), got {v!r}")
+        return v
+
+    def bool(self, key: str, default=False) -> bool:
+        v = self.raw(key, default)
+        if v is None:
+            return bool(default)
+        if not isinstance(v, bool):
+            self.fail(f"{key} must be true or false, got {v!r}")
+        return v
+
+
+# ---------------------------------------------------------------------------------------
+# resolving
+# ---------------------------------------------------------------------------------------
+
+def _g(v: float) -> str:
+    return format(v, "g")
+
+
+def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging Face config",
+            **options) -> HFModel:
+    """Resolve a Hugging Face config (the dict :func:`read_config` returns) into an
+    :class:`HFModel`.
+
+    ``seq_len``: the sequence length (default min(max_position_embeddings, 2048), GPT-2's
+    n_positions).  ``options``: model options of :func:`sigprop.model.presets.resolve` that
+    replace the config's values, those of :data:`OVERRIDES` (n_layers, init, init_std, the
+    dropouts, the input and upstream gradient, skip_scale, branch_scale); ``dropout`` also
+    sets the embedding's dropout.  Any other option conflicts with the config (DomainError),
+    as does every field that changes the answer and that sigprop cannot model.  ``where``
+    prefixes error messages (e.g. the file's name)."""
+    from sigprop.model import presets
+
+    if not isinstance(config, dict):
+        raise DomainError(f"{where} must be a JSON object, got {type(config).__name__}")
+    opts = {}
+    for k, v in options.items():
+        name = presets.canonical_name(k)
+        if name is None:
+            raise DomainError(f"unknown option {k!r}; known: {', '.join(presets.OPTIONS)}")
+        if v is None:
+            continue
+        if name == "seq_len":
+            seq_len = v if seq_len is None else seq_len
+            continue
+        if name not in OVERRIDES:
+            flag = presets.OPTIONS[name].flag
+            raise DomainError(f"{flag} conflicts with the Hugging Face config, which fixes the model's structure "
+                              f"(options that apply with it: {', '.join(presets.OPTIONS[o].flag for o in sorted(OVERRIDES))}"
+                              ", --seq-len)")
+        opts[name] = presets.OPTIONS[name].check(v, presets.OPTIONS[name].flag)
+
+    notes: list[str] = []
+    cfg = config
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise DomainError(f"{where}: no model_type (the family); supported: {', '.join(MODEL_TYPES)}")
+    if model_type == "gemma3":
+        text = cfg.get("text_config")
+        if not isinstance(text, dict):
+            raise DomainError(f"{where}: model_type 'gemma3' needs a text_config object (the language model)")
+        cfg = dict(text)
+        cfg.setdefault("model_type", "gemma3_text")
+        if cfg["model_type"] != "gemma3_text":
+            raise DomainError(f"{where}: text_config.model_type must be 'gemma3_text', got {cfg['model_type']!r}")
+        where = f"{where} (text_config)"
+        notes.append("gemma3: the language model of text_config (a gemma3_text model) is read; the vision "
+                     "tower and the image tokens are not modelled")
+    if not isinstance(model_type, str) or cfg["model_type"] not in FAMILIES:
+        raise DomainError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
+    fam = FAMILIES[cfg["model_type"]]
+    r = _Reader(cfg, fam.defaults, where)
+    _refuse_common(r)
+
+    # sizes
+    k = fam.keys
+    n_layers = opts.pop("n_layers", None) or r.int(k["n_layers"])
+    d = r.int(k["d_model"])
+    h = r.int(k["n_heads"])
+    kv = r.int(k["n_kv_heads"], allow_none=True) if "n_kv_heads" in k else None
+    kv = h if kv is None else kv
+    if h % kv:
+        r.fail(f"{k['n_kv_heads']} {kv} must divide {k['n_heads']} {h}")
+    d_head = r.int(k["d_head"], allow_none=True) if "d_head" in k else None
+    if d_head is None:
+        if d % h:
+            r.fail(f"{k['d_model']} {d} is not divisible by {k['n_heads']} {h} (and no head_dim is given)")
+        d_head = d // h
+    elif d_head != d // h or d % h:
+        notes.append(f"head_dim {d_head} differs from {k['d_model']}/{k['n_heads']} = {d / h:g}: "
+                     f"q, k, v map {d} -> heads x {d_head}, o maps back")
+    d_ff = r.int(k["d_ff"], allow_none=True)
+    if d_ff is None:
+        if fam.name not in ("gpt2", "gptj"):
+            r.fail(f"{k['d_ff']} must be a positive integer, got None")
+        d_ff = 4 * d
+        notes.append(f"n_inner null: the MLP width is 4 n_embd = {d_ff}")
+
+    # activation
+    act_key = k["activation"]
+    act_name = r.raw(act_key)
+    if fam.name in ("gemma2", "gemma3_text") and not r.has(act_key) and r.has("hidden_act"):
+        act_key, act_name = "hidden_act", r.raw("hidden_act")
+    if not isinstance(act_name, str) or act_name not in ACTIVATIONS:
+        r.fail(f"{act_key} {act_name!r} is not modelled (sigprop models relu, gelu and its tanh approximations, "
+               "silu/swish)")
+    activation = ACTIVATIONS[act_name]
+    if act_name in TANH_GELU:
+        notes.append(f"{act_key} {act_name}: the tanh approximation of GeLU, modelled as the exact GeLU "
+                     f"(they differ by at most {TANH_GELU_MAX_DIFF:g} anywhere)")
+
+    # norm
+    norm_eps = r.float(k["norm_eps"], lo=0.0)
+    norm_words = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[fam.norm]
+    if fam.name in ("gemma2", "gemma3_text"):
+        notes.append("RMSNorm computes x_hat (1 + w) with w initialised at 0: gain 1 at init")
+
+    # sequence length
+    max_pos = r.int(k["max_positions"])
+    if seq_len is None:
+        seq_len, source = min(max_pos, SEQ_LEN_CAP), SEQ_LEN_FROM_CONFIG
+        notes.append(f"seq_len {seq_len} = min({k['max_positions']} {max_pos}, {SEQ_LEN_CAP})")
+    else:
+        source = SEQ_LEN_FROM_FLAG
+        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+            raise DomainError(f"--seq-len must be an integer >= 2, got {seq_len!r}")
+        if seq_len > max_pos:
+            if fam.positions:
+                r.fail(f"--seq-len {seq_len} exceeds {k['max_positions']} {max_pos}, the size of the model's "
+                       "position table")
+            notes.append(f"seq_len {seq_len} exceeds {k['max_positions']} {max_pos} (the context the model was "
+                         "configured for); rotary positions extend to it unchanged")
+
+    # attention: causal or not, scaling, sliding windows, positions
+    causal = fam.causal
+    if fam.name == "bert" and r.bool("is_decoder"):
+        causal = True
+        notes.append("is_decoder true: causal self-attention")
+    if fam.name in ("gemma2", "gemma3_text") and r.bool("use_bidirectional_attention"):
+        causal = False
+        notes.append("use_bidirectional_attention true: bidirectional attention")
+    _attention_checks(fam, r, d_head)
+    layer_types = _layer_types(fam, r, n_layers, seq_len, notes)
+    rope_base = _rope(fam, r, d_head, seq_len, max_pos, layer_types, notes) if fam.rope else None
+    if fam.name == "bert":
+        pet = r.raw("position_embedding_type", "absolute")
+        if pet != "absolute":
+            r.fail(f"position_embedding_type {pet!r} (relative position scores) is not modelled; "
+                   "only 'absolute' is")
+
+    # block, QK-norm
+    block = "sequential"
+    if fam.name == "gpt_neox":
+        if r.bool("use_parallel_residual", True):
+            block = "parallel"
+            notes.append("use_parallel_residual true: x' = x + Att(LN1 x) + MLP(LN2 x); LN1 and LN2 are "
+                         "equal at init (gain 1, bias 0), so one norm feeds both branches")
+        else:
+            notes.append("use_parallel_residual false: attention, then MLP, each pre-LN")
+    elif fam.name == "gptj":
+        block = "parallel"
+        notes.append("GPT-J blocks: x' = x + Att(LN x) + MLP(LN x), one LayerNorm")
+    qk_norm = False
+    if fam.name == "olmo2":
+        qk_norm = True
+        notes.append("QK-norm: OLMo 2 applies RMSNorm to the whole q and k projections (over all heads), "
+                     "sigprop's rule per head; at init every head's mean square concentrates on the same "
+                     "value, so the two agree to first order in 1/(heads x head_dim) and 1/head_dim")
+    elif fam.name == "gemma3_text":
+        qk_norm = True
+        notes.append("QK-norm: RMSNorm per head on queries and keys, gain 1 at init")
+
+    # biases (zero at init: only named)
+    bias = _biases(fam, r, notes)
+
+    # dropout
+    p_att, p_hid, p_emb = (r.prob(key) for key in fam.dropout)
+    drop_names = [f"attention probabilities {p_att:g} ({fam.dropout[0]})"]
+    drop_names.append(f"branch outputs {p_hid:g}" + (f" ({fam.dropout[1]})" if fam.dropout[1] else " (none)"))
+    drop_names.append(f"embedding {p_emb:g}" + (f" ({fam.dropout[2]})" if fam.dropout[2] else " (none)"))
+    notes.append("dropout (training mode): " + ", ".join(drop_names) + ", none inside the FFN")
+    if "dropout" in opts:
+        p_emb = opts["dropout"]
+    elif "hidden_dropout" in opts and fam.dropout[2] is not None and fam.dropout[2] == fam.dropout[1]:
+        p_emb = opts["hidden_dropout"]
+    drop_opts = {"attn_dropout": p_att, "hidden_dropout": p_hid, "ffn_dropout": 0.0}
+    if "dropout" in opts:
+        drop_opts = {}
+    for key in ("attn_dropout", "hidden_dropout", "ffn_dropout"):
+        if key in opts:
+            drop_opts[key] = opts.pop(key)
+
+    # initialisation
+    init_range = r.float("initializer_range", lo=0.0)
+    if init_range == 0:
+        init_range = 0.02
+        notes.append("initializer_range 0: transformers then uses 0.02")
+    init_std = opts.pop("init_std", init_range)
+    init = opts.pop("init", None)
+    if init is None:
+        init = fam.init
+        if fam.name == "gpt2":
+            notes.append(f"init (transformers' GPT-2): every Conv1D and embedding N(0, {_g(init_std)}^2), both c_proj "
+                         f"N(0, ({_g(init_std)}/sqrt(2 x {n_layers}))^2), biases 0, LayerNorm gain 1 bias 0 "
+                         "(sigprop init 'scaled')")
+        else:
+            notes.append(f"init (transformers' _init_weights): every Linear and embedding N(0, {_g(init_std)}^2), "
+                         f"no depth scaling, biases 0, {norm_words} gain 1" + (" bias 0" if fam.norm == "layernorm" else "")
+                         + " (sigprop init 'normal')")
+    else:
+        notes.append(f"init '{init}' as given (not the family's own), init_std {_g(init_std)}")
+    if "init_std" in options and init_std != init_range:
+        notes.append(f"init_std {_g(init_std)} as given (the config's initializer_range is {_g(init_range)})")
+
+    # the stream entering layer 1
+    emb = _embedding(fam, r, d, init_std, p_emb)
+    given_input = {key: opts.pop(key) for key in ("input_mean", "input_var", "input_corr") if key in opts}
+    input_opts = dict(given_input)
+    if len(given_input) < 3:
+        x = presets.embedding_input(presets.Embedding(emb["word_std"] / init_std if init_std else 0.0,
+                                                      emb["position_std"] / init_std if init_std else 0.0,
+                                                      emb["segment_std"] / init_std if init_std else 0.0,
+                                                      emb["norm"], fam.title),
+                                    init_std, d, seq_len, fam.norm, norm_eps, p_emb)
+        for key, v in zip(("input_mean", "input_var", "input_corr"), x):
+            input_opts.setdefault(key, v)
+        text = (f"input: the stream entering layer 1 is the {fam.title} token embedding at init: "
+                f"{_embedding_words(emb, fam)}, two positions holding the same token with probability "
+                f"{presets.R0_EMBEDDING:g} (sigprop's embedding rule); mean {input_opts['input_mean']:.4g}, "
+                f"var {input_opts['input_var']:.4g}, token corr {input_opts['input_corr']:.4g}")
+        if given_input:
+            text += f"; {', '.join(sorted(given_input))} as given"
+        notes.append(text)
+    else:
+        notes.append("input: the stream entering layer 1 as given (input_mean, input_var, input_corr)")
+    notes.append(f"tie_word_embeddings {str(bool(r.raw('tie_word_embeddings', False))).lower()}: the output head "
+                 "does not change the stream; the gradient arriving at the top is the grad_var/grad_corr given")
+
+    ffn_opt = "mlp" if fam.ffn == "mlp" else {"silu": "swiglu", "gelu": "geglu", "relu": "reglu"}[activation]
+    resolve_opts = dict(
+        n_layers=n_layers, d_model=d, n_heads=h, n_kv_heads=kv, d_head=d_head, d_ff=d_ff, seq_len=seq_len,
+        ffn=ffn_opt, activation=activation, norm=fam.norm, norm_eps=norm_eps, placement=fam.placement,
+        block=block, rope=rope_base is not None, qk_norm=qk_norm, final_norm=fam.final_norm, bias=bias,
+        causal=causal, init_std=init_std, **drop_opts, **input_opts, **opts)
+    if rope_base is not None:
+        resolve_opts["rope_base"] = rope_base
+    if "dropout" in opts:
+        resolve_opts["dropout"] = opts["dropout"]
+    model = presets.resolve(arch="preln", init=init, **resolve_opts)
+    hfm_fields = dict(family=fam.name, config=config, seq_len=seq_len, seq_len_source=source, notes=notes,
+                      init_std=init_std, embedding=emb, overrides={k: v for k, v in options.items() if v is not None})
+    hf_json = {"family": fam.name, "seq_len_source": source, "notes": list(notes)}
+    model_notes = dict(model.notes)
+    model_notes["hf"] = hf_json
+    model_notes["input"] = next((n.removeprefix("input: ") for n in notes if n.startswith("input: ")), None)
+    model = model.replace(arch=fam.name, notes=model_notes)
+    return HFModel(model=model, **hfm_fields)
+
+
+def _refuse_common(r: _Reader) -> None:
+    """Fields of any family that change the answer and that sigprop cannot model."""
+    for key in MOE_KEYS:
+        v = r.cfg.get(key)
+        if v not in (None, 0, 1, False):
+            r.fail(f"{key} {v!r}: mixture-of-experts layers are not modelled")
+    for key in ("alibi", "use_alibi"):
+        if r.cfg.get(key):
+            r.fail(f"{key} true: ALiBi attention biases are not modelled")
+    if r.cfg.get("position_embedding_type") == "alibi":
+        r.fail("position_embedding_type 'alibi': ALiBi attention biases are not modelled")
+    for key in ("is_encoder_decoder", "add_cross_attention"):
+        if r.cfg.get(key):
+            r.fail(f"{key} true: cross-attention (encoder-decoder) is not modelled")
+
+
+def _attention_checks(fam: Family, r: _Reader, d_head: int) -> None:
+    """The logit scale and soft-capping: sigprop's logits are q.k / sqrt(d_head), uncapped."""
+    if fam.name == "gpt2":
+        if not r.bool("scale_attn_weights", True):
+            r.fail("scale_attn_weights false: logits without the 1/sqrt(head_dim) scale are not modelled")
+        if r.bool("scale_attn_by_inverse_layer_idx", False):
+            r.fail("scale_attn_by_inverse_layer_idx true: logits scaled by 1/layer are not modelled")
+    if fam.name in ("gemma2", "gemma3_text"):
+        q = r.float("query_pre_attn_scalar", allow_none=True)
+        if q is not None and q != d_head:
+            r.fail(f"query_pre_attn_scalar {q:g} differs from head_dim {d_head}: logits scaled by "
+                   "query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 are not modelled")
+        cap = r.float("attn_logit_softcapping", allow_none=True)
+        if cap is not None:
+            r.fail(f"attn_logit_softcapping {cap:g}: soft-capped attention logits (cap tanh(x / cap)) are not "
+                   "modelled; set it to null to predict the uncapped model")
+    if fam.name == "gptj":
+        rd = r.raw("rotary_dim", 64)
+        if rd is not None and rd != d_head:
+            r.fail(f"rotary_dim {rd!r}: rotary positions on part of each head (head_dim {d_head}) are not modelled")
+
+
+def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> list:
+    """Every layer's attention type ("full_attention" or "sliding_attention"); refuses a
+    sliding window shorter than the sequence (tokens attend to at most that many keys)."""
+    given = r.cfg.get("layer_types")
+    if given is not None:
+        if not isinstance(given, list) or not all(t in ("full_attention", "sliding_attention") for t in given):
+            r.fail(f"layer_types must be a list of 'full_attention' / 'sliding_attention', got {given!r}")
+        if len(given) < n:
+            r.fail(f"layer_types has {len(given)} entries for {n} layers")
+        types = list(given[:n])
+    elif fam.name == "gemma2":
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
+    elif fam.name == "gemma3_text":
+        pattern = r.raw("sliding_window_pattern", r.raw("_sliding_window_pattern", 6))
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
+            r.fail(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
+    elif fam.name == "mistral":
+        types = ["sliding_attention"] * n
+    elif fam.name == "qwen2" and r.bool("use_sliding_window", False):
+        mwl = r.int("max_window_layers", allow_none=True)
+        mwl = 0 if mwl is None else mwl
+        types = ["sliding_attention" if i >= mwl else "full_attention" for i in range(n)]
+    else:
+        types = ["full_attention"] * n
+    if fam.name == "qwen2" and given is not None and not r.bool("use_sliding_window", False):
+        types = ["full_attention"] * n
+    if "sliding_attention" in types:
+        key = "sliding_window"
+        w = r.raw(key)
+        if w is not None:
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                r.fail(f"sliding_window must be a positive integer or null, got {w!r}")
+            count = types.count("sliding_attention")
+            if w < seq_len:
+                r.fail(f"sliding_window {w} is shorter than the sequence ({seq_len} tokens) in {count} of {n} "
+                       "layers: local attention is not modelled (a --seq-len of at most the window is)")
+            notes.append(f"sliding_window {w} >= seq_len {seq_len}: the {count} sliding-window layers attend to "
+                         "every earlier token, as full attention")
+    return types
+
+
+def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, layer_types: list,
+          notes: list) -> float:
+    """The rotary base of every layer (one value); refuses partial, rescaled or per-layer
+    different rotations."""
+    if fam.name == "gptj":
+        notes.append(f"rotary positions: GPT-J rotates adjacent pairs of each head's {d_head} features "
+                     "(rotate_every_two), base 10000; a fixed permutation of the features shared by queries "
+                     "and keys, so the logits are those of the rotate_half convention")
+        return 10000.0
+    params = r.cfg.get("rope_parameters")
+    legacy = r.cfg.get("rope_scaling")
+    per_type = {}
+    used = sorted(set(layer_types))
+    if isinstance(params, dict) and set(params) & {"full_attention", "sliding_attention"}:
+        for t in used:
+            p = params.get(t)
+            if not isinstance(p, dict):
+                r.fail(f"rope_parameters has no entry for {t}, which layer_types uses")
+            per_type[t] = (dict(p), f"rope_parameters.{t}")
+    else:
+        if params is not None and not isinstance(params, dict):
+            r.fail(f"rope_parameters must be an object, got {params!r}")
+        if legacy is not None and not isinstance(legacy, dict):
+            r.fail(f"rope_scaling must be an object or null, got {legacy!r}")
+        p = dict(params or legacy or {})
+        what = "rope_parameters" if params is not None else "rope_scaling"
+        for t in used:
+            q = dict(p)
+            if "rope_theta" not in q:
+                if fam.name == "gemma3_text" and t == "sliding_attention":
+                    q["rope_theta"] = r.raw("rope_local_base_freq", 10000.0)
+                    if params is None and legacy is not None:      # Gemma 3: rope_scaling is the global layers'
+                        q = {"rope_type": "default", "rope_theta": q["rope_theta"]}
+                elif fam.name == "gpt_neox":
+                    q["rope_theta"] = r.raw("rotary_emb_base", r.raw("rope_theta", 10000.0))
+                else:
+                    q["rope_theta"] = r.raw("rope_theta", 10000.0)
+            if fam.name == "gpt_neox" and "partial_rotary_factor" not in q:
+                q["partial_rotary_factor"] = r.raw("rotary_pct", 0.25)
+            if "partial_rotary_factor" not in q and r.cfg.get("partial_rotary_factor") is not None:
+                q["partial_rotary_factor"] = r.cfg["partial_rotary_factor"]
+            per_type[t] = (q, what)
+    bases = {}
+    for t, (p, what) in per_type.items():
+        kind = p.get("rope_type", p.get("type", "default"))
+        theta = p.get("rope_theta")
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
+            r.fail(f"{what}.rope_theta must be a number > 1, got {theta!r}")
+        prf = p.get("partial_rotary_factor", 1.0)
+        key = "rotary_pct" if fam.name == "gpt_neox" and r.has("rotary_pct") else "partial_rotary_factor"
+        if prf is None:
+            prf = 1.0
+        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or prf != 1:
+            r.fail(f"{key} {prf!r}: rotary positions on part of each head are not modelled (only on all of it)")
+        if kind in ("default", None):
+            pass
+        elif kind == "dynamic":
+            orig = p.get("original_max_position_embeddings", max_pos)
+            if not isinstance(orig, int) or seq_len > orig:
+                r.fail(f"{what} rope_type 'dynamic' rescales the rotation beyond {orig!r} positions, and "
+                       f"seq_len is {seq_len}: not modelled")
+            notes.append(f"{what} rope_type 'dynamic' leaves the rotation unchanged up to {orig} positions "
+                         f"(seq_len {seq_len})")
+        elif kind == "linear" and p.get("factor") == 1:
+            notes.append(f"{what} rope_type 'linear' with factor 1: the plain rotation")
+        else:
+            r.fail(f"{what} rope_type {kind!r} changes the rotation angles (sigprop's RoPE has angles "
+                   "t base^(-2i/head_dim)): not modelled")
+        bases[t] = float(theta)
+    if len(set(bases.values())) > 1:
+        detail = ", ".join(f"{t} {b:g}" for t, b in sorted(bases.items()))
+        key = "rope_local_base_freq" if fam.name == "gemma3_text" else "rope_parameters"
+        r.fail(f"{key}: the layers use different rotary bases ({detail}); one base for every layer is modelled")
+    base = next(iter(bases.values()))
+    notes.append(f"rotary positions on every query and key, base {base:g} (rotate_half convention)")
+    return base
+
+
+def _biases(fam: Family, r: _Reader, notes: list) -> bool:
+    """Name the biases the model has (all zero at init); returns whether the FFN has biases
+    (what an init that draws biases, such as torch-default, may give them)."""
+    if fam.name in ("gpt2", "bert"):
+        notes.append("biases on every projection (q, k, v, o, FFN in and out) and norm: zero at init")
+        return True
+    if fam.name == "gpt_neox":
+        att = r.bool("attention_bias", True)
+        notes.append(f"biases: FFN in and out{', q, k, v and o' if att else ''}: zero at init")
+        return True
+    if fam.name == "gptj":
+        notes.append("biases: FFN in and out (attention has none): zero at init")
+        return True
+    if fam.name == "qwen2":
+        notes.append("biases: q, k and v projections (o and the FFN have none): zero at init")
+        return False
+    att, mlp = r.bool("attention_bias", False), r.bool("mlp_bias", False) if fam.name == "llama" else False
+    if att or mlp:
+        parts = (["q, k, v and o"] if att else []) + (["gate, up and down"] if mlp else [])
+        notes.append(f"biases: {' and '.join(parts)} (attention_bias/mlp_bias): zero at init")
+    else:
+        notes.append("no biases")
+    return mlp
+
+
+def _embedding(fam: Family, r: _Reader, d: int, init_std: float, p_emb: float) -> dict:
+    """The token embedding as initialised: table stds (0 where absent), a norm after it, its dropout."""
+    word = init_std * (math.sqrt(d) if fam.name in ("gemma2", "gemma3_text") else 1.0)
+    pos = init_std if fam.name in ("gpt2", "bert") else 0.0
+    seg = 0.0
+    if fam.name == "bert":
+        tv = r.raw("type_vocab_size", 2)
+        if tv is not None and tv != 0:
+            seg = init_std
+    return {"word_std": word, "position_std": pos, "segment_std": seg, "norm": fam.name == "bert",
+            "dropout": p_emb}
+
+
+def _embedding_words(emb: dict, fam: Family) -> str:
+    parts = [f"token table N(0, {_g(emb['word_std'])}^2)"
+             + (" (N(0, initializer_range^2) times sqrt(hidden_size))" if fam.name.startswith("gemma") else "")]
+    if emb["position_std"]:
+        parts.append(f"position table N(0, {_g(emb['position_std'])}^2)")
+    if emb["segment_std"]:
+        parts.append(f"token-type table N(0, {_g(emb['segment_std'])}^2), every token of type 0")
+    text = " + ".join(parts)
+    if emb["norm"]:
+        text += ", then LayerNorm"
+    if emb["dropout"]:
+        text += f", then dropout {_g(emb['dropout'])}"
+    return text
