@@ -95,6 +95,12 @@ HF: dict[str, Layout] = {
         {"attention": ("post_attention_layernorm", "in"), "ffn": ("", "out"), "block": ("", "out")},
         attention="attention",
         notes=("GPT-NeoX's query_key_value output is viewed as (heads, 3 d_head): q, k, v interleave per head",)),
+    "gptj": Layout(
+        "hf:gptj", "h.{}",
+        {"attention": {"q": _w("attn.q_proj"), "k": _w("attn.k_proj"), "v": _w("attn.v_proj"),
+                       "o": _w("attn.out_proj")},
+         "ffn": {"in": _w("mlp.fc_in"), "out": _w("mlp.fc_out")}},
+        {"block": ("", "out")}, attention="attn"),
     "olmo2": Layout("hf:olmo2", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
                     {"attention": ("mlp", "in"), "ffn": ("", "out")}, attention="self_attn"),
     "gemma2": Layout("hf:gemma2", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},

@@ -8,7 +8,8 @@ puts it in training mode (dropout active) and runs one forward and backward pass
   model's ``input``) fed as the residual stream entering layer 1 (a forward pre-hook on the
   first block replaces its hidden states, so the embedding does not matter), or, with
   ``tokens``, random token ids through the model's own embedding (the input point is then the
-  stream the embedding hands to block 1);
+  stream the embedding hands to block 1; the ids repeat within a sequence as the embedding
+  rule assumes, :func:`token_ids`);
 * upstream gradient: the sigprop model's ``grad`` (Gaussian, zero mean, its token correlation)
   at the model's output (after the final norm where the model has one): the loss is
   sum(output * G);
@@ -31,6 +32,7 @@ logits).
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -82,6 +84,8 @@ def hf_source(config: dict, family: str, *, layout: Layout) -> Source:
     random init (``AutoModel.from_config``: no weights are downloaded), eager attention."""
     _, tf = require_libraries(transformers=True)
     tf.logging.set_verbosity_error()            # its notes on unused config fields are not ours
+    if config.get("model_type") == "gemma3" and isinstance(config.get("text_config"), dict):
+        config = config["text_config"]            # the language model (gemma3_text)
     cfg_dict = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
     try:
         cfg = tf.AutoConfig.for_model(family, **cfg_dict)
@@ -158,6 +162,19 @@ def _logit_moments(torch, q, k, scaling: float) -> tuple[float, float]:
             k64 = k64.repeat_interleave(q64.shape[1] // k64.shape[1], dim=1)
         s = torch.matmul(q64, k64.transpose(-1, -2)) * scaling
         return float(s.mean()), float((s * s).mean())
+
+
+def token_ids(rng, batch: int, L: int, vocab: int) -> np.ndarray:
+    """Random token ids (batch, L) in which two positions of a sequence hold the same token with
+    probability about r0 = :data:`sigprop.model.presets.R0_EMBEDDING`, the embedding rule's
+    assumption: each position takes its sequence's shared token with probability sqrt(r0),
+    else a uniform one (same-token probability r0 + (1 - r0) / vocab)."""
+    from sigprop.model.presets import R0_EMBEDDING
+
+    shared = rng.integers(0, vocab, size=(batch, 1))
+    own = rng.integers(0, vocab, size=(batch, L))
+    take = rng.random((batch, L)) < math.sqrt(R0_EMBEDDING)
+    return np.where(take, shared, own).astype(np.int64)
 
 
 def _first_tensor(x):
@@ -282,7 +299,7 @@ def _one_trial(torch, net, m, source: Source, pts, batch: int, rng, tdt, tokens:
         with probe_ctx:
             if source.hf:
                 if tokens:
-                    ids = torch.from_numpy(rng.integers(0, source.vocab, size=(batch, L)))
+                    ids = torch.from_numpy(token_ids(rng, batch, L, source.vocab))
                 else:
                     ids = torch.zeros((batch, L), dtype=torch.long)
                 out = net(input_ids=ids)
