@@ -104,6 +104,7 @@ KEYWORDS: dict[str, Keyword] = {
     "beta_k": Keyword("beta_k", _MODEL),
     "config": Keyword("config", _MODEL),
     "spec": Keyword("spec", _MODEL),
+    "hf_config": Keyword("hf_config", _MODEL),
     # predict (check's --every thins its table only: no keyword here)
     "every": Keyword("every", (_P,), 1, int, 1),
     # check (tolerance keys of sigprop.model.checking.DEFAULT_TOL)

@@ -105,5 +105,6 @@ def to_json(rows: list[Row]) -> dict:
     return {
         "schema": SCHEMA,
         "version": __version__,
-        "rows": [{"arch": r.arch, "init": r.init, "model": r.model.to_json(), "summary": r.summary} for r in rows],
+        "rows": [{"arch": r.arch, "init": r.init, "model": r.model.to_json(), "summary": r.summary,
+                  **({"hf": r.model.notes["hf"]} if "hf" in (r.model.notes or {}) else {})} for r in rows],
     }

@@ -3,7 +3,9 @@
 ``@model_options`` adds the options to a command's signature; the command receives one
 argument ``model_opts`` (only the options the user actually gave), and calls
 :func:`build_model` to resolve them: defaults < ``--config FILE.toml`` < flags, or a fully
-resolved ``--spec FILE`` (which excludes the shaping flags).  The resolution itself is the
+resolved ``--spec FILE`` (which excludes the shaping flags), or a Hugging Face ``config.json``
+(``--hf-config FILE|DIR``, :mod:`sigprop.interop.hf`; the flags that replace a config's values
+apply with it, the others conflict).  The resolution itself is the
 library's (:mod:`sigprop.model.options`), shared with the Python API.
 
 ``@model_options(multi_arch=True)`` (compare, plot): the same options, but ``--arch`` takes a
@@ -74,9 +76,19 @@ def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | No
                                    default=typer.Option(None, "--spec", help="A resolved model object (JSON), e.g. "
                                                         "from solve-init or a trace.", rich_help_panel="Model")))
 
+    extra.append(inspect.Parameter("hf_config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                                   default=typer.Option(None, "--hf-config", metavar="FILE|DIR",
+                                                        help="A Hugging Face config.json (or a directory holding "
+                                                        "one): the model as transformers initialises it (no "
+                                                        "network). --layers, --seq-len (default "
+                                                        "min(max_position_embeddings, 2048)), --init, --init-std, "
+                                                        "the dropouts, the input and gradient options and the "
+                                                        "residual scales replace its values; other model options "
+                                                        "conflict with it.", rich_help_panel="Model")))
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        opts = {k: kwargs.pop(k) for k in list(OPTIONS) + ["config", "spec"]}
+        opts = {k: kwargs.pop(k) for k in list(OPTIONS) + ["config", "spec", "hf_config"]}
         return fn(*args, model_opts={k: v for k, v in opts.items() if v is not None}, **kwargs)
 
     wrapper.__signature__ = sig.replace(parameters=[*params, *extra])

@@ -65,6 +65,10 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     if notes.get("input"):
         items.append(("", f"assumed: {notes['input']}"))
     items.append(("gradient", f"upstream, at the top: var {_g(g.var)}, token corr {_g(g.corr)}"))
+    hf = notes.get("hf")
+    if hf:
+        items.append(("config", f"Hugging Face {hf['family']}: seq_len {m.seq_len} ({hf['seq_len_source']}); "
+                                f"{len(hf['notes'])} assumptions listed under \"hf\" in --json"))
     return items
 
 

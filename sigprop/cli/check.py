@@ -43,7 +43,10 @@ def check_cmd(
                                     backend=backend.value, device=device.value, rng=rng.value, dask=dask,
                                     workers=workers, progress=True)
     if as_json:
-        print(json.dumps(check_object(model, res, meas, seed, trials, batch)))
+        obj = check_object(model, res, meas, seed, trials, batch)
+        if "hf" in model.notes:
+            obj["hf"] = model.notes["hf"]
+        print(json.dumps(obj))
     else:
         from sigprop.cli._render_model import render_check
 

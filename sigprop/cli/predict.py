@@ -35,11 +35,11 @@ def predict_cmd(
         render_symbolic(model)
         return
     if as_json:
-        extra = None
+        extra = {"hf": model.notes["hf"]} if "hf" in model.notes else None
         if symbolic:
             from sigprop.model import symbolic as sym
 
-            extra = {"symbolic": sym.to_json(sym.derive(model)) if derivable else None}
+            extra = {**(extra or {}), "symbolic": sym.to_json(sym.derive(model)) if derivable else None}
         print(trace_text(model, points, every, extra))
         return
     tr = trace(model, points, every)

@@ -87,7 +87,7 @@ _GEMMA_KEYS = dict(_LLAMA_KEYS, activation="hidden_activation")
 _LLAMA_DEFAULTS = dict(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32, num_key_value_heads=None,
                        head_dim=None, intermediate_size=11008, hidden_act="silu", rms_norm_eps=1e-6,
                        max_position_embeddings=2048, initializer_range=0.02, attention_dropout=0.0,
-                       attention_bias=False, mlp_bias=False, rope_theta=10000.0)
+                       rope_theta=10000.0)
 _DECODER = dict(final_norm=True, causal=True)
 _LLAMA_FAMILY = dict(norm="rmsnorm", placement="pre", ffn="glu", rope=True, positions=False,
                      dropout=("attention_dropout", None, None), init="normal", embedding="token table", **_DECODER)
@@ -109,7 +109,8 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            norm="layernorm", placement="post", ffn="mlp", final_norm=False, causal=False, rope=False,
            positions=True, dropout=("attention_probs_dropout_prob", "hidden_dropout_prob", "hidden_dropout_prob"),
            init="normal", embedding="token + learned position + token-type tables, then LayerNorm"),
-    Family("llama", "LLaMA", _LLAMA_KEYS, _LLAMA_DEFAULTS, **_LLAMA_FAMILY),
+    Family("llama", "LLaMA", _LLAMA_KEYS, dict(_LLAMA_DEFAULTS, attention_bias=False, mlp_bias=False),
+           **_LLAMA_FAMILY),
     Family("mistral", "Mistral", _LLAMA_KEYS,
            dict(_LLAMA_DEFAULTS, num_key_value_heads=8, intermediate_size=14336, max_position_embeddings=131072,
                 sliding_window=4096), **_LLAMA_FAMILY),
@@ -132,13 +133,13 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            dropout=("attn_pdrop", "resid_pdrop", "embd_pdrop"), init="normal", embedding="token table",
            **_DECODER),
     Family("olmo2", "OLMo 2", _LLAMA_KEYS,
-           dict(_LLAMA_DEFAULTS, rms_norm_eps=1e-5), **dict(_LLAMA_FAMILY, placement="output")),
+           dict(_LLAMA_DEFAULTS, rms_norm_eps=1e-5, attention_bias=False), **dict(_LLAMA_FAMILY, placement="output")),
     Family("gemma2", "Gemma 2", _GEMMA_KEYS,
            dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                 intermediate_size=9216, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6,
                 max_position_embeddings=8192, initializer_range=0.02, attention_dropout=0.0, attention_bias=False,
                 rope_theta=10000.0, query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
-                use_bidirectional_attention=False, tie_word_embeddings=True),
+                use_bidirectional_attention=None, tie_word_embeddings=True),
            **dict(_LLAMA_FAMILY, placement="peri", embedding="token table times sqrt(hidden_size)")),
     Family("gemma3_text", "Gemma 3", _GEMMA_KEYS,
            dict(num_hidden_layers=26, hidden_size=2304, num_attention_heads=8, num_key_value_heads=4, head_dim=256,
@@ -488,14 +489,15 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
                                     init_std, d, seq_len, fam.norm, norm_eps, p_emb)
         for key, v in zip(("input_mean", "input_var", "input_corr"), x):
             input_opts.setdefault(key, v)
-        text = (f"input: the stream entering layer 1 is the {fam.title} token embedding at init: "
-                f"{_embedding_words(emb, fam)}, two positions holding the same token with probability "
-                f"{presets.R0_EMBEDDING:g} (sigprop's embedding rule); mean {input_opts['input_mean']:.4g}, "
-                f"var {input_opts['input_var']:.4g}, token corr {input_opts['input_corr']:.4g}")
+        input_note = (f"the stream entering layer 1 is the {fam.title} token embedding at init: "
+                      f"{_embedding_words(emb, fam)}, two positions holding the same token with probability "
+                      f"{presets.R0_EMBEDDING:g} (sigprop's embedding rule)")
         if given_input:
-            text += f"; {', '.join(sorted(given_input))} as given"
-        notes.append(text)
+            input_note += f"; {', '.join(sorted(given_input))} as given"
+        notes.append(f"input: {input_note}: mean {input_opts['input_mean']:.4g}, var {input_opts['input_var']:.4g}, "
+                     f"token corr {input_opts['input_corr']:.4g}")
     else:
+        input_note = None
         notes.append("input: the stream entering layer 1 as given (input_mean, input_var, input_corr)")
     notes.append(f"tie_word_embeddings {str(bool(r.raw('tie_word_embeddings', False))).lower()}: the output head "
                  "does not change the stream; the gradient arriving at the top is the grad_var/grad_corr given")
@@ -516,7 +518,7 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     hf_json = {"family": fam.name, "seq_len_source": source, "notes": list(notes)}
     model_notes = dict(model.notes)
     model_notes["hf"] = hf_json
-    model_notes["input"] = next((n.removeprefix("input: ") for n in notes if n.startswith("input: ")), None)
+    model_notes["input"] = input_note
     model = model.replace(arch=fam.name, notes=model_notes)
     return HFModel(model=model, **hfm_fields)
 
@@ -555,8 +557,9 @@ def _attention_checks(fam: Family, r: _Reader, d_head: int) -> None:
                    "modelled; set it to null to predict the uncapped model")
     if fam.name == "gptj":
         rd = r.raw("rotary_dim", 64)
-        if rd is not None and rd != d_head:
-            r.fail(f"rotary_dim {rd!r}: rotary positions on part of each head (head_dim {d_head}) are not modelled")
+        if rd != d_head:
+            r.fail(f"rotary_dim {rd!r}: rotary positions on other than all {d_head} features of each head "
+                   "(rotary_dim = head_dim) are not modelled")
 
 
 def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> list:
@@ -694,6 +697,9 @@ def _biases(fam: Family, r: _Reader, notes: list) -> bool:
         return True
     if fam.name == "qwen2":
         notes.append("biases: q, k and v projections (o and the FFN have none): zero at init")
+        return False
+    if fam.name == "mistral":                     # (Mistral's projections have no biases whatever the config says)
+        notes.append("no biases")
         return False
     att, mlp = r.bool("attention_bias", False), r.bool("mlp_bias", False) if fam.name == "llama" else False
     if att or mlp:

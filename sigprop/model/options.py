@@ -1,6 +1,9 @@
 """Model options as the commands and the Python API take them, resolved into a
 :class:`sigprop.model.spec.Model`: defaults < a config (TOML file, or a dict in the API) <
-options, or a fully resolved spec (which excludes the shaping options)."""
+options, or a fully resolved spec (which excludes the shaping options), or a Hugging Face
+config (``hf_config``: a config.json, a directory holding one, or its dict; see
+:mod:`sigprop.interop.hf`), whose values the options of
+:data:`sigprop.interop.hf.OVERRIDES` and ``seq_len`` replace."""
 
 from __future__ import annotations
 
@@ -34,6 +37,9 @@ def build_model(opts: dict, default_layers: int | None = None):
     opts = dict(opts)
     spec = opts.pop("spec", None)
     config = opts.pop("config", None)
+    hf_config = opts.pop("hf_config", None)
+    if hf_config is not None:
+        return build_hf(hf_config, opts, spec, config).model
     if spec is not None:
         if opts or config is not None:
             raise DomainError("--spec gives a fully resolved model: drop the other model options "
@@ -53,6 +59,30 @@ def build_model(opts: dict, default_layers: int | None = None):
     return presets.resolve(**{label: v for label, v in merged.values()})
 
 
+def build_hf(hf_config, opts: dict, spec=None, config=None):
+    """The :class:`sigprop.interop.hf.HFModel` of a Hugging Face config (a path to config.json
+    or to a directory holding one, or the parsed dict) and the model options that replace its
+    values (parameter names as in :data:`OPTIONS`); ``spec`` and ``config`` must not be given
+    with it."""
+    from pathlib import Path
+
+    from sigprop.errors import DomainError
+    from sigprop.interop import hf
+
+    if spec is not None:
+        raise DomainError("--hf-config and --spec both give the model: give one of them")
+    if config is not None:
+        raise DomainError("--hf-config and --config both give the model: give one of them (the flags that "
+                          "apply with --hf-config replace its values)")
+    if isinstance(hf_config, dict):
+        cfg, where = hf_config, "Hugging Face config"
+    else:
+        p = Path(hf_config)
+        cfg, where = hf.read_config(p), str(p / "config.json" if p.is_dir() else p)
+    canonical = {(OPTIONS[k].name if k in OPTIONS else k): v for k, v in opts.items()}
+    return hf.resolve(cfg, where=where, **canonical)
+
+
 def _preset_sets_layers(merged: dict) -> bool:
     """Whether the architecture named in ``merged`` (canonical name -> (label, value)) has its
     own number of layers (the model presets), which then wins over a command's default."""
@@ -70,7 +100,7 @@ def build_models(opts: dict, default_layers: int | None = None, default_archs=No
     any model is built.  ``--spec`` gives exactly one model."""
     from sigprop.compare import DEFAULT_ARCHS, parse_archs
 
-    if opts.get("spec") is not None:
+    if opts.get("spec") is not None or opts.get("hf_config") is not None:
         return [build_model(opts, default_layers)]
     if "arch" in opts:
         archs = parse_archs(opts["arch"])
@@ -88,11 +118,16 @@ def solve_options(model_opts: dict, target: str | None = None,
     """(arch, init, resolve() options) from the model flags and --config (flags win): for
     commands that build the model themselves (solve-init, export --what solve, the API's
     solve_init).  arch defaults to preln; n_layers to ``default_layers`` unless ``target`` is
-    max-depth (which searches it) or the preset has its own."""
+    max-depth (which searches it) or the preset has its own.  With ``hf_config``: (the
+    family, None, {"model": the resolved model}), for :func:`sigprop.solve.solve`'s ``model``."""
     from sigprop.errors import DomainError
     from sigprop.model.presets import canonical_name
 
     opts = dict(model_opts)
+    if opts.get("hf_config") is not None:
+        # the model is fully resolved from the config: the solver keeps its layout (arch informational)
+        model = build_model(opts)
+        return model.arch, None, {"model": model}
     if opts.pop("spec", None) is not None:
         raise DomainError("solve-init builds the model itself: --spec does not apply (give the model options)")
     merged = {}
