@@ -13,6 +13,9 @@ from sigprop.cli._app import app
 from sigprop.cli._choices import DType
 from sigprop.cli._model_options import build_model, model_options
 
+#: the model options that may go with --hf-config here: they change what is fed and compared,
+#: not the PyTorch model transformers builds from the config
+MEASURE_OVERRIDES = frozenset(("seq_len", "input_mean", "input_var", "input_corr", "grad_var", "grad_corr"))
 #: the model fields a solution applied with --init must share with the measured model
 STRUCTURE = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "ffn_kind", "activation", "norm",
              "block", "causal", "rope", "qk_norm", "final_norm")
@@ -62,13 +65,14 @@ def measure_cmd(
     if hf_path is not None:
         if module is not None:
             raise DomainError("--hf-config and --module are exclusive: measure one model")
-        other = sorted(k for k in opts if k != "seq_len")
+        other = sorted(k for k in opts if k not in MEASURE_OVERRIDES)
         if other:
-            raise DomainError(f"--hf-config builds the model from the config; drop "
-                              f"{', '.join('--' + k.replace('_', '-') for k in other)} (only --seq-len applies)")
-        from sigprop.interop import hf
+            raise DomainError(f"measure builds the model from the Hugging Face config: drop "
+                              f"{', '.join('--' + k.replace('_', '-') for k in other)} (what applies: "
+                              f"{', '.join('--' + k.replace('_', '-') for k in sorted(MEASURE_OVERRIDES))})")
+        from sigprop.model.options import build_hf
 
-        res = hf.resolve(hf.read_config(hf_path), seq_len=opts.get("seq_len"))
+        res = build_hf(hf_path, opts)
         model = res.model
         lay = get_layout(layout or f"hf:{res.family}")
         tm.require_libraries(transformers=True)

@@ -76,9 +76,9 @@ def solve_init_cmd(
         from sigprop.interop.torch_names import layout as get_layout
 
         if layout is None and (model_opts or {}).get("hf_config") is not None:
-            from sigprop.interop import hf
+            from sigprop.model.options import build_hf
 
-            layout = "hf:" + str(hf.read_config(model_opts["hf_config"]).get("model_type"))
+            layout = "hf:" + build_hf(model_opts["hf_config"], {}).family
         layout = get_layout(layout or "plain").name        # an unknown layout is refused before solving
     arch, init, opts = solve_options(model_opts, t)
     if latex and not explain:

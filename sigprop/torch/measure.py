@@ -92,6 +92,10 @@ def hf_source(config: dict, family: str, *, layout: Layout) -> Source:
     except (ValueError, KeyError, TypeError) as e:
         raise DomainError(f"transformers cannot build a {family!r} config: {e}") from None
     cfg._attn_implementation = "eager"
+    try:        # import the family's modeling code now, not inside the first timed trial
+        tf.models.auto.modeling_auto.MODEL_MAPPING[type(cfg)]
+    except (KeyError, AttributeError, ValueError):
+        raise DomainError(f"transformers {tf.__version__} has no model for {family!r}") from None
 
     def build():
         return tf.AutoModel.from_config(cfg, attn_implementation="eager")
