@@ -40,6 +40,9 @@ def measure_cmd(
     batch: int = typer.Option(4, min=1, help="Sequences per draw."),
     seed: int = typer.Option(0, min=0, help="Random seed (reported)."),
     dtype: DType = typer.Option(DType.float32, help="Precision of the PyTorch model."),
+    threads: Optional[int] = typer.Option(None, "--threads", min=1,
+                                          help="PyTorch CPU threads (default: PyTorch's; small models on a busy "
+                                               "machine run faster on 1)."),
     tol_var: float = typer.Option(0.05, "--tol-var", min=0.0, help="Relative tolerance, forward variance."),
     tol_grad: float = typer.Option(0.05, "--tol-grad", min=0.0, help="Relative tolerance, gradient variance."),
     tol_corr: float = typer.Option(0.03, "--tol-corr", min=0.0, help="Absolute tolerance, correlations."),
@@ -96,7 +99,7 @@ def measure_cmd(
                                   f"model's {getattr(model, k)!r}")
         model = solution
     meas = tm.measure(model, source, trials=trials, batch=batch, seed=seed, dtype=dtype.value, tokens=tokens,
-                      init=solution)
+                      init=solution, threads=threads)
     _, res = tm.compare_measured(model, meas, tol)
     if as_json:
         print(json.dumps(tm.measure_object(model, res, meas, source=source, tokens=tokens, extra=extra)))

@@ -188,12 +188,13 @@ def _first_tensor(x):
 
 
 def measure(model, source: Source, *, trials: int = 4, batch: int = 4, seed: int = 0, dtype: str = "float32",
-            tokens: bool = False, init=None, progress=None) -> ModelMeasurement:
+            tokens: bool = False, init=None, progress=None, threads: int | None = None) -> ModelMeasurement:
     """Measure ``source``'s model against the sigprop ``model`` that describes it: ``trials``
     fresh builds (trial t seeded from the t-th child of ``SeedSequence(seed)``), each one
     forward and backward pass of ``batch`` sequences of ``model.seq_len`` tokens.  ``init``: a
     sigprop model or solution applied with :func:`apply_init` to every build (from the same
-    trial seed).  Returns the measurement in the form of the Monte Carlo's
+    trial seed).  ``threads``: torch's intra-op threads for the run (default: as set; small
+    models on a busy machine run far faster on 1).  Returns the measurement in the form of the Monte Carlo's
     (:class:`sigprop.mc.model.ModelMeasurement`, backend "torch")."""
     torch, _ = require_libraries()
     if trials < 2:
@@ -214,8 +215,27 @@ def measure(model, source: Source, *, trials: int = 4, batch: int = 4, seed: int
     fw = np.zeros((trials, n_points, 3))
     bw = np.zeros((trials, n_points, 3))
     lg = np.full((trials, n_points, 2), np.nan)
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        if threads < 1:
+            raise DomainError(f"threads must be >= 1, got {threads}")
+        torch.set_num_threads(int(threads))
+    try:
+        fw, bw, lg, sim_s = _trials(torch, m, source, pts, seeds, batch, tdt, tokens, init, progress, fw, bw, lg)
+    finally:
+        torch.set_num_threads(old_threads)
+    from sigprop.mc.model import _flops
+
+    flops = trials * _flops(m, batch) / 1e9
+    forward = [pool(fw[:, k]) for k in range(n_points)]
+    backward = [pool(bw[:, k], centred=False) for k in range(n_points)]
+    return ModelMeasurement(forward, backward, logit_stats(lg), trials, batch, seed, dtype, sim_s, flops, lg,
+                            "torch", "cpu", "torch", None, labels)
+
+
+def _trials(torch, m, source, pts, seeds, batch, tdt, tokens, init, progress, fw, bw, lg):
+    trials = len(seeds)
     t0 = time.perf_counter()
-    flops = 0.0
     for t in range(trials):
         ss = seeds[t]
         rng = np.random.default_rng(ss)
@@ -231,14 +251,7 @@ def measure(model, source: Source, *, trials: int = 4, batch: int = 4, seed: int
         del net
         if progress:
             progress(t + 1, trials)
-    sim_s = time.perf_counter() - t0
-    from sigprop.mc.model import _flops
-
-    flops = trials * _flops(m, batch) / 1e9
-    forward = [pool(fw[:, k]) for k in range(n_points)]
-    backward = [pool(bw[:, k], centred=False) for k in range(n_points)]
-    return ModelMeasurement(forward, backward, logit_stats(lg), trials, batch, seed, dtype, sim_s, flops, lg,
-                            "torch", "cpu", "torch", None, labels)
+    return fw, bw, lg, time.perf_counter() - t0
 
 
 def _one_trial(torch, net, m, source: Source, pts, batch: int, rng, tdt, tokens: bool):
