@@ -300,11 +300,14 @@ def test_emitted_code_sets_the_same_stds(transformers, torch, family):
 # -- the command line --------------------------------------------------------------------------
 
 def _plain_factory(tmp_path, monkeypatch, spec: Path) -> str:
-    (tmp_path / "my_plain_model.py").write_text(
+    """A module file (named after the test's directory: imported modules are cached by name)
+    whose build() returns the plain reference model of ``spec``."""
+    name = "plain_model_" + "".join(c if c.isalnum() else "_" for c in tmp_path.name)
+    (tmp_path / f"{name}.py").write_text(
         "from sigprop.torch.plain import PlainTransformer\n\n\n"
         f"def build():\n    return PlainTransformer({str(spec)!r})\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    return "my_plain_model:build"
+    return f"{name}:build"
 
 
 def test_measure_cli_module(torch, tmp_path, monkeypatch, capsys):
@@ -356,3 +359,45 @@ def test_core_does_not_import_torch():
             "print('torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+def test_measure_cli_hf_config(transformers, tmp_path, capsys):
+    """--hf-config: transformers builds the model from the file (a directory holding
+    config.json here), --seq-len and the input options apply, the structure options do not."""
+    d = tmp_path / "llama"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(CONFIGS["llama"]))
+    code, out, err = cli(capsys, "measure", "--hf-config", str(d), "--seq-len", "32", "--trials", "8", "--batch",
+                         "4", "--threads", "1", "--json")
+    obj = json.loads(out)
+    assert code == 0, obj["failures"]
+    assert obj["source"] == "torch" and obj["hf"]["family"] == "llama" and obj["model"]["seq_len"] == 32
+    assert obj["measured_model"]["layout"] == "hf:llama" and len(obj["measured"]) == 9
+    code, out, err = cli(capsys, "measure", "--hf-config", str(d), "--layers", "2")
+    assert code == 2 and out == "" and "drop --layers" in err
+    code, out, err = cli(capsys, "measure", "--hf-config", str(d), "--module", "a:b")
+    assert code == 2 and "exclusive" in err
+
+
+def test_measure_cli_init_from_solution(torch, tmp_path, monkeypatch, capsys):
+    """solve-init -o, then measure --init-from on a plain module: the solved flat variance."""
+    from sigprop.model.presets import resolve
+
+    sol = tmp_path / "sol.json"
+    code, out, err = cli(capsys, "solve-init", "--target", "unit-forward", "--layers", "3", "--d-model", "64",
+                         "--heads", "4", "--seq-len", "16", "-o", str(sol))
+    assert code == 0, err
+    spec = tmp_path / "m.json"
+    spec.write_text(json.dumps(resolve("preln", n_layers=3, d_model=64, n_heads=4, seq_len=16).to_json()))
+    fac = _plain_factory(tmp_path, monkeypatch, spec)
+    code, out, err = cli(capsys, "measure", "--module", fac, "--spec", str(spec), "--init-from", str(sol),
+                         "--trials", "4", "--batch", "4", "--threads", "1", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert [round(p["forward"]["var"], 6) for p in obj["predicted"]] == [1.0] * 7
+    assert all(abs(p["forward"]["var"] - 1) < 0.1 for p in obj["measured"])
+    # a solution of another shape is refused
+    code, out, err = cli(capsys, "solve-init", "--target", "unit-forward", "--layers", "2", "--d-model", "64",
+                         "--heads", "4", "--seq-len", "16", "-o", str(sol))
+    code, out, err = cli(capsys, "measure", "--module", fac, "--spec", str(spec), "--init-from", str(sol))
+    assert code == 2 and "n_layers" in err
