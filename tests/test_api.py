@@ -97,7 +97,7 @@ def test_model_keywords_are_the_preset_options():
     from sigprop.model.presets import OPTIONS
 
     model = [kw.name for k, kw in KEYWORDS.items() if kw.takes == KEYWORDS["layers"].takes
-             and k not in ("config", "spec")]
+             and k not in ("config", "spec", "hf_config")]
     assert sorted(model) == sorted(OPTIONS)
 
 

@@ -310,8 +310,35 @@ def test_overrides():
     assert m.input.var == 2.0 and m.input.corr == pytest.approx(R0 * 0.5, rel=1e-9)
     m = hf("gpt2-small.json", init="normal").model
     assert std0(m, "attention")["o"] == 0.02
-    m = hf("gpt2-small.json", attn_dropout=0.3).model
-    assert (m.dropout.attention, m.dropout.hidden) == (0.3, 0.1)
+    h = hf("gpt2-small.json", attn_dropout=0.3)
+    assert (h.model.dropout.attention, h.model.dropout.hidden) == (0.3, 0.1)
+    assert any("attn_dropout 0.3" in n for n in h.notes)
+    # BERT ties its embedding dropout to the hidden dropout: --hidden-dropout 0 sets both
+    x = hf("bert-base.json", hidden_dropout=0.0).model.input
+    assert x.var == pytest.approx(1.0, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED) + ["gemma3-wrapped"])
+def test_transformers_config_resolves_to_the_same_model(name):
+    """HFModel.transformers_config() carries the layers, init std and dropouts given as
+    options: resolved again without them, it gives the same model."""
+    if name == "gemma3-wrapped":
+        text = load("gemma3-1b-global.json")
+        text.pop("model_type")
+        cfg = {"model_type": "gemma3", "text_config": text}
+    else:
+        cfg = load(name if name != "tinyllama" else "tinyllama/config.json")
+    opts = dict(n_layers=3, init_std=0.03, attn_dropout=0.2, hidden_dropout=0.1)
+    h = resolve(cfg, seq_len=16, **opts)
+    again = resolve(h.transformers_config(), seq_len=16)
+    if name in ("tinyllama", "mistral-7b.json", "qwen2-0.5b.json", "olmo2-1b.json", "gemma2-2b-uncapped.json",
+                "gemma3-1b-global.json", "gemma3-wrapped", "llama-rope-parameters.json"):
+        # no config key for a hidden dropout in these families: only the rest carries over
+        assert again.model == h.model.replace(dropout=type(h.model.dropout)(0.2, 0.0, 0.0))
+        assert h.model.dropout.hidden == 0.1
+    else:
+        assert again.model == h.model
+    assert again.model.n_layers == 3 and again.init_std == 0.03
 
 
 @pytest.mark.parametrize("args, word", [
@@ -344,7 +371,8 @@ def test_compare_plot_solve_take_it(capsys, tmp_path):
     code, out, err = cli(capsys, "solve-init", "--hf-config", str(DATA / "bert-base.json"), "--layers", "2",
                          "--seq-len", "16", "--json")
     assert code in (0, 1), err
-    assert json.loads(out)["arch"] == "bert"
+    d = json.loads(out)
+    assert d["arch"] == "bert" and d["hf"]["family"] == "bert"
     pytest.importorskip("matplotlib")
     png = tmp_path / "f.png"
     code, out, err = cli(capsys, "plot", "--hf-config", str(DATA / "bert-base.json"), "--layers", "2",
@@ -629,3 +657,18 @@ def test_whole_projection_qk_norm_is_per_head_to_first_order():
                 acc[kind].append((logits.var(), logits.var(axis=-1).mean()))
         head, whole = np.mean(acc["head"], axis=0), np.mean(acc["whole"], axis=0)
         assert whole == pytest.approx(head, rel=0.03), (r, head, whole)
+
+
+def test_transformers_builds_the_overridden_model():
+    """GPT-2 resolved with --layers 2 --init-std 0.05: the model transformers builds from
+    transformers_config() has 2 blocks, c_attn N(0, 0.05^2) and c_proj N(0, (0.05/2)^2)."""
+    pytest.importorskip("torch")
+    cfg = {**load("gpt2-small.json"), **TINY["gpt2-small.json"]}
+    h = resolve(cfg, n_layers=2, init_std=0.05)
+    assert std0(h.model, "attention")["o"] == pytest.approx(0.05 / math.sqrt(2 * 2), rel=1e-12)
+    net = _transformers_model(h.transformers_config())
+    assert len(net.transformer.h) == 2
+    for block in net.transformer.h:
+        assert block.attn.c_attn.weight.detach().double().std().item() == pytest.approx(0.05, rel=0.05)
+        assert block.attn.c_proj.weight.detach().double().std().item() == pytest.approx(0.025, rel=0.05)
+        assert block.mlp.c_proj.weight.detach().double().std().item() == pytest.approx(0.025, rel=0.05)

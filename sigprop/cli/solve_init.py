@@ -93,6 +93,9 @@ def solve_init_cmd(
     obj = None
     if as_json or output is not None:
         obj = solution_json(sol, steps)
+        given = opts.get("model")
+        if given is not None and "hf" in given.notes:
+            obj["hf"] = given.notes["hf"]
     if output is not None:
         try:
             output.write_text(json.dumps(obj) + "\n", encoding="utf-8")

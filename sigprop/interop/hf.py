@@ -183,6 +183,29 @@ class HFModel:
         """The ``"hf"`` object of the commands' JSON output: family, seq_len_source, notes."""
         return {"family": self.family, "seq_len_source": self.seq_len_source, "notes": list(self.notes)}
 
+    def transformers_config(self) -> dict:
+        """A config from which transformers builds the model resolved here: the config read
+        (gemma3: its text_config, as a gemma3_text config) with the number of layers (and
+        ``layer_types``), ``initializer_range`` and the dropouts of the resolved model.  What a
+        config cannot say is not written: the sequence length, an init other than the
+        family's, residual scales, dropout inside the FFN, the input stream (see ``overrides``)."""
+        fam = FAMILIES[self.family]
+        cfg = dict(self.config)
+        if cfg.get("model_type") == "gemma3":
+            cfg = {"model_type": "gemma3_text", **self.config["text_config"]}
+        m = self.model
+        cfg[fam.keys["n_layers"]] = m.n_layers
+        if isinstance(cfg.get("layer_types"), list):
+            cfg["layer_types"] = cfg["layer_types"][:m.n_layers]
+        cfg["initializer_range"] = self.init_std
+        att, hid, emb = fam.dropout
+        cfg[att] = m.dropout.attention
+        if hid is not None:
+            cfg[hid] = m.dropout.hidden
+        if emb is not None and emb != hid:
+            cfg[emb] = self.embedding["dropout"]
+        return cfg
+
 
 # ---------------------------------------------------------------------------------------
 # reading
@@ -448,6 +471,10 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
         p_emb = opts["dropout"]
     elif "hidden_dropout" in opts and fam.dropout[2] is not None and fam.dropout[2] == fam.dropout[1]:
         p_emb = opts["hidden_dropout"]
+    given_drop = {k: opts[k] for k in ("dropout", "attn_dropout", "hidden_dropout", "ffn_dropout") if k in opts}
+    if given_drop:
+        notes.append("dropout as given, replacing the config's: " + ", ".join(f"{k} {v:g}" for k, v in given_drop.items())
+                     + f" (embedding dropout {p_emb:g})")
     drop_opts = {"attn_dropout": p_att, "hidden_dropout": p_hid, "ffn_dropout": 0.0}
     if "dropout" in opts:
         drop_opts = {}
