@@ -13,9 +13,11 @@ from sigprop.cli._app import app
 from sigprop.cli._choices import DType
 from sigprop.cli._model_options import build_model, model_options
 
-#: the model options that may go with --hf-config here: they change what is fed and compared,
-#: not the PyTorch model transformers builds from the config
-MEASURE_OVERRIDES = frozenset(("seq_len", "input_mean", "input_var", "input_corr", "grad_var", "grad_corr"))
+#: the model options that may go with --hf-config here: what is fed and compared, and what the
+#: config transformers builds from can say (HFModel.transformers_config: depth, init std,
+#: attention and branch dropout)
+MEASURE_OVERRIDES = frozenset(("seq_len", "input_mean", "input_var", "input_corr", "grad_var", "grad_corr",
+                               "layers", "init_std", "attn_dropout", "hidden_dropout"))
 #: the model fields a solution applied with --init must share with the measured model
 STRUCTURE = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_ff", "ffn_kind", "activation", "norm",
              "block", "causal", "rope", "qk_norm", "final_norm")
@@ -70,7 +72,7 @@ def measure_cmd(
             raise DomainError("--hf-config and --module are exclusive: measure one model")
         other = sorted(k for k in opts if k not in MEASURE_OVERRIDES)
         if other:
-            raise DomainError(f"measure builds the model from the Hugging Face config: drop "
+            raise DomainError(f"measure has transformers build the model from the Hugging Face config: drop "
                               f"{', '.join('--' + k.replace('_', '-') for k in other)} (what applies: "
                               f"{', '.join('--' + k.replace('_', '-') for k in sorted(MEASURE_OVERRIDES))})")
         from sigprop.model.options import build_hf
@@ -79,7 +81,7 @@ def measure_cmd(
         model = res.model
         lay = get_layout(layout or f"hf:{res.family}")
         tm.require_libraries(transformers=True)
-        source = tm.hf_source(dict(res.config), res.family, layout=lay)
+        source = tm.hf_source(res.transformers_config(), res.family, layout=lay)
         extra["hf"] = {"family": res.family, "seq_len": res.seq_len, "notes": list(res.notes)}
     elif module is not None:
         model = build_model(opts, default_layers=12)
