@@ -334,7 +334,14 @@ def test_measure_cli_module(torch, tmp_path, monkeypatch, capsys):
 
 
 def test_measure_cli_bad_input(torch, tmp_path, monkeypatch, capsys):
-    for args, what in ((["--module", "no_such_module_xyz:build", "--layers", "2"], "cannot import"),
+    (tmp_path / "bad_factories_xyz.py").write_text(
+        "import torch\n\ndef linear():\n    return torch.nn.Linear(3, 3)\n\n"
+        "def boom():\n    raise RuntimeError('no\\nway')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    small = ["--layers", "2", "--d-model", "16", "--heads", "2", "--seq-len", "4"]
+    for args, what in ((["--module", "bad_factories_xyz:linear", *small], "no module 'layers.0'"),
+                       (["--module", "bad_factories_xyz:boom", *small], "building the model failed: RuntimeError: no way"),
+                       (["--module", "no_such_module_xyz:build", "--layers", "2"], "cannot import"),
                        (["--module", "nocolon", "--layers", "2"], "package.module:factory"),
                        (["--layers", "2"], "--hf-config FILE or --module")):
         code, out, err = cli(capsys, "measure", *args)

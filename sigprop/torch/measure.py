@@ -181,6 +181,17 @@ def token_ids(rng, batch: int, L: int, vocab: int) -> np.ndarray:
     return np.where(take, shared, own).astype(np.int64)
 
 
+def _guarded(fn, what: str):
+    """fn(); an error raised by the user's model or by transformers becomes one DomainError line."""
+    try:
+        return fn()
+    except DomainError:
+        raise
+    except Exception as e:          # noqa: BLE001 - the model's code, not sigprop's
+        msg = " ".join(str(e).split())
+        raise DomainError(f"{what} failed: {type(e).__name__}: {msg[:300]}") from None
+
+
 def _first_tensor(x):
     if isinstance(x, (tuple, list)):
         return x[0]
@@ -241,7 +252,7 @@ def _trials(torch, m, source, pts, seeds, batch, tdt, tokens, init, progress, fw
         rng = np.random.default_rng(ss)
         torch_seed = int(ss.generate_state(1, dtype=np.uint64)[0] & ((1 << 63) - 1))
         torch.manual_seed(torch_seed)
-        net = source.build()
+        net = _guarded(source.build, "building the model")
         if init is not None:
             apply_init(net, init, layout=source.layout.name,
                        generator=torch.Generator().manual_seed(torch_seed ^ 0x5EED))
@@ -319,10 +330,10 @@ def _one_trial(torch, net, m, source: Source, pts, batch: int, rng, tdt, tokens:
                     ids = torch.from_numpy(token_ids(rng, batch, L, source.vocab))
                 else:
                     ids = torch.zeros((batch, L), dtype=torch.long)
-                out = net(input_ids=ids)
+                out = _guarded(lambda: net(input_ids=ids), "the forward pass")
                 top = out.last_hidden_state if hasattr(out, "last_hidden_state") else _first_tensor(out)
             else:
-                top = _first_tensor(net(X))
+                top = _first_tensor(_guarded(lambda: net(X), "the forward pass"))
             if tuple(top.shape) != (batch, L, d):
                 raise DomainError(f"the model's output has shape {tuple(top.shape)}, expected {(batch, L, d)}")
             G = torch.from_numpy(correlated(rng, (batch, L, d), 0.0, m.grad.var, m.grad.corr, np.float64)).to(top.dtype)
