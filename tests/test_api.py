@@ -29,7 +29,7 @@ def _no_table_store(monkeypatch):
 #: API function -> the command it mirrors
 COMMANDS = {"predict": "predict", "check": "check", "solve_init": "solve-init", "compare": "compare"}
 #: command options that only choose how the command prints (no API keyword)
-RENDER_ONLY = {"as_json", "symbolic", "latex", "output"}
+RENDER_ONLY = {"as_json", "symbolic", "latex", "output", "emit", "layout"}   # emit, layout: solve-init --emit torch
 
 
 

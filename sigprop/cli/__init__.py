@@ -29,6 +29,7 @@ COMMANDS = {
     "plot": "plot",
     "export": "export",
     "solve-init": "solve_init",
+    "measure": "measure",
 }
 
 

@@ -48,6 +48,12 @@ def solve_init_cmd(
     output: Optional[Path] = typer.Option(None, "-o", "--output",
                                           help="Write the solution object (JSON, with key \"model\") to FILE; "
                                                "`sigprop predict --spec FILE` reads it."),
+    emit: Optional[str] = typer.Option(None, "--emit", metavar="torch",
+                                       help="Print, instead of the report, a Python function (torch only) that "
+                                            "applies the solved init to a PyTorch model (see --layout)."),
+    layout: Optional[str] = typer.Option(None, "--layout", metavar="plain|hf:FAMILY",
+                                         help="With --emit torch: the model's module names (default: the "
+                                              "--hf-config family, else plain)."),
     model_opts: dict = None,
 ) -> None:
     """Derive the init and residual scaling that conserve the moments, from the rules (exit 1 if infeasible).
@@ -60,6 +66,20 @@ def solve_init_cmd(
     from sigprop.solve import solve
 
     t = target.value
+    if emit is not None and emit != "torch":
+        raise DomainError(f"--emit: the only output is torch, got {emit!r}")
+    if emit is None and layout is not None:
+        raise DomainError("--layout goes with --emit torch")
+    if emit is not None and (as_json or explain or t == "max-depth"):
+        raise DomainError("--emit torch prints the code alone: drop --json/--explain (and max-depth has no init)")
+    if emit is not None:
+        from sigprop.interop.torch_names import layout as get_layout
+
+        if layout is None and (model_opts or {}).get("hf_config") is not None:
+            from sigprop.model.options import build_hf
+
+            layout = "hf:" + build_hf(model_opts["hf_config"], {}).family
+        layout = get_layout(layout or "plain").name        # an unknown layout is refused before solving
     arch, init, opts = solve_options(model_opts, t)
     if latex and not explain:
         raise DomainError("--latex goes with --explain")
@@ -83,6 +103,11 @@ def solve_init_cmd(
             raise DomainError(f"cannot write {str(output)!r}: {e.strerror or e}") from None
     if as_json:
         print(json.dumps(obj))
+    elif emit is not None:
+        if sol.feasible and sol.model is not None:
+            from sigprop.export.torch_code import torch_init_code
+
+            sys.stdout.write(torch_init_code(sol.model, layout))
     else:
         render(sol, steps, latex)
     if not sol.feasible:
