@@ -86,12 +86,13 @@ class BranchRecord:
     (a parallel block): the branch fields of :class:`SublayerRecord`."""
 
     __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
-                 "logit_var", "out_ops", "out_prof", "euler_var", "att_rows")
+                 "logit_var", "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows")
 
     def __init__(self, layer: int, kind: str, b: float, log_b2: float):
         self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
         self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
         self.logit_var = self.out_ops = self.out_prof = self.euler_var = self.att_rows = None
+        self.out_ratio = 1.0
 
 
 class SublayerRecord:
@@ -104,7 +105,7 @@ class SublayerRecord:
                  "branch_ops", "branch_out", "z_log_var", "z", "out_log_var", "out", "logit_var",
                  "branch_gain", "log_branch_gain", "z_gain", "chain_table", "chain_x", "x_prof",
                  "z_prof", "ln_prof", "g_prof", "euler_var", "att_rows", "att_along", "in_norm",
-                 "parts", "out_ops", "out_prof", "btok")
+                 "parts", "out_ops", "out_prof", "out_ratio", "btok")
 
     def __init__(self, layer: int, kind: str, post: bool, a: float, b: float, log_a2: float,
                  log_b2: float, x_log_var: float, x: Forward):
@@ -115,6 +116,7 @@ class SublayerRecord:
         self.parts = None             # a parallel block: its branches (BranchRecord)
         self.out_ops = None           # the norm on the branch output, if any
         self.out_prof = None          # causal: the branch output's profile entering that norm
+        self.out_ratio = 1.0          # that norm's ratio-moment factor on the branch's gradient
         self.btok = (0.0, 1.0)        # per-token statistics of the branch output
         self.a = a
         self.b = b
@@ -514,7 +516,8 @@ class Predictor:
         lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
         # per-token variance statistics of the stream (norm params centred, kappa): the
         # Gaussian input has (0, 1); a norm output (1, 0); branch outputs are taken as
-        # Gaussian; sums mix them (layernorm.combine_token_stats)
+        # Gaussian (a norm on the branch output takes its own, _out_norm_stats); sums mix
+        # them (layernorm.combine_token_stats)
         tok = blocks.GAUSSIAN_TOKENS
         G, npos = self.grid, self.npos
         prof = profile.flat(m.seq_len, G) if m.causal else None
@@ -533,6 +536,7 @@ class Predictor:
                                      self._log_sq(b), lv, x)
                 rec.in_norm = unit.in_norm
                 h = _real(lv, x)
+                self._stream_tok = tok
                 dev_in = dev
                 if unit.in_norm:
                     ln = self._norm(tok)
@@ -645,10 +649,16 @@ class Predictor:
             h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
             bcov /= bv
         if br.out_norm:
-            # the norm on the branch output (a Gaussian-like signal), per position
+            # the norm on the branch output, per position.  Forward: as for a Gaussian-like
+            # signal (its output has a fixed norm); backward: with the per-token statistics
+            # of the branch's hidden layer (_out_norm_stats)
+            kappa, rec.out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm)
             on = self._norm(blocks.GAUSSIAN_TOKENS)
-            rec.out_ops = [on]
             y = _fwd(on, h) if h.var > 0 else h
+            if kappa != 1.0:
+                on = self._norm((0.0, kappa))
+                on.x = h
+            rec.out_ops = [on]
             if bcov is not None and h.var > 0:
                 rec.out_prof = np.diag(bcov).copy()
                 c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
@@ -656,6 +666,75 @@ class Predictor:
                 bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
             h = y
         return h, bcov
+
+    def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool) -> tuple[float, float]:
+        """A norm N on a branch output F = W h (W the output projection, h the branch's hidden
+        layer of width w over iid units, F's per-token norm divided out): (kappa of F for the
+        norm rule, the factor on the gradient variance at the branch input), first order in
+        1/w and 1/d.  Per token, with an upstream gradient independent of the input, the
+        gradient at the branch input is J^T W^T P G / rms(F), P = I - F F^T/|F|^2 and J the
+        hidden layer's Jacobian (A = |J|^2, B = |h|^2):
+
+        * 1/rms(F)^2: given h, F is Gaussian over W (the norm rule at kappa 1); |h|^2 adds its
+          relative variance v_B, and the Jacobian grows with it (relative covariance c_AB):
+          E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through
+          kappa = 1 + d v_B/2 (LayerNorm: (d - 1) v_B/2).
+        * P removes the direction of F, which carries more than the isotropic 1/d of W J's
+          energy: W^T W h ~ d h + (noise), so the extra share is |J^T h|^2/(A B), J^T h =
+          sum_k h_k grad h_k: (1 + k_ab)/w from the units' own terms plus, along the input x,
+          rho_x = beta_b^2 b_over_a/d (rules.base.TokenMoments).  After an input norm this
+          rho_x is given back: the input norm removes the x direction, and W J x = dF/dlog|x|
+          has lost its F part to P already, so the input norm removes |J x|^2/(|x|^2 A) - rho_x
+          where the norm rule takes 1/d; net, the two norms remove 1/d + (1 + k_ab)/w +
+          |J x|^2/(|x|^2 A) against the rules' 2/d, and with a pre-norm branch's |J x|^2/(|x|^2
+          A) against 1/d unchanged the difference is (1 + k_ab)/w.  Without an input norm
+          (output placement) P's extra share is (1 + k_ab)/w + rho_x.
+
+        So the factor is 1 - c_AB - (1 + k_ab)/w (- rho_x without an input norm), with
+        v_B = k_b/w + dq beta_b^2 and c_AB = k_ab/w + dq beta_a beta_b from the hidden unit's
+        statistics (its rule's token_moments: the activation or GLU rule, after the FFN's
+        inner dropout), dq the relative variance of the token's input mean square (0 after
+        an input norm; 2 kappa_x/d for the stream).  An attention branch's hidden layer is
+        its value projection (the linear rule's statistics: Gaussian entries, width
+        kv_heads d_head); the token's own input norm is taken not to reach it (values
+        averaged over the tokens: no beta terms).  The hidden dropout on F and the attention
+        dropout are not modelled here."""
+        m = self.model
+        d = m.d_model
+        x, t, width, share = h, None, None, 1.0
+        for rule, params in chain:
+            r = get(rule)
+            if rule == "attention":
+                nkv = params.get("kv_heads", params["n_heads"])
+                lin = dict(d_in=d, d_out=nkv * params["d_head"], w_std=params["v_std"], b_std=params["v_bias_std"])
+                t = get("linear").token_moments(numeric, x, get("linear").param_values(lin))._replace(beta_b=0.0, beta_a=0.0)
+                width = lin["d_out"]
+                break
+            if t is None and rule not in ("linear", "residual", "dropout"):
+                t = r.token_moments(numeric, x, get(rule).param_values(params))
+                if rule in ("relu", "gelu", "silu"):
+                    # moments in the pre-activation's variance: carried to the branch input
+                    # through the linear layer's weight share
+                    t = t._replace(beta_b=t.beta_b * share, beta_a=t.beta_a * share,
+                                   b_over_a=t.b_over_a / share if share > 0 else 0.0)
+            elif t is None and rule == "linear":
+                share *= r.token_moments(numeric, x, get(rule).param_values(params)).beta_b
+            elif t is not None and rule == "dropout":
+                t = r.token_moments_after(t, get(rule).param_values(params))
+            elif t is not None and rule == "linear":
+                width = params["d_in"]
+                break
+            x = r.fast(x, None, params)[0]
+        if t is None or width is None:
+            return 1.0, 1.0
+        q = h.var + h.mean**2
+        dq = 0.0 if in_norm or not q > 0 else 2 * self._stream_tok[1] / d * (h.var / q) ** 2
+        # (first order: kept below a quarter, the norm's harmonic mean then stays positive)
+        v_b = min(t.k_b / width + dq * t.beta_b**2, 0.25)
+        c_ab = t.k_ab / width + dq * t.beta_a * t.beta_b
+        removed = (1 + t.k_ab) / width + (0.0 if in_norm else t.beta_b**2 * t.b_over_a / d)
+        n_eff = d - 1 if m.norm == "layernorm" else d
+        return 1.0 + n_eff * v_b / 2, max(1.0 - c_ab - removed, 0.5)
 
     def _sum_branches(self, parts: list, outs: list):
         """The sum b_1 y_1 + b_2 y_2 + ... of a parallel block's branch outputs (independent:
@@ -946,7 +1025,8 @@ class Predictor:
                     else:
                         u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
                 g = _bwd(op, g)
-        return g, u, ku, kc
+        # the output norm's ratio-moment factor (_out_norm_stats; 1 without that norm)
+        return Backward(g.var * rec.out_ratio, g.corr), u, ku, kc
 
     def _parts_backward(self, parts: list, gc: float, w):
         """The branches of a parallel block, each for a unit gradient of correlation ``gc``

@@ -17,7 +17,10 @@ check at a few points.
 
 from __future__ import annotations
 
-from sigprop.rules.base import Rule, register
+import math
+
+from sigprop.backend import numeric
+from sigprop.rules.base import Rule, TokenMoments, register
 from sigprop.state import Backward, Forward
 
 _ASSUMPTIONS = (
@@ -28,6 +31,38 @@ _ASSUMPTIONS = (
     "mean-field); its token correlation rg multiplies the covariance.",
     "Expectations over the input law, not finite-sample: no width or length correction.",
 )
+
+
+# ---- per-token statistics of a hidden layer ------------------------------------------
+def quadrature_unit_moments(f, fp, var):
+    """(E[f^2], E[f^4], E[f'^2], E[f'^2 f^2]) at x ~ N(0, var) by the strip trapezoid rule
+    (:func:`sigprop.backend.numeric.expect_normal_strip`; f analytic in |Im x| < pi)."""
+    e = numeric.expect_normal_strip
+    return tuple(float(e(g, var)) for g in (lambda t: f(t) ** 2, lambda t: f(t) ** 4,
+                                             lambda t: fp(t) ** 2, lambda t: (fp(t) * f(t)) ** 2))
+
+
+def log_slopes(moments, var, which, step=1e-4):
+    """d log moments(var)[i] / d log var for each i in ``which`` (central difference in log var)."""
+    lo, hi = moments(var * math.exp(-step)), moments(var * math.exp(step))
+    return tuple((math.log(hi[i]) - math.log(lo[i])) / (2 * step) for i in which)
+
+
+class _HiddenUnit:
+    """Per-token statistics of a unit act(g) of an activation layer, g = w.x the
+    pre-activation (zero-mean Gaussian of variance ``x.var`` for the token; the unit's input
+    gradient is act'(g) w, so A = act'(g)^2 |w|^2 with |w|^2 ~ its mean, rules.base.TokenMoments):
+    k_b = E[f^4]/E[f^2]^2 - 1, k_ab = E[f'^2 f^2]/(E[f'^2] E[f^2]) - 1, and the log slopes of
+    E[f^2] and E[f'^2] in the pre-activation variance (which a bias-free linear layer keeps
+    proportional to the input's mean square); E[B]/(Q E[A]) = E[f^2]/(E[f'^2] V) (|w|^2 = V/Q)."""
+
+    def unit_moments(self, var):
+        raise NotImplementedError
+
+    def token_moments(self, m, x, p):
+        P2, P4, D2, DP = self.unit_moments(float(x.var))
+        bB, bA = log_slopes(self.unit_moments, float(x.var), (0, 2))
+        return TokenMoments(P4 / P2**2 - 1, DP / (D2 * P2) - 1, bB, bA, P2 / (D2 * float(x.var)))
 
 
 # ---- ReLU -----------------------------------------------------------------------------
@@ -41,7 +76,7 @@ def _backward_from_kernel(g, k_var, k_cross):
     return Backward(g.var * k_var, g.corr * k_cross / k_var)
 
 
-class ReLU(Rule):
+class ReLU(_HiddenUnit, Rule):
     """ReLU, max(x, 0), on x ~ N(0, s2) with token correlation r ([TGS-code]; arc-cosine
     kernel of Cho & Saul 2009, degree 1).
 
@@ -67,6 +102,11 @@ class ReLU(Rule):
                   "Cho & Saul 2009, arc-cosine kernels (degree 1)")
     zero_mean_input = True
 
+    def unit_moments(self, var):
+        """(E[f^2], E[f^4], E[f'^2], E[f'^2 f^2]) = (s2/2, 3 s2^2/2, 1/2, s2/2): half-normal
+        moments (closed form; the kink defeats the strip quadrature)."""
+        return var / 2, 1.5 * var**2, 0.5, var / 2
+
     def forward(self, m, x, p):
         s2, r = x.var, x.corr
         mean = m.sqrt(s2 / (2 * m.pi))
@@ -81,7 +121,7 @@ class ReLU(Rule):
 
 
 # ---- GeLU -----------------------------------------------------------------------------
-class GeLU(Rule):
+class GeLU(_HiddenUnit, Rule):
     """Exact GeLU f(x) = x Phi(x) on x ~ N(0, s2) with token correlation r ([TGS-code]).
 
     With a = s2 / (1 + s2) and rho = r a:
@@ -115,6 +155,11 @@ class GeLU(Rule):
     references = ("[TGS] Kedia et al. 2024, Table 1 and verification code (GeLU)",
                   "Hendrycks & Gimpel 2016, GeLU")
     zero_mean_input = True
+
+    def unit_moments(self, var):
+        """(E[f^2], E[f^4], E[f'^2], E[f'^2 f^2]) by quadrature, f' = Phi(x) + x phi(x)."""
+        phi = lambda t: numeric.exp(-t * t / 2) / math.sqrt(2 * math.pi)
+        return quadrature_unit_moments(lambda t: t * numeric.Phi(t), lambda t: numeric.Phi(t) + t * phi(t), var)
 
     def forward(self, m, x, p):
         s2, r = x.var, x.corr
@@ -172,7 +217,7 @@ def gaussian_moments(m, f, s2, r):
     return mean, second, cross
 
 
-class SiLU(Rule):
+class SiLU(_HiddenUnit, Rule):
     """SiLU (swish) f(x) = x sigmoid(x) on x ~ N(0, s2) with token correlation r.
 
     No closed form exists (logistic-normal integrals), so every moment is a Gaussian
@@ -203,6 +248,10 @@ class SiLU(Rule):
     references = ("Elfwing, Uchibe & Doya 2018, SiLU; Ramachandran, Zoph & Le 2017, Swish",
                   "Shazeer 2020, GLU variants (SwiGLU)")
     zero_mean_input = True
+
+    def unit_moments(self, var):
+        """(E[f^2], E[f^4], E[f'^2], E[f'^2 f^2]) by quadrature."""
+        return quadrature_unit_moments(lambda t: silu(numeric, t), lambda t: silu_prime(numeric, t), var)
 
     def forward(self, m, x, p):
         mean, second, cross = gaussian_moments(m, lambda t: silu(m, t), x.var, x.corr)

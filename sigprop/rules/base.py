@@ -260,6 +260,31 @@ class Rule:
 _SCALARS = (float, int, np.float64, np.float32, np.int64)
 
 
+class TokenMoments(NamedTuple):
+    """Per-token statistics of one hidden unit h_k of a layer (a branch's hidden layer, the
+    input of its output projection), for one token: with B = h_k^2 and A = |dh_k/dx|^2 the
+    squared norm of the unit's gradient with respect to the layer input x,
+
+    * k_b = E[B^2]/E[B]^2 - 1 (relative variance of B),
+    * k_ab = E[A B]/(E[A] E[B]) - 1 (relative covariance of A and B),
+    * beta_b, beta_a: d log E[B]/d log Q and d log E[A]/d log Q, Q the input's mean square
+      (how a fluctuation of the token's input norm moves them);
+    * b_over_a = E[B]/(Q E[A]): with it the share of the layer's Jacobian energy along the
+      input's own direction, |J x|^2/(|x|^2 |J|^2), is beta_b^2 b_over_a/d_in (first order,
+      from x.grad h = d h/d log|x|: E[h x.grad h] = E[B] beta_b).
+
+    Over a layer of w iid units the relative variance of |h|^2 is k_b/w and the relative
+    covariance of |J|^2 and |h|^2 is k_ab/w (terms of relative order 1/d_in, from the
+    correlation of a unit's weight norm with its pre-activation, neglected)."""
+
+    k_b: float
+    k_ab: float
+    beta_b: float
+    beta_a: float
+    b_over_a: float
+
+
+
 def _corr_where_defined(corr, var):
     """A signal with zero variance (all-zero weights, a zero gradient) has no correlation;
     sigprop reports 0 there rather than NaN.  A correlation is clipped into [-1, 1] (rounding

@@ -36,7 +36,8 @@ input var 1, r 0.4, unit-variance projections, d_ff = 8 d_in/3, seed 1): ReGLU o
 (gradient), as the two terms above predict for ReLU.  docs/validation.md has the sweep.
 """
 
-from sigprop.rules.base import REGISTRY, Param, Rule, positive_int, register, std
+from sigprop.rules.activation import log_slopes
+from sigprop.rules.base import REGISTRY, Param, Rule, TokenMoments, positive_int, register, std
 from sigprop.state import Backward, Forward
 
 
@@ -82,6 +83,28 @@ class GLU(Rule):
         y = rule.forward(m, Forward(0, var, corr), None)
         gb = rule.backward(m, Forward(0, var, corr), Backward(1, 1), None)
         return y.var + y.mean**2, y.corr * y.var + y.mean**2, gb.var, gb.corr * gb.var
+
+    def token_moments(self, m, x, p):
+        """Per-token statistics of a hidden unit h = act(g) u (rules.base.TokenMoments) for
+        one token: g, u independent zero-mean Gaussians of variances V_g, V_u, so with the
+        activation's unit moments (P2, P4, D2, DP) = E[act^2], E[act^4], E[act'^2],
+        E[act'^2 act^2] at V_g: B = act^2 u^2, E[B] = P2 V_u, E[B^2] = 3 P4 V_u^2; the unit's
+        input gradient act'(g) u w_g + act(g) w_u has squared norm
+        A = d_in (s_g^2 act'^2 u^2 + s_u^2 act^2) (weight norms at their means, the cross term
+        at its mean 0), E[A B] = d_in (3 s_g^2 DP V_u^2 + s_u^2 P4 V_u), E[A] = d_in (s_g^2 D2 V_u
+        + s_u^2 P2).  Biases neglected in
+        the log slopes (V_g and V_u taken proportional to the input's mean square)."""
+        vg, _ = _projection(x, p.gate_std, p.gate_b_std, p.d_in)
+        vu, _ = _projection(x, p.up_std, p.up_b_std, p.d_in)
+        act = REGISTRY[self.activation]
+        P2, P4, D2, DP = act.unit_moments(vg)
+        sg2, su2 = p.gate_std**2, p.up_std**2
+        EA = sg2 * D2 * vu + su2 * P2
+        EAB = 3 * sg2 * DP * vu**2 + su2 * P4 * vu
+        bP2, bD2 = log_slopes(act.unit_moments, vg, (0, 2))
+        bA = (sg2 * D2 * vu * (bD2 + 1) + su2 * P2 * bP2) / EA
+        q = x.var + x.mean**2
+        return TokenMoments(3 * P4 / P2**2 - 1, EAB / (EA * P2 * vu) - 1, bP2 + 1, bA, P2 * vu / (q * p.d_in * EA))
 
     def forward(self, m, x, p):
         vg, rg_ = _projection(x, p.gate_std, p.gate_b_std, p.d_in)

@@ -107,8 +107,8 @@ class LayerNorm(Rule):
         Param("centred", "fraction of the input variance that is already centred per token "
               "(0 for a Gaussian input, 1 for the output of another LayerNorm)", 0.0, lo=0.0, hi=1.0),
         Param("kappa", "relative variance of the per-token variance in units of its Gaussian "
-              "value 2/(d-1) (1 for a Gaussian input, 0 for a LayerNorm output)", 1.0, lo=0.0,
-              hi=2.0),
+              "value 2/(d-1) (1 for a Gaussian input, 0 for a LayerNorm output, above 1 for a "
+              "heavy-tailed one such as an FFN output; first order in 2 kappa/(d-1))", 1.0, lo=0.0),
         Param("g_generic", "share of the upstream gradient along the two directions the "
               "LayerNorm Jacobian removes (the all-ones vector and the output itself), relative "
               "to a gradient independent of the input (1); 0 for a gradient already in this "

@@ -1,6 +1,6 @@
 """Linear layer y = x W + b ([TGS] Table 1)."""
 
-from sigprop.rules.base import Rule, positive_int, register, std
+from sigprop.rules.base import Rule, TokenMoments, positive_int, register, std
 from sigprop.state import Backward, Forward
 
 
@@ -19,6 +19,16 @@ class Linear(Rule):
         "The bias is the same for every token, so it adds to the token covariance.",
     )
     references = ("[TGS] Kedia et al. 2024, Table 1 (linear)",)
+
+    def token_moments(self, m, x, p):
+        """Per-token statistics of an output unit h = w.x + b for one token
+        (rules.base.TokenMoments): over the weights h is a zero-mean Gaussian, so B = h^2 has
+        relative variance 2; its input gradient w has a fixed squared norm (to relative order
+        1/d_in), so k_ab = 0; E[B] = d_in w_std^2 Q + b^2 moves with the input's mean square Q
+        by the weight share of the variance, E[A] not at all; E[B]/(Q E[A]) is that share too."""
+        var = p.d_in * p.w_std**2 * x.second_moment + p.b_std**2
+        share = float((var - p.b_std**2) / var) if var > 0 else 0.0
+        return TokenMoments(2.0, 0.0, share, 0.0, share)
 
     def forward(self, m, x, p):
         w2, b2 = p.w_std**2, p.b_std**2

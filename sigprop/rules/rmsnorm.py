@@ -69,7 +69,8 @@ class RMSNorm(Rule):
         Param("eps", "floor added to the mean square inside the square root (LLaMA: 1e-6)", 1e-6, lo=0.0),
         Param("kappa_rms", "relative variance of the per-token mean square in units of its value "
               "for a Gaussian input of this mean and variance (1 Gaussian, 0 for a fixed "
-              "per-token norm such as another norm's output)", 1.0, lo=0.0, hi=2.0),
+              "per-token norm such as another norm's output, above 1 for a heavy-tailed one such "
+              "as an FFN output; first order in 2 kappa/d)", 1.0, lo=0.0),
         Param("g_generic_rms", "share of the upstream gradient along the output direction the "
               "Jacobian removes, relative to a gradient independent of the input (1); 0 for a "
               "gradient already orthogonal to the output", 1.0, lo=0.0, hi=1.0),
