@@ -12,7 +12,10 @@ start and the end.
     by default Pre-LN and Post-LN, default init, 12 layers, dropout 0 and 0.1, bidirectional,
     2 trials x batch 2) in one process, one configuration after the other, against a Dask
     LocalCluster of ``--workers`` single-threaded processes (started once, before the timing;
-    its start-up is reported separately).  Goal: at least 1.7x with 2 workers.
+    its start-up is reported separately) running the floor's ``--dask`` path
+    (``sigprop.mc.floor.run_many``: every configuration's trials as the tasks, each
+    configuration judged in this process as its trials complete).  Goal: at least 1.7x with 2
+    workers.
 ``gpu``: on a CUDA device (torch or cupy backend): the device's float32 matmul rate (a
     large square product, synchronised) and the simulation's rate (its matrix-multiply FLOP
     per second of ``simulate``, which synchronises at every moment it records), their ratio
@@ -110,7 +113,7 @@ FLOOR_SLICE = [("preln", "normal", 12, 0.0, False), ("preln", "normal", 12, 0.1,
 
 def bench_dask(args) -> None:
     from sigprop.mc.distributed import connect
-    from sigprop.mc.floor import run_one
+    from sigprop.mc.floor import run_many, run_one
 
     if args.threads is not None and not set_blas_threads(args.threads):
         print("could not set OpenBLAS threads (set OPENBLAS_NUM_THREADS instead)")
@@ -125,7 +128,7 @@ def bench_dask(args) -> None:
     dist = connect("local", args.workers)
     print(f"  LocalCluster start-up {time.perf_counter() - t0:.1f} s (not in the timings below)")
     with dist:
-        dist.map(run_one, tasks[:args.workers])                 # warm-up: imports, first-call costs
+        run_many(list(FLOOR_SLICE)[:1], 2, 1, 0, dist)          # warm-up: imports, first-call costs
         for t in tasks[:1]:
             run_one(*t)
         serial, par, share, same = [], [], [], True
@@ -135,7 +138,7 @@ def bench_dask(args) -> None:
             serial.append(time.perf_counter() - t0)
             share.append((time.process_time() - c0) / serial[-1])
             t0 = time.perf_counter()
-            b = dist.map(run_one, tasks)
+            b = run_many(list(FLOOR_SLICE), args.trials, args.batch, 0, dist)   # the floor's --dask path
             par.append(time.perf_counter() - t0)
             same &= all(_judged(x) == _judged(y) for x, y in zip(a, b))
             print(f"  repetition: one process {serial[-1]:.1f} s (it got {share[-1]:.2f} of a core), cluster "

@@ -60,6 +60,23 @@ def test_trials_on_two_workers_equal_the_serial_run(dist):
     assert ticks == [(i, 5) for i in range(1, 6)]
 
 
+def test_floor_configurations_as_trial_tasks_equal_the_serial_run(dist, monkeypatch):
+    """The floor on a cluster (every configuration's trials as tasks, judged as each
+    configuration completes) gives run_one's serial results exactly."""
+    from sigprop.mc import floor
+
+    monkeypatch.setattr(floor, "DIMS", dict(DIMS))
+    cfgs = [("preln", "torch-default", 2, 0.0, False), ("postln", "torch-default", 3, 0.1, True),
+            ("preln", "normal", 2, 0.1, False, (("placement", "peri"),))]
+    seen = []
+    got = floor.run_many(cfgs, 3, 2, 5, dist, on_result=lambda i, r: seen.append(i))
+    assert sorted(seen) == [0, 1, 2]
+    for c, r in zip(cfgs, got):
+        want = floor.run_one(*c[:5], 3, 2, 5, None, False, "numpy", "cpu", "host", c[5] if len(c) > 5 else ())
+        for key in ("pass", "n_failures", "failures", "errors", "r2", "fwd_change", "grad_change", "gflop"):
+            assert r[key] == want[key], key
+
+
 def test_torch_trials_on_workers_equal_the_serial_run(dist):
     _need("torch")
     from sigprop.mc.backend import get_backend

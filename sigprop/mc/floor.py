@@ -133,6 +133,11 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
             return None
     if meas is None:
         meas = simulate(model, batch=batch, trials=trials, seed=seed)
+    return judge(model, meas, arch, init, n, p, causal, trials, batch, seed, options)
+
+
+def judge(model, meas, arch, init, n, p, causal, trials, batch, seed, options=()) -> dict:
+    """One configuration's result: the prediction of ``model`` against the measurement."""
     if getattr(meas, "logit_draws", None) is not None:
         meas.logit_var = logit_stats(meas.logit_draws)     # the current estimator
     pts = predict(model)
@@ -148,6 +153,48 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
         "fwd_change": float(mv.max() / mv.min()), "grad_change": float(mg.max() / mg.min()),
         "simulate_s": meas.simulate_s, "gflop": meas.gflop,
     }
+
+
+def run_many(configs: list, trials: int, batch: int, seed: int, dist, on_result=None, progress=None,
+             backend: str = "numpy", device: str = "cpu", stream: str = "host") -> list:
+    """:func:`run_one` for every configuration ``(arch, init, n, p, causal[, options])``, with
+    the trials of all of them as the tasks of the distributor ``dist`` (a configuration's
+    trials spread over every worker, so unequal configurations do not leave workers idle) and
+    each configuration judged here as soon as its last trial is in: the same results as
+    :func:`run_one` (each trial depends on its seed alone; the pooling is the same).
+    ``on_result(i, result)`` as configuration i is judged."""
+    from sigprop.mc.backend import get_backend
+    from sigprop.mc.model import _trial_task, check_supported, pooled, trial_tasks
+
+    bk = get_backend(backend, device)
+    models = [resolve(c[0], c[1], n_layers=c[2], dropout=c[3], causal=c[4], **DIMS, **dict(c[5] if len(c) > 5 else ()))
+              for c in configs]
+    for m in models:
+        check_supported(m, bk)
+    tasks, owner = [], []
+    for i, m in enumerate(models):
+        for t in trial_tasks(m, batch, seed, trials, backend=bk, stream=stream):
+            tasks.append(t)
+            owner.append(i)
+    got = [[None] * trials for _ in configs]
+    left = [trials] * len(configs)
+    results: list = [None] * len(configs)
+    t0 = time.perf_counter()
+
+    def arrived(k, out):
+        i = owner[k]
+        got[i][k - i * trials] = out                   # configuration i's trials are tasks i*trials ..
+        left[i] -= 1
+        if left[i] == 0:
+            c = configs[i]
+            meas = pooled(models[i], got[i], batch=batch, seed=seed, backend=bk, stream=stream,
+                          seconds=time.perf_counter() - t0, workers=dist.n_workers)
+            results[i] = judge(models[i], meas, *c[:5], trials, batch, seed, c[5] if len(c) > 5 else ())
+            if on_result is not None:
+                on_result(i, results[i])
+
+    dist.map(_trial_task, tasks, on_result=arrived, progress=progress, what="floor-trials")
+    return results
 
 
 def _matrix_report(store: Path, notes: str = "") -> str:
@@ -406,6 +453,11 @@ def main():
     except DomainError as e:
         raise SystemExit(f"floor: {e}")
     with dist:
+        if raw is None:     # every configuration's trials are the cluster's tasks (balanced)
+            run_many(todo, a.trials, a.batch, a.seed, dist, progress=stderr_progress("trials"),
+                     on_result=lambda i, res: record(todo[i], res, time.perf_counter() - t_start),
+                     backend=a.backend, device=a.device, stream=a.rng)
+            return
         dist.map(task, [(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:]) for cfg in todo],
                  progress=stderr_progress("configurations"),
                  on_result=lambda i, res: record(todo[i], res, time.perf_counter() - t_start), what="floor")

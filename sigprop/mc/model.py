@@ -539,8 +539,6 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     m = model
     bk = backend or numpy_backend()
     check_supported(m, bk)
-    labels = point_labels(m)
-    n_points = len(labels)
     seeds = trial_seeds(seed, trials)
     t0 = time.perf_counter()
     if distributor is None:
@@ -552,19 +550,39 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
             if progress:
                 progress(t + 1, trials)
     else:
-        out = distributor.map(_trial_task, [(m, batch, s, np_dtype(dtype), bk.name, bk.device_name, stream)
-                                            for s in seeds], progress=progress, what="trials")
+        out = distributor.map(_trial_task, trial_tasks(m, batch, seed, trials, dtype, bk, stream),
+                              progress=progress, what="trials")
+    return pooled(m, out, batch=batch, seed=seed, dtype=dtype, backend=bk, stream=stream,
+                  seconds=time.perf_counter() - t0,
+                  workers=distributor.n_workers if distributor is not None else None)
+
+
+def trial_tasks(model, batch: int, seed: int, trials: int, dtype=np.float32, backend: Backend | None = None,
+                stream: str = "host") -> list:
+    """The argument tuples of :func:`_trial_task` for ``trials`` draws from ``seed`` (what a
+    distributor maps; the results pool with :func:`pooled` to :func:`simulate`'s answer)."""
+    bk = backend or numpy_backend()
+    return [(model, batch, s, np_dtype(dtype), bk.name, bk.device_name, stream) for s in trial_seeds(seed, trials)]
+
+
+def pooled(model, out: list, *, batch: int, seed: int, dtype=np.float32, backend: Backend | None = None,
+           stream: str = "host", seconds: float = 0.0, workers: int | None = None) -> ModelMeasurement:
+    """The measurement from the trials' raw moments ``out`` (:func:`run_trial`'s results, in
+    trial order): every point's moments pooled over the trials."""
+    m = model
+    bk = backend or numpy_backend()
+    labels = point_labels(m)
+    n_points = len(labels)
+    trials = len(out)
     fw = np.stack([o[0] for o in out]) if out else np.zeros((0, n_points, 3))
     bw = np.stack([o[1] for o in out]) if out else np.zeros((0, n_points, 3))
     lg = np.stack([o[2] for o in out]) if out else np.full((0, n_points, 2), np.nan)
-    sim_s = time.perf_counter() - t0
     gflop = trials * _flops(m, batch) / 1e9
     forward = [pool(fw[:, k]) for k in range(n_points)]
     backward = [pool(bw[:, k], centred=False) for k in range(n_points)]
     logit = logit_stats(lg)
-    return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(np_dtype(dtype)).name, sim_s,
-                            gflop, lg, bk.name, bk.device_name, "host" if bk.is_numpy else stream,
-                            distributor.n_workers if distributor is not None else None, labels)
+    return ModelMeasurement(forward, backward, logit, trials, batch, seed, np.dtype(np_dtype(dtype)).name, seconds,
+                            gflop, lg, bk.name, bk.device_name, "host" if bk.is_numpy else stream, workers, labels)
 
 
 #: logit-variance SE: the relative spread of the draws is pooled over this many attention
