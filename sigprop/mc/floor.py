@@ -10,10 +10,12 @@ configurations are skipped), and ``--report`` assembles the markdown table.
                                [--dask ADDRESS|local] [--workers N]
     python -m sigprop.mc.floor --report      # the markdown section (docs/validation.md has it)
 
-With ``--dask`` the configurations run on a Dask cluster's workers (``local``: a LocalCluster
-of ``--workers`` processes here); each configuration depends on its own arguments and seed
-alone, so the results are those of the serial run.  With ``--raw`` the workers read and write
-that directory: on a cluster of several machines it must be a shared file system.
+With ``--dask`` the trials of every configuration run on a Dask cluster's workers
+(``local``: a LocalCluster of ``--workers`` processes here) and each configuration is judged
+here as its last trial arrives; each trial depends on its seed alone, so the results are those
+of the serial run.  With ``--raw`` whole configurations are the tasks instead, and the workers
+read and write that directory: on a cluster of several machines it must be a shared file
+system.
 """
 
 from __future__ import annotations
