@@ -10,6 +10,7 @@ from sigprop.cli._app import app
 from sigprop.cli._choices import (
     BACKEND_HELP, DASK_HELP, DEVICE_HELP, RNG_HELP, WORKERS_HELP, ArrayBackend, Device, DType, Stream)
 from sigprop.cli._model_options import build_model, model_options
+from sigprop.cli._tolerance import TOL_CORR, TOL_GRAD, TOL_LOGIT, TOL_VAR, Z, tolerance_values
 
 
 @app.command("check")
@@ -24,11 +25,11 @@ def check_cmd(
     rng: Stream = typer.Option(Stream.host, "--rng", help=RNG_HELP),
     dask: str = typer.Option(None, "--dask", help=DASK_HELP),
     workers: int = typer.Option(None, "--workers", help=WORKERS_HELP),
-    tol_var: float = typer.Option(0.05, "--tol-var", min=0.0, help="Relative tolerance, forward variance."),
-    tol_grad: float = typer.Option(0.05, "--tol-grad", min=0.0, help="Relative tolerance, gradient variance."),
-    tol_corr: float = typer.Option(0.03, "--tol-corr", min=0.0, help="Absolute tolerance, correlations."),
-    tol_logit: float = typer.Option(0.05, "--tol-logit", min=0.0, help="Relative tolerance, logit variance."),
-    z: float = typer.Option(4.0, "--z", min=0.0, help="Also pass within z standard errors."),
+    tol_var: float = TOL_VAR,
+    tol_grad: float = TOL_GRAD,
+    tol_corr: float = TOL_CORR,
+    tol_logit: float = TOL_LOGIT,
+    z: float = Z,
     every: int = typer.Option(1, min=1, help="Show only every K-th layer in the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (schema sigprop.check/1)."),
     model_opts: dict = None,
@@ -37,7 +38,7 @@ def check_cmd(
     cluster with --dask) and compare every point with the prediction (exit 1 on failure)."""
     from sigprop.model.checking import check_model, check_object, tolerances
 
-    tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
+    tol = tolerances(tolerance_values(tol_var, tol_grad, tol_corr, tol_logit, z))
     model = build_model(model_opts, default_layers=12)
     points, meas, res = check_model(model, tol, trials=trials, batch=batch, seed=seed, dtype=dtype.value,
                                     backend=backend.value, device=device.value, rng=rng.value, dask=dask,

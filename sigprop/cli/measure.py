@@ -12,6 +12,7 @@ import typer
 from sigprop.cli._app import app
 from sigprop.cli._choices import DType
 from sigprop.cli._model_options import build_model, model_options
+from sigprop.cli._tolerance import TOL_CORR, TOL_GRAD, TOL_LOGIT, TOL_VAR, Z, tolerance_values
 
 #: the model options that may go with --hf-config here: what is fed and compared, and what the
 #: config transformers builds from can say (HFModel.transformers_config: depth, init std,
@@ -45,11 +46,11 @@ def measure_cmd(
     threads: Optional[int] = typer.Option(None, "--threads", min=1,
                                           help="PyTorch CPU threads (default: PyTorch's; small models on a busy "
                                                "machine run faster on 1)."),
-    tol_var: float = typer.Option(0.05, "--tol-var", min=0.0, help="Relative tolerance, forward variance."),
-    tol_grad: float = typer.Option(0.05, "--tol-grad", min=0.0, help="Relative tolerance, gradient variance."),
-    tol_corr: float = typer.Option(0.03, "--tol-corr", min=0.0, help="Absolute tolerance, correlations."),
-    tol_logit: float = typer.Option(0.05, "--tol-logit", min=0.0, help="Relative tolerance, logit variance."),
-    z: float = typer.Option(4.0, "--z", min=0.0, help="Also pass within z standard errors."),
+    tol_var: float = TOL_VAR,
+    tol_grad: float = TOL_GRAD,
+    tol_corr: float = TOL_CORR,
+    tol_logit: float = TOL_LOGIT,
+    z: float = Z,
     every: int = typer.Option(1, min=1, help="Show only every K-th layer in the table."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the result as JSON (schema sigprop.check/1, \"source\": \"torch\")."),
@@ -63,7 +64,7 @@ def measure_cmd(
     from sigprop.torch import measure as tm
     from sigprop.interop.torch_names import layout as get_layout
 
-    tol = tolerances({"forward_var": tol_var, "grad_var": tol_grad, "corr": tol_corr, "logit_var": tol_logit, "z": z})
+    tol = tolerances(tolerance_values(tol_var, tol_grad, tol_corr, tol_logit, z))
     opts = dict(model_opts or {})
     hf_path = opts.pop("hf_config", None)
     extra = {}

@@ -24,13 +24,13 @@ replace it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from sigprop.errors import DomainError
+from sigprop.model.spec import read_json
 
 #: the default sequence length is the model's context, capped here
 SEQ_LEN_CAP = 2048
@@ -220,26 +220,10 @@ def read_config(path) -> dict:
         p = p / "config.json"
         if not p.is_file():
             raise DomainError(f"no config.json in directory {str(path)!r}")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DomainError(f"cannot read Hugging Face config {str(p)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise DomainError(f"Hugging Face config {str(p)!r} is not UTF-8 text") from None
-    try:
-        obj = json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as e:
-        raise DomainError(f"Hugging Face config {str(p)!r} is not valid JSON: {e.msg} "
-                          f"(line {e.lineno}, column {e.colno})") from None
-    except ValueError as e:
-        raise DomainError(f"Hugging Face config {str(p)!r}: {e}") from None
+    obj = read_json(p, "Hugging Face config")
     if not isinstance(obj, dict):
         raise DomainError(f"Hugging Face config {str(p)!r} must hold a JSON object, got {type(obj).__name__}")
     return obj
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"non-standard JSON constant {name}")
 
 
 class _Reader:

@@ -552,20 +552,7 @@ class Model(_Frozen):
         """Read a JSON file holding either the model object or an object with key "model"
         (a trace or check output)."""
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as e:
-            raise DomainError(f"cannot read model file {str(path)!r}: {e.strerror or e}") from None
-        except UnicodeDecodeError:
-            raise DomainError(f"model file {str(path)!r} is not UTF-8 text") from None
-        try:
-            with _no_gc():
-                obj = json.loads(text, parse_constant=_reject_constant)
-        except json.JSONDecodeError as e:
-            raise DomainError(f"model file {str(path)!r} is not valid JSON: {e.msg} "
-                              f"(line {e.lineno}, column {e.colno})") from None
-        except ValueError as e:
-            raise DomainError(f"model file {str(path)!r}: {e}") from None
+        obj = read_json(path, "model file", " (model values must be finite numbers)")
         if isinstance(obj, dict) and "model" in obj and "layers" not in obj:
             obj = obj["model"]
         try:
@@ -574,8 +561,29 @@ class Model(_Frozen):
             raise DomainError(f"{path.name}: {e}") from None
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"non-standard JSON constant {name} (model values must be finite numbers)")
+def read_json(path, what: str, constant_note: str = ""):
+    """The parsed JSON file ``path``; an unreadable file, text that is not UTF-8 or not JSON,
+    and the non-standard constants NaN / Infinity raise DomainError naming ``what`` and the
+    path (``constant_note`` is added to the last)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise DomainError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise DomainError(f"{what} {str(path)!r} is not UTF-8 text") from None
+
+    def reject(name: str):
+        raise ValueError(f"non-standard JSON constant {name}{constant_note}")
+
+    try:
+        with _no_gc():
+            return json.loads(text, parse_constant=reject)
+    except json.JSONDecodeError as e:
+        raise DomainError(f"{what} {str(path)!r} is not valid JSON: {e.msg} "
+                          f"(line {e.lineno}, column {e.colno})") from None
+    except ValueError as e:
+        raise DomainError(f"{what} {str(path)!r}: {e}") from None
 
 
 def _check_state(where: str, mean, var, corr) -> None:
