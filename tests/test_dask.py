@@ -158,3 +158,14 @@ def test_dask_on_one_configuration_of_check_component_exits_2():
     r = subprocess.run([sys.executable, "-m", "sigprop", "check-component", "relu", "-p", "d=8", "--workers", "2"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and r.stdout == "" and "--sweep" in r.stderr
+
+
+def _worker_env(_):
+    return os.environ.get("MALLOC_ARENA_MAX"), os.environ.get("OPENBLAS_NUM_THREADS")
+
+
+def test_local_workers_start_with_one_malloc_arena_and_one_blas_thread(dist):
+    # glibc reads MALLOC_ARENA_MAX only when the process starts: it must be in the worker's
+    # environment from the start (Dask's pre-spawn environment), not set afterwards
+    got = dist.map(_worker_env, [(i,) for i in range(4)])
+    assert got == [("1", "1")] * 4

@@ -12,7 +12,8 @@ task ran: they are those of the serial run.
 
 The workers import sigprop: on a cluster of other machines it must be installed there (the
 same version).  ``connect('local', n)`` starts a LocalCluster of ``n`` single-threaded worker
-processes on this machine (BLAS limited to one thread each, so ``n`` workers use ``n`` cores).
+processes on this machine (BLAS limited to one thread each, so ``n`` workers use ``n`` cores;
+glibc's allocator limited to one arena, see ``_PRE_SPAWN``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,15 @@ from sigprop.errors import DomainError
 #: task retries after an exception (a lost worker is handled by the scheduler besides)
 RETRIES = 3
 _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: set in a local worker's environment before its process starts (glibc reads it only then).
+#: A Dask worker runs its tasks in a thread of its own, and glibc gives such a thread its own
+#: arena, whose freed pages go back to the kernel (and are faulted in again by the next
+#: trial) whatever the trim threshold that sigprop.mc.model sets for the main heap; with one
+#: arena the task thread shares the main heap and reuses its pages.  Measured on the floor
+#: slice of benchmarks/backend_speed.py (2 workers against one process): 1.64-1.66x without,
+#: 1.74x with (docs/benchmarks.md).  A cluster started elsewhere needs it in its workers'
+#: environment (README, docs/benchmarks.md).
+_PRE_SPAWN = {"MALLOC_ARENA_MAX": 1}
 
 
 def _import_distributed():
@@ -88,9 +98,13 @@ def connect(address: str, workers: int | None = None, timeout: float = 10.0) -> 
     if address == "local":
         import logging
 
+        import dask
+
         n = workers or os.cpu_count() or 1
-        cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                           dashboard_address=None, silence_logs=logging.ERROR, env=dict(_ONE_THREAD))
+        with dask.config.set({f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in _PRE_SPAWN.items()}):
+            cluster = distributed.LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                               dashboard_address=None, silence_logs=logging.ERROR,
+                                               env=dict(_ONE_THREAD))
         return Distributor(distributed.Client(cluster), cluster)
     if workers is not None:
         raise DomainError("--workers applies to --dask local only (an existing cluster has its own workers)")
