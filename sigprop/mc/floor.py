@@ -246,7 +246,19 @@ set; 2026-11-25), those four configurations only, the rest not re-run: `olmo2` o
 layers, dropout 0, causal, and `olmo2` torch-default, 48 layers, dropout 0.1, causal, now pass
 (R^2 of the gradient 0.9985 and 0.9997); `olmo2` own init at 96 layers still fails (the
 gradient 12% low at layers 14-15, 0.0424 against 0.0480 +- 0.0014; R^2 0.9974), and `gpt2` at
-48 layers (no branch-output norm) is unchanged, as expected."""
+48 layers (no branch-output norm) is unchanged, as expected.
+What is left in `olmo2` (measured 2026-11-25; `benchmarks/causal_key_weights.py --arch olmo2
+--placement preset --layers 96`, 4 draws x batch 4, seed 0): the mechanism of the `output`
+placement's causal failures (Block layouts, above), weaker per layer. QK-norm keeps the logits
+near unit variance, but the branches make up the stream from the first layer on (the
+embedding's is tiny) and the first positions mix with few others, so position 0 stays far
+less correlated with the rest (0.28-0.31 against a mean over pairs of 0.79-0.81 at layers
+13-85), and the rows 64..127 attend to key 0 1.16-1.45 times its uniform weight at every
+depth (1.35 +- 0.17 at layer 13, 1.45 +- 0.11 at layer 37, 1.43 +- 0.13 at layer 85; keys
+1-3 0.9-1.5), where the
+attention rule and the causal position model take every key's weight as uniform; over 96
+layers, on a gradient that grows 10^6-fold towards the input, that is the likely cause of the
+gradient predicted 12% low at layers 14-16."""
 
 
 #: what the layouts' failures are (written from the stored results; keep in step)
@@ -276,10 +288,14 @@ the row), and the causal position model distributes the per-row terms with unifo
 E[P_ij] = 1/n_i for every key: the coupling of S to the logits (first order in the logit scale
 times S; key j's own logit variance ~ -2 (v/(1 - r)) mean_k S_jk, v the row logit variance) is
 left out. The first keys then collect more value-path gradient (~ E[P_ij^2] summed over rows)
-than predicted, layer after layer: at d 64, seq 32, 8 layers (init std 0.06, logit variance 12
-at the top, 32 draws) the gradient profile at position 0 is 1.18 against 1.28 one attention
-layer below the top and 9.7 against 10.6 at the input (the input gradient 10.5 against
-11.2 +- 0.4). Peri (logit variance 0.01 at every
+than predicted, layer after layer. Per position (the same model, float64, 8 draws x batch 4,
+seed 0; sigprop.mc.model's sublayers, the gradient's variance at a position over its mean over
+positions): position 0 has 1.06 against a measured 1.28 at layer 48's input (below the top layer,
+logit variance 95), 1.29 against 2.84 at layer 44's input, 5.9 against 18.0 at layer 13's
+input and 51.8 against 67.6 at the model's input, while the late positions are over-predicted (0.39
+against 0.25 at position 31, input); the mean gradient departs steadily from the top
+(measured over predicted 1.01 at layer 45's input, 1.05 at layer 31's, 1.10 at layer 21's, 1.36
+at the model's input: 50.4 +- 3.3 against 37.1). Peri (logit variance 0.01 at every
 layer) and bidirectional models (exchangeable keys) do not see it. A QK-norm, or the init's
 logit scale, keeps such a model where the position model holds; modelling it means per-key
 logit variances from S in the attention's row statistics (a distinguished-key softmax
