@@ -41,34 +41,21 @@ def _logits(cache):
     return np.asarray(Qs) @ np.swapaxes(np.asarray(K), -1, -2)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", default="preln")
-    ap.add_argument("--init", default="normal")
-    ap.add_argument("--placement", default="output")
-    ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--d-ff", type=int, default=1024)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--trials", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--every", type=int, default=6)
-    ap.add_argument("--no-predict", action="store_true", help="skip the prediction's logit variances")
-    a = ap.parse_args()
-    L = a.seq_len
-    kw = {} if a.placement in ("", "preset") else {"placement": a.placement}
-    m = resolve(a.arch, a.init, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads, d_ff=a.d_ff,
-                seq_len=L, dropout=0.0, causal=True, **kw)
+def measure(m, trials: int, batch: int, seed: int):
+    """Forward passes of the causal model ``m`` through the Monte Carlo's sublayers, trial t
+    from the t-th child of SeedSequence(seed), float64: per trial and attention layer, (the
+    mean n_i P_ij over the batch, the heads and the rows i >= L/2, for the keys j in KEYS;
+    (corr(position 0, the others), the mean correlation over pairs) at the attention's input;
+    (key 0's, the median other key's) variance of the last row's logit about its row mean)."""
+    L = m.seq_len
     kinds = mcm._kinds(m)
     n = np.arange(1.0, L + 1)
     rows = slice(L // 2, L)
-    weights = np.zeros((a.trials, a.layers, len(KEYS)))
-    corr0 = np.zeros((a.trials, a.layers, 2))
-    zvar = np.zeros((a.trials, a.layers, 2))
-    for t, seed in enumerate(mcm.trial_seeds(a.seed, a.trials)):
-        rng = as_rng(Rng(seed, numpy_backend(), "host"))
+    weights = np.zeros((trials, m.n_layers, len(KEYS)))
+    corr0 = np.zeros((trials, m.n_layers, 2))
+    zvar = np.zeros((trials, m.n_layers, 2))
+    for t, ts in enumerate(mcm.trial_seeds(seed, trials)):
+        rng = as_rng(Rng(ts, numpy_backend(), "host"))
         tr = mcm._Trial(m, rng, np.float64)
         fwd = tr.attn.forward
         got = {}
@@ -89,14 +76,38 @@ def main() -> None:
 
         tr.attn.forward = recording                 # this trial's component instance only
         try:
-            X = correlated(rng, (a.batch, L, a.d_model), m.input.mean, m.input.var, m.input.corr, np.float64)
-            for l in range(a.layers):
+            X = correlated(rng, (batch, L, m.d_model), m.input.mean, m.input.var, m.input.corr, np.float64)
+            for l in range(m.n_layers):
                 for kind in kinds:
                     X, _, _ = tr.step(kind, l, X)
                     if kind == "attention":
                         weights[t, l], corr0[t, l], zvar[t, l] = got["w"], got["c"], got["z"]
         finally:
             del tr.attn.forward
+    return weights, corr0, zvar
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--arch", default="preln")
+    ap.add_argument("--init", default="normal")
+    ap.add_argument("--placement", default="output")
+    ap.add_argument("--layers", type=int, default=48)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--d-ff", type=int, default=1024)
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--trials", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--every", type=int, default=6)
+    ap.add_argument("--no-predict", action="store_true", help="skip the prediction's logit variances")
+    a = ap.parse_args()
+    L = a.seq_len
+    kw = {} if a.placement in ("", "preset") else {"placement": a.placement}
+    m = resolve(a.arch, a.init, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads, d_ff=a.d_ff,
+                seq_len=L, dropout=0.0, causal=True, **kw)
+    weights, corr0, zvar = measure(m, a.trials, a.batch, a.seed)
     lv = None
     if not a.no_predict:
         pts = predict(m)
