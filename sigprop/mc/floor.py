@@ -262,43 +262,46 @@ gradient predicted 12% low at layers 14-16."""
 
 
 #: what the layouts' failures are (written from the stored results; keep in step)
-LAYOUT_NOTES = """Run 2026-11-25 on 2 shared cores, 8 weight draws x batch 4, seed 0. The two failures are
-the `output` placement's causal 48-layer models (dropout 0 and 0.1): the gradient below the
-first layers is predicted 22% and 34% low (37.1 against 47.8 +- 2.4 at the input, dropout 0;
-103.3 against 155.6 +- 4.6, dropout 0.1), while the same models bidirectional pass (gradient
-error at most 1.5%) and so does `peri` causal at 48 layers. Those three rows were re-judged
-on the same stored draws after the branch-output norm's per-token correction (2026-11-25): the
-input gradient moved from 36.5 to 37.1 and from 101.6 to 103.3 (gradient error max 0.248 ->
-0.240 and 0.347 -> 0.336), `peri` causal from a gradient error of 0.041 to 0.030.
+LAYOUT_NOTES = """Run 2026-11-25 on 2 shared cores, 8 weight draws x batch 4, seed 0. The two
+failures are the `output` placement's causal 48-layer models (dropout 0 and 0.1): the gradient
+below the first layers is predicted 22% and 34% low (37.1 against 47.8 +- 2.4 at the input,
+dropout 0; 103.3 against 155.6 +- 4.6, dropout 0.1), while the same models bidirectional pass
+(gradient error at most 1.5%) and so does `peri` causal at 48 layers. Those three rows were
+re-judged on the same stored draws after the branch-output norm's per-token correction
+(2026-11-25): the input gradient moved from 36.5 to 37.1 and from 101.6 to 103.3 (gradient
+error max 0.248 -> 0.240 and 0.347 -> 0.336), `peri` causal from a gradient error of 0.041 to
+0.030.
 
-Why (measured; `benchmarks/causal_key_weights.py`, 4 draws x batch 4, seed 0). With the norm
-on the branch output only, nothing normalises the attention's input: the logit variance grows
-with the stream (0.01 at layer 1, 6.6 at layer 13, 76 at layer 43 here). In a causal stack the
-first positions mix with few others, so they stay less correlated with the rest (position 0
-with the others 0.58 / 0.64 / 0.74 at layers 7 / 13 / 43 against the mean over pairs 0.82 /
-0.87 / 0.92), and the logit of such a key has an extra variance of its own in every row (the
-part of the stream shared by the other keys cancels in the softmax, its own deficit does not):
-in the last row at layer 43, key 0's logit varies about the row mean with variance 33 against
-a median 5. So the rows attend to the first keys far more than to the others: the mean weight
-n_i E[P_ij] of rows 64..127 is 2.8 +- 0.5 (key 0), 1.7-1.9 (keys 1-3) at layer 13, 9.1 +- 1.1
-at layer 31 (key 0), and 3-9 for keys 0-3 from layer 19 on; exchangeable keys give 1. The
-attention rule's softmax statistics take the keys of a row as exchangeable (iid logits given
-the row), and the causal position model distributes the per-row terms with uniform weights
-(the stream's pair-correlation deviation S enters the value path only, docs/design.md), so
-E[P_ij] = 1/n_i for every key: the coupling of S to the logits (first order in the logit scale
-times S; key j's own logit variance ~ -2 (v/(1 - r)) mean_k S_jk, v the row logit variance) is
-left out. The first keys then collect more value-path gradient (~ E[P_ij^2] summed over rows)
-than predicted, layer after layer. Per position (the same model, float64, 8 draws x batch 4,
-seed 0; sigprop.mc.model's sublayers, the gradient's variance at a position over its mean over
-positions): position 0 has 1.06 against a measured 1.28 at layer 48's input (below the top layer,
-logit variance 95), 1.29 against 2.84 at layer 44's input, 5.9 against 18.0 at layer 13's
-input and 51.8 against 67.6 at the model's input, while the late positions are over-predicted (0.39
-against 0.25 at position 31, input); the mean gradient departs steadily from the top
-(measured over predicted 1.01 at layer 45's input, 1.05 at layer 31's, 1.10 at layer 21's, 1.36
-at the model's input: 50.4 +- 3.3 against 37.1). Peri (logit variance 0.01 at every
-layer) and bidirectional models (exchangeable keys) do not see it. A QK-norm, or the init's
-logit scale, keeps such a model where the position model holds; modelling it means per-key
-logit variances from S in the attention's row statistics (a distinguished-key softmax
+Why (measured; `benchmarks/causal_key_weights.py`, 4 draws x batch 4, seed 0). With the norm on
+the branch output only, nothing normalises the attention's input: the logit variance grows with
+the stream (0.01 at layer 1, 6.6 at layer 13, 76 at layer 43 here). In a causal stack the first
+positions mix with few others, so they stay less correlated with the rest (position 0 with the
+others 0.58 / 0.64 / 0.74 at layers 7 / 13 / 43 against the mean over pairs 0.82 / 0.87 /
+0.92), and the logit of such a key has an extra variance of its own in every row (the part of
+the stream shared by the other keys cancels in the softmax, its own deficit does not): in the
+last row, key 0's logit varies about the row mean with variance 4.2 against the other keys'
+median 0.70 at layer 13, 32 against 5.1 at layer 43. So the rows attend to the first keys far
+more than to the others: the mean weight n_i E[P_ij] of rows 64..127 is 2.8 +- 0.5 (key 0),
+1.7-1.9 (keys 1-3) at layer 13, 9.1 +- 1.1 at layer 31 (key 0), and 3-9 for keys 0-3 from layer
+19 on; exchangeable keys give 1. The attention rule's softmax statistics take the keys of a row
+as exchangeable (iid logits given the row), and the causal position model distributes the
+per-row terms with uniform weights (the stream's pair-correlation deviation S enters the value
+path only, docs/design.md), so E[P_ij] = 1/n_i for every key: the coupling of S to the logits
+(first order in the logit scale times S: in a long row key j's logit varies about the row mean
+with variance v (1 - 2 mean_k S_jk / (1 - r)), v the row logit variance, which with the
+measured correlations gives 3.0 and 27 for key 0 at layers 13 and 43 against the 4.2 and 32
+above) is left out. The first keys then collect more value-path gradient (~ E[P_ij^2] summed
+over rows) than predicted, layer after layer. Per position (the same model, float64, 8 draws x
+batch 4, seed 0; sigprop.mc.model's sublayers, the gradient's variance at a position over its
+mean over positions): position 0 has 1.06 against a measured 1.28 at layer 48's input (below
+the top layer, logit variance 95), 1.29 against 2.84 at layer 44's input, 5.9 against 18.0 at
+layer 13's input and 51.8 against 67.6 at the model's input, while the late positions are
+over-predicted (0.39 against 0.25 at position 31, input); the mean gradient departs steadily
+from the top (measured over predicted 1.01 at layer 45's input, 1.05 at layer 31's, 1.10 at
+layer 21's, 1.36 at the model's input: 50.4 +- 3.3 against 37.1). Peri (logit variance 0.01 at
+every layer) and bidirectional models (exchangeable keys) do not see it. A QK-norm, or the
+init's logit scale, keeps such a model where the position model holds; modelling it means
+per-key logit variances from S in the attention's row statistics (a distinguished-key softmax
 expectation) and non-uniform weights in profile.py's kernels."""
 
 
