@@ -246,21 +246,67 @@ set; 2026-11-25), those four configurations only, the rest not re-run: `olmo2` o
 layers, dropout 0, causal, and `olmo2` torch-default, 48 layers, dropout 0.1, causal, now pass
 (R^2 of the gradient 0.9985 and 0.9997); `olmo2` own init at 96 layers still fails (the
 gradient 12% low at layers 14-15, 0.0424 against 0.0480 +- 0.0014; R^2 0.9974), and `gpt2` at
-48 layers (no branch-output norm) is unchanged, as expected."""
+48 layers (no branch-output norm) is unchanged, as expected.
+What is left in `olmo2` (measured 2026-11-25; `benchmarks/causal_key_weights.py --arch olmo2
+--placement preset --layers 96`, 4 draws x batch 4, seed 0): the mechanism of the `output`
+placement's causal failures (Block layouts, above), weaker per layer. QK-norm keeps the logits
+near unit variance, but the branches make up the stream from the first layer on (the
+embedding's is tiny) and the first positions mix with few others, so position 0 stays far
+less correlated with the rest (0.28-0.31 against a mean over pairs of 0.79-0.81 at layers
+13-85), and the rows 64..127 attend to key 0 1.16-1.45 times its uniform weight at every
+depth (1.35 +- 0.17 at layer 13, 1.45 +- 0.11 at layer 37, 1.43 +- 0.13 at layer 85; keys
+1-3 0.9-1.5), where the
+attention rule and the causal position model take every key's weight as uniform; over 96
+layers, on a gradient that grows 10^6-fold towards the input, that is the likely cause of the
+gradient predicted 12% low at layers 14-16. A smaller reproduction (d 128, 2 heads, d_ff 512,
+seq 64, 96 layers, float64, 8 draws x batch 4, seed 0) does not fail but shows the same
+shape: the gradient within 1% from the top down to layer 28 and 3-7% low at layers 8-16
+(1.3-1.5 standard errors), where position 0's share of it is under-predicted (6.8 against 7.6
+after layer 16, 12.3 against 13.7 after layer 8)."""
 
 
 #: what the layouts' failures are (written from the stored results; keep in step)
-LAYOUT_NOTES = """Run 2026-11-25 on 2 shared cores, 8 weight draws x batch 4, seed 0. The two failures are
-the `output` placement's causal 48-layer models (dropout 0 and 0.1): the gradient below the
-first layers is predicted 24% and 35% low (36.5 against 47.8 +- 2.4 at the input, dropout 0),
-while the same models bidirectional pass (gradient error at most 1.5%) and so does `peri`
-causal at 48 layers. With the norm on the branch output only, nothing normalises the
-attention's input: the logit variance grows with the stream (0.01 at layer 1, 6.6 at layer 13,
-76 at layer 43 here, the softmax near its saturation limit), and the causal position model's
-attention terms are first order in the logits beyond their exact means (docs/design.md): at
-such logit variances the gradient's concentration at the first positions, which the whole
-model's gradient then carries down, is under-predicted. A QK-norm, or the init's logit scale,
-keeps such a model inside the range where the position model holds."""
+LAYOUT_NOTES = """Run 2026-11-25 on 2 shared cores, 8 weight draws x batch 4, seed 0. The two
+failures are the `output` placement's causal 48-layer models (dropout 0 and 0.1): the gradient
+below the first layers is predicted 22% and 34% low (37.1 against 47.8 +- 2.4 at the input,
+dropout 0; 103.3 against 155.6 +- 4.6, dropout 0.1), while the same models bidirectional pass
+(gradient error at most 1.5%) and so does `peri` causal at 48 layers. Those three rows were
+re-judged on the same stored draws after the branch-output norm's per-token correction
+(2026-11-25): the input gradient moved from 36.5 to 37.1 and from 101.6 to 103.3 (gradient
+error max 0.248 -> 0.240 and 0.347 -> 0.336), `peri` causal from a gradient error of 0.041 to
+0.030.
+
+Why (measured; `benchmarks/causal_key_weights.py`, 4 draws x batch 4, seed 0). With the norm on
+the branch output only, nothing normalises the attention's input: the logit variance grows with
+the stream (0.01 at layer 1, 6.6 at layer 13, 76 at layer 43 here). In a causal stack the first
+positions mix with few others, so they stay less correlated with the rest (position 0 with the
+others 0.58 / 0.64 / 0.74 at layers 7 / 13 / 43 against the mean over pairs 0.82 / 0.87 /
+0.92), and the logit of such a key has an extra variance of its own in every row (the part of
+the stream shared by the other keys cancels in the softmax, its own deficit does not): in the
+last row, key 0's logit varies about the row mean with variance 4.2 against the other keys'
+median 0.70 at layer 13, 32 against 5.1 at layer 43. So the rows attend to the first keys far
+more than to the others: the mean weight n_i E[P_ij] of rows 64..127 is 2.8 +- 0.5 (key 0),
+1.7-1.9 (keys 1-3) at layer 13, 9.1 +- 1.1 at layer 31 (key 0), and 3-9 for keys 0-3 from layer
+19 on; exchangeable keys give 1. The attention rule's softmax statistics take the keys of a row
+as exchangeable (iid logits given the row), and the causal position model distributes the
+per-row terms with uniform weights (the stream's pair-correlation deviation S enters the value
+path only, docs/design.md), so E[P_ij] = 1/n_i for every key: the coupling of S to the logits
+(first order in the logit scale times S: in a long row key j's logit varies about the row mean
+with variance v (1 - 2 mean_k S_jk / (1 - r)), v the row logit variance, which with the
+measured correlations gives 3.0 and 27 for key 0 at layers 13 and 43 against the 4.2 and 32
+above) is left out. The first keys then collect more value-path gradient (~ E[P_ij^2] summed
+over rows) than predicted, layer after layer. Per position (the same model, float64, 8 draws x
+batch 4, seed 0; sigprop.mc.model's sublayers, the gradient's variance at a position over its
+mean over positions): position 0 has 1.06 against a measured 1.28 at layer 48's input (below
+the top layer, logit variance 95), 1.29 against 2.84 at layer 44's input, 5.9 against 18.0 at
+layer 13's input and 51.8 against 67.6 at the model's input, while the late positions are
+over-predicted (0.39 against 0.25 at position 31, input); the mean gradient departs steadily
+from the top (measured over predicted 1.01 at layer 45's input, 1.05 at layer 31's, 1.10 at
+layer 21's, 1.36 at the model's input: 50.4 +- 3.3 against 37.1). Peri (logit variance 0.01 at
+every layer) and bidirectional models (exchangeable keys) do not see it. A QK-norm, or the
+init's logit scale, keeps such a model where the position model holds; modelling it means
+per-key logit variances from S in the attention's row statistics (a distinguished-key softmax
+expectation) and non-uniform weights in profile.py's kernels."""
 
 
 #: independent, larger samples of the configurations that miss at 8 draws (see NOTES)
