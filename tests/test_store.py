@@ -153,7 +153,9 @@ def test_a_tampered_table_is_rebuilt_not_used(cache_dir):
     built = tables.Table(chain, {}, 0.0, 1.0, store_key=k)
     assert built.ok and not built.loaded
     arr = store.load(k)
-    arr[3 + int(arr[0]) + 5] *= 1.5                     # one node value of the variance row
+    # the entry: [ndim 1, n nodes, 7 rows, 0 extra blocks, node values (7 x n), ...]
+    assert arr[0] == 1 and arr[2] == len(tables.ROWS)
+    arr[4 + int(arr[1]) + 5] *= 1.5                     # one node value of the variance row
     assert store.save(k, arr)
     again = tables.Table(chain, {}, 0.0, 1.0, store_key=k)
     assert again.ok and not again.loaded                # rebuilt

@@ -264,7 +264,8 @@ def test_rows_var_table_against_direct_rows():
         for i, k in enumerate(profile._KEYS):
             scale = np.max(np.abs(t.vals[i * L:(i + 1) * L]))
             assert np.max(np.abs(got[k] - want[k])) <= 1e-4 * scale
-    th, u = t._nodes(*t.vals.shape[1:])
+    nodes = t._nodes(t.vals.shape[1:])
+    assert t._accept(nodes, t.vals, t.direct)
     bad = t.vals.copy()
     bad[:, 4, 4] *= 1.01
-    assert not t._accept(th, u, bad, t.direct)
+    assert not t._accept(nodes, bad, t.direct)
