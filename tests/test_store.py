@@ -6,6 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import os
+import subprocess
+import sys
+
 from sigprop.model import presets, store, tables
 from sigprop.model.predict import predict
 
@@ -68,6 +72,59 @@ def test_keys_depend_on_inputs_and_sources(monkeypatch):
     assert k != store.key("table", ("attention", 1.0 + 1e-15), 0.0)
     monkeypatch.setattr(store, "_digest", "another source tree")
     assert k != store.key("table", ("attention", 1.0), 0.0)
+
+
+@pytest.mark.parametrize("rel", ["model/predict.py", "model/tables.py", "model/profile.py", "model/positions.py",
+                                 "model/blocks.py", "model/spec.py", "rules/attention.py", "backend/numeric.py",
+                                 "state.py"])
+def test_changing_a_covered_file_changes_every_key(rel, monkeypatch):
+    """The digest reads every covered file through store._read: one changed byte in any of
+    them (the predictor's own table code included) gives new keys."""
+    from pathlib import Path
+
+    root = Path(store.__file__).resolve().parent.parent
+    target = root / rel
+    assert target in store.source_files()
+    monkeypatch.setattr(store, "_digest", None)
+    k = store.key("table", ("attention", 1.0), 0.0)
+    real = store._read
+
+    def edited(path):
+        data = real(path)
+        return data + b"\n# edited\n" if path == target else data
+
+    monkeypatch.setattr(store, "_read", edited)
+    monkeypatch.setattr(store, "_digest", None)
+    assert store.key("table", ("attention", 1.0), 0.0) != k
+    monkeypatch.setattr(store, "_read", real)
+    monkeypatch.setattr(store, "_digest", None)
+    assert store.key("table", ("attention", 1.0), 0.0) == k
+
+
+def test_every_module_a_prediction_imports_is_covered(tmp_path):
+    """Whatever sigprop module a prediction loads (bidirectional, causal exact and graded,
+    LayerNorm Scaling, Post-LN) is in the store's digest, or named as unable to change a
+    number (store._NOT_NUMERIC)."""
+    code = ("import sys\n"
+            "from sigprop.model import presets, predict as p\n"
+            "small = dict(d_model=32, n_heads=2, d_ff=64)\n"
+            "p.predict(presets.resolve('preln', n_layers=3, seq_len=8, **small))\n"
+            "p.predict(presets.resolve('postln', n_layers=3, seq_len=8, causal=True, **small))\n"
+            "p.predict(presets.resolve('lns', n_layers=3, seq_len=600, causal=True, **small))\n"
+            "print('\\n'.join(m.__file__ for n, m in list(sys.modules.items())\n"
+            "                 if n.split('.')[0] == 'sigprop' and getattr(m, '__file__', None)))\n")
+    env = {**os.environ, "SIGPROP_CACHE_DIR": str(tmp_path), "SIGPROP_PROGRESS": "0"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    from pathlib import Path
+
+    root = Path(store.__file__).resolve().parent.parent
+    covered = set(store.source_files())
+    loaded = {Path(f).resolve() for f in r.stdout.split()}
+    assert Path(store.__file__).resolve() in loaded
+    missing = [str(f.relative_to(root)) for f in loaded
+               if f not in covered and str(f.relative_to(root)) not in store._NOT_NUMERIC]
+    assert not missing, missing
 
 
 # -- a stored table never changes an answer -------------------------------------------------
@@ -153,7 +210,9 @@ def test_a_tampered_table_is_rebuilt_not_used(cache_dir):
     built = tables.Table(chain, {}, 0.0, 1.0, store_key=k)
     assert built.ok and not built.loaded
     arr = store.load(k)
-    arr[3 + int(arr[0]) + 5] *= 1.5                     # one node value of the variance row
+    # the entry: [ndim 1, n nodes, 7 rows, 0 extra blocks, node values (7 x n), ...]
+    assert arr[0] == 1 and arr[2] == len(tables.ROWS)
+    arr[4 + int(arr[1]) + 5] *= 1.5                     # one node value of the variance row
     assert store.save(k, arr)
     again = tables.Table(chain, {}, 0.0, 1.0, store_key=k)
     assert again.ok and not again.loaded                # rebuilt
@@ -195,3 +254,13 @@ def test_predictions_in_one_process_do_not_depend_on_earlier_ones(monkeypatch):
                            capture_output=True, text=True, check=True).stdout.strip()
     sigprop.predict(arch="preln", layers=24, **causal)
     assert sigprop.predict(**post).to_json() == alone
+    # causal LayerNorm Scaling with its tables over the variance (the attention op's VarTable,
+    # the profile's RowsVarTable), alone and after another causal model with the same widths
+    code = ("import sigprop\nfrom sigprop.model import predict as p\np.VAR_TABLE_AFTER = 8\n"
+            "if {first}:\n    sigprop.predict(arch='preln', layers=12, **{small!r})\n"
+            "print(sigprop.predict(arch='lns', layers=12, **{small!r}).to_json())\n")
+    small = dict(d_model=64, heads=2, d_ff=128, seq_len=16, causal=True)
+    outs = [subprocess.run([sys.executable, "-c", code.format(first=first, small=small)], capture_output=True,
+                           text=True, check=True, env={**os.environ, "SIGPROP_CACHE_DIR": "off"}).stdout
+            for first in (False, True)]
+    assert outs[0] == outs[1] and outs[0].strip()

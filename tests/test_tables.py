@@ -264,7 +264,88 @@ def test_rows_var_table_against_direct_rows():
         for i, k in enumerate(profile._KEYS):
             scale = np.max(np.abs(t.vals[i * L:(i + 1) * L]))
             assert np.max(np.abs(got[k] - want[k])) <= 1e-4 * scale
-    th, u = t._nodes(*t.vals.shape[1:])
+    nodes = t._nodes(t.vals.shape[1:])
+    assert t._accept(nodes, t.vals, t.direct)
     bad = t.vals.copy()
     bad[:, 4, 4] *= 1.01
-    assert not t._accept(th, u, bad, t.direct)
+    assert not t._accept(nodes, bad, t.direct)
+
+
+# -- the one table base -----------------------------------------------------------------------
+
+def test_every_table_is_an_interp_table():
+    from sigprop.model import profile
+
+    for cls in (tables.Table, tables.VarTable, tables.ThetaTable, profile.RowsTable, profile.RowsVarTable):
+        assert issubclass(cls, tables.InterpTable), cls
+
+
+def test_verify_is_relative_to_the_larger_of_value_and_floor():
+    direct = np.array([[1.0, 2.0], [1e-9, -1e-9]])
+    approx = direct + np.array([[0.9e-5, 0.0], [1e-9, 0.0]])
+    # row 0 within 1e-5 of its values; row 1 off by 100% of its value, but within 1e-5 of
+    # a floor of 1e-3 (its quantity's scale)
+    assert tables.verify(approx, direct, np.array([0.0, 1e-3]), 1e-5)
+    assert not tables.verify(approx, direct, np.array([0.0, 1e-5]), 1e-5)
+    assert not tables.verify(approx, direct, 0.0, 1e-5)
+    assert tables.verify(approx, direct, 1e-3, 1e-5) and not tables.verify(approx, direct, 1e-3, 0.8e-5)
+    assert not tables.verify(approx + np.nan, direct, 1.0, 1.0)
+
+
+def _theta_fn(th):
+    return np.array([np.cos(th) ** 2, np.sin(3 * th) + 2.0, np.exp(-th)])
+
+
+def test_theta_table_interpolates_a_known_function_and_round_trips(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def fn(th):
+        calls.append(th)
+        return _theta_fn(th)
+
+    t = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", tol=1e-6)
+    assert t.ok and not t.loaded and t.counts == (17,)         # 9 nodes do not reach 1e-6
+    for r in (0.05, 0.3, 0.62, 0.999):
+        np.testing.assert_allclose(t.values(r), _theta_fn(np.arccos(r)), rtol=2e-6)
+    n_built = len(calls)
+    again = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", tol=1e-6)
+    assert again.loaded and again.ok and len(calls) == n_built     # loaded, not evaluated
+    assert np.array_equal(again.values(0.37), t.values(0.37))
+    # the stored numbers are held to the build's test: a looser entry is not taken at a
+    # stricter tolerance, it is rebuilt
+    strict = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", tol=1e-20)
+    assert not strict.loaded and not strict.ok and len(calls) > n_built
+
+
+def test_a_rough_function_fails_and_is_remembered_as_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
+    kink = lambda th: np.array([abs(th - 0.5) + 1.0])             # noqa: E731
+    t = tables.ThetaTable(kink, 0.0, 1.0, 0.0, "theta-kink", tol=1e-6)
+    assert not t.ok and not t.covers(Forward(0.0, 1.0, 0.5))
+    again = tables.ThetaTable(lambda th: pytest.fail("rebuilt"), 0.0, 1.0, 0.0, "theta-kink", tol=1e-6)
+    assert again.loaded and not again.ok
+
+
+def test_cache_memo_is_per_prediction():
+    a, b = tables.TableCache(), tables.TableCache()
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return [len(calls)]
+
+    first = a.remember("k", compute)
+    assert a.remember("k", compute) is first and a.untabulated.remember("k", compute) is first
+    assert a.untabulated.theta("rows", "k", Forward(0.0, 1.0, 0.5), lambda: pytest.fail("built")) is None
+    assert b.remember("k", compute) == [2]                        # another cache computes afresh
+    assert len(calls) == 2
+
+
+def test_graded_grid_is_shared_read_only():
+    from sigprop.model import positions
+
+    g = positions.grid_for(positions.EXACT_MAX + 100)
+    assert positions.grid_for(positions.EXACT_MAX + 100) is g
+    with pytest.raises(ValueError):
+        g.n[0] = 5.0

@@ -28,6 +28,7 @@ docs/validation.md ("Causal models at long context").
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -229,8 +230,6 @@ class Grid:
         return ("graded", self.L, self.p0, self.q)
 
 
-_GRIDS: dict = {}
-
 #: glibc's mallopt parameter for the free memory at the top of the heap that is kept
 _M_TRIM_THRESHOLD = -1
 _HEAP = {"kept": None}
@@ -269,7 +268,16 @@ def grid_for(L: int, exact_max: int | None = None) -> Grid | None:
     lim = EXACT_MAX if exact_max is None else exact_max
     if int(L) <= lim:
         return None
-    g = _GRIDS.get(int(L))
-    if g is None:
-        g = _GRIDS[int(L)] = Grid(int(L))
+    return _grid(int(L))
+
+
+@functools.lru_cache(maxsize=8)
+def _grid(L: int) -> Grid:
+    """``Grid(L)``, memoised: a grid is a function of L alone (P0 and Q are constants) and its
+    arrays are made read-only once built, so a grid shared by the predictions of one process
+    carries nothing from one to the next."""
+    g = Grid(L)
+    for a in vars(g).values():
+        if isinstance(a, np.ndarray):
+            a.flags.writeable = False
     return g

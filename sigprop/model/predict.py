@@ -358,17 +358,18 @@ _A2_IGNORES = ("v_std", "o_std", "v_bias_std", "o_bias_std", "p")
 
 def _square_table(params: dict, x: Forward, grid=None) -> tables.ThetaTable:
     """attention.row_moments as a function of the input correlation at one input mean and
-    variance (one q/k parameter set), a tables.ThetaTable (verified to 1e-4 of its largest
-    value; stored: its build is ~11 evaluations of the rule)."""
+    variance (one q/k parameter set), a tables.ThetaTable (verified to STATS_TOL of its
+    largest value; stored: its build is ~11 evaluations of the rule)."""
     mean, var, lo = float(x.mean), float(x.var), min(0.0, float(x.corr))
+    tol = tables.STATS_TOL
     if grid is None:
-        key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4)
+        key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, tol)
         n = None
     else:       # causal, long sequence: at the graded grid's representative row lengths
-        key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, 1e-4, grid.signature())
+        key = store.key("a2rows", tuple(sorted(params.items())), mean, var, lo, tol, grid.signature())
         n = grid.n
     return tables.ThetaTable(lambda th: np.ravel(row_moments(params, Forward(mean, var, float(np.cos(th))), n)),
-                             mean, var, lo, key, 1e-4)
+                             mean, var, lo, key, tol)
 
 
 #: Chebyshev nodes of a position-wise branch's covariance over the range of its input's pair
@@ -839,8 +840,9 @@ class Predictor:
 
     def _rows(self, op: Op):
         """Where an attention op's per-row-length terms may be tabulated (profile.rows): this
-        prediction's table cache when its parameters repeat, else nowhere."""
-        return self._tables if op.repeated or op.var_range is not None else None
+        prediction's table cache when its parameters repeat, else its untabulated view (direct
+        evaluations, memoised for the prediction)."""
+        return self._tables if op.repeated or op.var_range is not None else self._tables.untabulated
 
     @staticmethod
     def _logit_var(p: dict, x: Forward) -> float:

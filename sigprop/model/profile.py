@@ -88,158 +88,90 @@ def _canonical(params: dict) -> dict:
             "o_std": 1.0 / np.sqrt(params["n_heads"] * params["d_head"])}
 
 
-class RowsTable:
-    """``Attention.rows`` as a function of the input correlation, interpolated in
-    theta = arccos(r) on Chebyshev-Lobatto nodes, for one attention parameter set and one
-    input mean and variance (the branch input of a Pre-LN layer, or a Post-LN stream, is the
-    same at every layer but for its correlation).  One ``rows`` evaluation costs ~0.25 s at
-    L 256 (every row length, every quadrature), so a causal model evaluated layer by layer
-    would pay it twice per attention layer.  Built on 9 nodes (17 if that fails), verified at the
-    midpoints nearest both ends to ROWS_TOL of each quantity's largest value (the profile
-    enters the prediction as a ratio correction of a few per cent, so 1e-4 of it is far below
-    the Monte Carlo's resolution), kept in the on-disk store."""
+def _row_values(r: dict) -> np.ndarray:
+    """The per-row terms as one vector: each per-row quantity's values, then the scalars."""
+    return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
 
-    ROWS_TOL = 1e-4
+
+def _row_terms(v: np.ndarray, L: int) -> dict:
+    """:func:`_row_values` undone."""
+    out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
+    out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})
+    return out
+
+
+def _quantity_floor(vals: np.ndarray, L: int) -> np.ndarray:
+    """Each entry's verification floor: its quantity's largest |value| over the nodes (entries
+    such as the query path of a one-key row, or near r = 1, are zero up to rounding)."""
+    big = np.max(np.abs(vals.reshape(len(vals), -1)), axis=1)
+    return np.concatenate([np.full(L, np.max(big[i * L:(i + 1) * L])) for i in range(len(_KEYS))]
+                          + [big[-len(_SCALARS):]])
+
+
+class RowsTable(tables.ThetaTable):
+    """``Attention.rows`` as a function of the input correlation (a
+    :class:`sigprop.model.tables.ThetaTable`: theta = arccos(r), 9 nodes or 17, STATS_TOL of
+    each quantity's largest value), for one attention parameter set and one input mean and
+    variance (the branch input of a Pre-LN layer, or a Post-LN stream, is the same at every
+    layer but for its correlation).  One ``rows`` evaluation costs ~0.25 s at L 256 (every row
+    length, every quadrature), so a causal model evaluated layer by layer would pay it twice
+    per attention layer.  Kept in the on-disk store."""
+
+    ROWS_TOL = tables.STATS_TOL
 
     def __init__(self, params: dict, mean: float, var: float, lo: float, grid=None):
-        self.params, self.mean, self.var = params, mean, var
+        self.params = params
         self.n = None if grid is None else grid.n
         self.L = int(params["L"]) if grid is None else grid.size     # values per quantity
         parts = ("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
         key = store.key(*parts) if grid is None else store.key(*parts, grid.signature())
-        # error relative to each quantity's largest value over the nodes (entries such as the
-        # query path of a one-key row, or near r = 1, are zero up to rounding)
-        self._t = tables.ThetaTable(self._flat, mean, var, lo, key, self.ROWS_TOL, size=self._size,
-                                    n_values=len(_KEYS) * self.L + len(_SCALARS))
-        self.ok = self._t.ok
-
-    def _size(self, vals: np.ndarray) -> np.ndarray:
-        L = self.L
-        return np.concatenate([np.full(L, np.max(np.abs(vals[i * L:(i + 1) * L]))) for i in range(len(_KEYS))]
-                              + [np.max(np.abs(vals[-len(_SCALARS):]), axis=1)])
+        super().__init__(self._flat, mean, var, lo, key, self.ROWS_TOL,
+                         size=lambda vals: _quantity_floor(vals, self.L),
+                         n_values=len(_KEYS) * self.L + len(_SCALARS))
 
     def _flat(self, th: float) -> np.ndarray:
-        r = _rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n)
-        return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
-
-    def covers(self, x: Forward) -> bool:
-        return self._t.covers(x)
+        return _row_values(_rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n))
 
     def at(self, corr: float) -> dict:
-        v = self._t.values(corr)
-        L = self.L
-        out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
-        out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})
-        return out
+        return _row_terms(self.values(corr), self.L)
 
 
-class RowsVarTable:
+class RowsVarTable(tables.InterpTable):
     """``Attention.rows`` as a function of the input correlation *and* variance, for the
     attention ops of a model whose branch input changes its variance from layer to layer
     (LayerNorm Scaling: n_l times a LayerNorm output), where a :class:`RowsTable` (one
-    variance) would serve a single layer: a Chebyshev product interpolant in theta =
-    arccos(r) (Lobatto nodes over [TH_MIN, arccos(lo)]) and u = log var (over [log v_lo,
-    log v_hi]), on a 9 x 9 grid (17 x 13 if that fails).  Verified as a :class:`RowsTable`
-    (every entry within ROWS_TOL of its quantity's largest value) at the theta midpoints
-    nearest both ends and in the middle, each at every u midpoint; kept in the on-disk store
-    ([nt, nu, 2, node values, check values], or [0, 0, 0] for a failure: the terms are then
-    evaluated directly)."""
+    variance) would serve a single layer: a :class:`sigprop.model.tables.InterpTable` over
+    theta = arccos(r) and u = log var (over [log v_lo, log v_hi]), on a 9 x 9 grid (17 x 13
+    if that fails), checked as a :class:`RowsTable` (every entry within STATS_TOL of its
+    quantity's largest value) at the theta midpoints nearest both ends and in the middle, each
+    at every u midpoint; kept in the on-disk store."""
 
-    ROWS_TOL = RowsTable.ROWS_TOL
+    ROWS_TOL = tables.STATS_TOL
     GRIDS = ((9, 9), (17, 13))
+    CHECKS = ("ends+middle", "all")
+    LABEL = "sigprop: building an attention statistics table (correlation x variance)"
+    DOMAIN_FAILS = False
+    tol = ROWS_TOL
 
     def __init__(self, params: dict, mean: float, v_lo: float, v_hi: float, lo: float, grid=None):
         self.params, self.mean, self.v_lo, self.v_hi, self.lo = params, mean, v_lo, v_hi, lo
         self.n = None if grid is None else grid.n
         self.L = int(params["L"]) if grid is None else grid.size
         self.k = len(_KEYS) * self.L + len(_SCALARS)
-        self._u0, self._u_span = float(np.log(v_lo)), float(np.log(v_hi) - np.log(v_lo))
-        self._th_hi = float(np.arccos(lo))
-        self.ok = False
+        u0, u_span = float(np.log(v_lo)), float(np.log(v_hi) - np.log(v_lo))
         parts = ("rowsvar", tuple(sorted(params.items())), mean, v_lo, v_hi, lo, self.ROWS_TOL, tables.TH_MIN)
         key = store.key(*parts) if grid is None else store.key(*parts, grid.signature())
-        arr = store.load(key)
-        if arr is not None and self._unpack(arr):
-            return
-        from sigprop import progress
+        self._memo: dict = {}
+        self._setup([(tables.TH_MIN, float(np.arccos(lo))), (u0, u0 + u_span, u_span)], key)
 
-        with progress.task("sigprop: building an attention statistics table (correlation x variance)",
-                           total=len(self.GRIDS)) as bar:
-            for nt, nu in self.GRIDS:
-                th, u = self._nodes(nt, nu)
-                vals = np.stack([np.stack([self._flat(t, w) for w in u], axis=1) for t in th], axis=1)
-                ct, cu = self._checks(th, u)
-                direct = np.stack([np.stack([self._flat(t, w) for w in cu], axis=1) for t in ct], axis=1)
-                bar.advance()
-                if self._accept(th, u, vals, direct):
-                    self.vals, self.direct, self.ok = vals, direct, True
-                    break
-        store.save(key, np.concatenate([[len(th), len(u), 2.0], self.vals.ravel(), self.direct.ravel()])
-                   if self.ok else np.zeros(3))
+    def _compute(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return np.stack([np.stack([self._flat(t, w) for w in u], axis=1) for t in th], axis=1)
 
-    def _nodes(self, nt: int, nu: int) -> tuple[np.ndarray, np.ndarray]:
-        return (tables._cheb(nt, tables.TH_MIN, self._th_hi),
-                tables._cheb(nu, self._u0, self._u0 + self._u_span))
-
-    @staticmethod
-    def _checks(th: np.ndarray, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        m = len(th) // 2
-        return (np.array([(th[0] + th[1]) / 2, (th[m - 1] + th[m]) / 2, (th[-2] + th[-1]) / 2]),
-                (u[1:] + u[:-1]) / 2)
+    def _floor(self, vals: np.ndarray) -> np.ndarray:
+        return _quantity_floor(vals, self.L)
 
     def _flat(self, th: float, u: float) -> np.ndarray:
-        r = _rows_direct(self.params, Forward(self.mean, float(np.exp(u)), float(np.cos(th))), self.n)
-        return np.concatenate([r[k] for k in _KEYS] + [[r[k] for k in _SCALARS]])
-
-    def _set(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray) -> None:
-        nt, nu = len(th), len(u)
-        c = tables._cheb_coef(vals, tables._cheb_basis(nu))                        # (k, nt, nu)
-        c = tables._cheb_coef(c.transpose(0, 2, 1), tables._cheb_basis(nt))        # (k, nu, nt)
-        self._coef = np.ascontiguousarray(c.transpose(0, 2, 1)).reshape(-1, nu)    # (k nt, nu)
-        self._nt = nt
-        self._jt, self._ju = np.arange(nt, dtype=float), np.arange(nu, dtype=float)
-        self._th0, self._th_span = float(th[0]), float(th[-1] - th[0])
-
-    def _at(self, th: float, u: float) -> np.ndarray:
-        r = (self._coef @ tables._cheb_at(self._ju, u, self._u0, self._u_span)).reshape(-1, self._nt)
-        return r @ tables._cheb_at(self._jt, th, self._th0, self._th_span)
-
-    def _scale(self, vals: np.ndarray) -> np.ndarray:
-        """Each entry's scale: its quantity's largest |value| over the nodes."""
-        L, big = self.L, np.max(np.abs(vals.reshape(self.k, -1)), axis=1)
-        return np.concatenate([np.full(L, np.max(big[i * L:(i + 1) * L])) for i in range(len(_KEYS))]
-                              + [big[-len(_SCALARS):]])
-
-    def _accept(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
-        if vals.shape[0] != self.k or not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
-            return False
-        self._set(th, u, vals)
-        scale = self._scale(vals) + 1e-300
-        ct, cu = self._checks(th, u)
-        for i, t in enumerate(ct):
-            for j, w in enumerate(cu):
-                d = direct[:, i, j]
-                if np.max(np.abs(self._at(t, w) - d) / np.maximum(np.abs(d), scale)) >= self.ROWS_TOL:
-                    return False
-        return True
-
-    def _unpack(self, arr: np.ndarray) -> bool:
-        if arr.size == 3 and not np.any(arr):
-            return True                       # a stored failure: evaluate directly
-        if arr.size < 3 or (arr[0], arr[1]) not in self.GRIDS or arr[2] != 2:
-            return False
-        nt, nu = int(arr[0]), int(arr[1])
-        th, u = self._nodes(nt, nu)
-        ct, cu = self._checks(th, u)
-        nv, nd = self.k * nt * nu, self.k * len(ct) * len(cu)
-        if arr.size != 3 + nv + nd:
-            return False
-        vals = arr[3:3 + nv].reshape(self.k, nt, nu)
-        direct = arr[3 + nv:].reshape(self.k, len(ct), len(cu))
-        if not self._accept(th, u, vals, direct):
-            return False
-        self.vals, self.direct, self.ok = vals, direct, True
-        return True
+        return _row_values(_rows_direct(self.params, Forward(self.mean, float(np.exp(u)), float(np.cos(th))), self.n))
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and float(x.mean) == self.mean and self.v_lo <= float(x.var) <= self.v_hi
@@ -249,54 +181,45 @@ class RowsVarTable:
         """The terms at input ``x`` (the last few kept: a layer's forward and backward ask
         for the same state)."""
         corr, var = min(1.0, max(-1.0, float(x.corr))), float(x.var)
-        memo = self.__dict__.setdefault("_memo", {})
+        memo = self._memo
         hit = memo.get((corr, var))
         if hit is not None:
             return hit
-        v = self._at(float(np.arccos(corr)), float(np.log(var)))
-        L = self.L
-        out = {k: v[i * L:(i + 1) * L] for i, k in enumerate(_KEYS)}
-        out.update({k: float(v[len(_KEYS) * L + i]) for i, k in enumerate(_SCALARS)})
+        out = _row_terms(self.interp(float(np.arccos(corr)), float(np.log(var))), self.L)
         if len(memo) > 8:
             memo.clear()
         memo[(corr, var)] = out
         return out
 
 
-_DIRECT: dict = {}
-
-
 def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dict:
     """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` of
     the prediction's table cache ``table`` (a :class:`sigprop.model.tables.TableCache`: the
     predictor passes it when at least three layers share these parameters, as for its branch
-    tables, so a table is never built for one use), else evaluated directly (memoised on the
-    exact inputs, so a layer's forward and backward share one evaluation).  With a graded
-    ``grid`` the terms are evaluated at its representative row lengths only.  ``var_range``
-    (v_lo, v_hi): the layers sharing these parameters see input variances in that range (LayerNorm
-    Scaling), and a :class:`RowsVarTable` over it serves them all (a state outside it, or
-    beyond the tables' correlation range, is evaluated directly)."""
+    tables, so a table is never built for one use, and else the cache's ``untabulated`` view),
+    else evaluated directly (memoised in the cache on the exact inputs, so a layer's forward
+    and backward share one evaluation).  With a graded ``grid`` the terms are evaluated at its
+    representative row lengths only.  ``var_range`` (v_lo, v_hi): the layers sharing these
+    parameters see input variances in that range (LayerNorm Scaling), and a
+    :class:`RowsVarTable` over it serves them all (a state outside it, or beyond the tables'
+    correlation range, is evaluated directly)."""
     canon = _canonical(params)
     key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
-    if (table and var_range is not None and var_range[0] <= float(x.var) <= var_range[1]
-            and float(x.corr) <= tables.R_MAX):
+    if table is None:
+        return _rows_direct(canon, x, None if grid is None else grid.n)
+    if var_range is not None and var_range[0] <= float(x.var) <= var_range[1] and float(x.corr) <= tables.R_MAX:
         v_lo, v_hi = var_range
         t = table.theta("rowsvar", key + (v_lo, v_hi), x, lambda: RowsVarTable(
             canon, float(x.mean), v_lo, v_hi, min(0.0, float(x.corr)), grid))
         if t is not None:
             return t.at(x)
-    elif table:
+    else:
         t = table.theta("rows", key, x, lambda: RowsTable(canon, float(x.mean), float(x.var),
                                                           min(0.0, float(x.corr)), grid))
         if t is not None:
             return t.at(float(x.corr))
-    dkey = (key, float(x.var), float(x.corr))
-    hit = _DIRECT.get(dkey)
-    if hit is None:
-        if len(_DIRECT) > 64:
-            _DIRECT.clear()
-        hit = _DIRECT[dkey] = _rows_direct(canon, x, None if grid is None else grid.n)
-    return hit
+    return table.remember(("rows", key, float(x.var), float(x.corr)),
+                          lambda: _rows_direct(canon, x, None if grid is None else grid.n))
 
 
 def attention_forward(params: dict, x: Forward, table=None, grid=None, var_range=None) -> np.ndarray:

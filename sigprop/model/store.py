@@ -7,9 +7,11 @@ by later processes.
 
 * Where: ``$SIGPROP_CACHE_DIR``, else ``$XDG_CACHE_HOME/sigprop``, else ``~/.cache/sigprop``.
   ``SIGPROP_CACHE_DIR=off`` (or ``0``, ``none``, empty) disables the store.
-* Key: a SHA-256 of the table's inputs together with a digest of the source files of the
-  rules, the numeric backend and the table code, and of the NumPy and Python versions (whose
-  arithmetic produced the numbers), so editing any of them invalidates every stored table.
+* Key: a SHA-256 of the table's inputs together with a digest of the source files that can
+  shape a table's numbers (``_SOURCES``: the whole ``sigprop.rules``, ``sigprop.backend`` and
+  ``sigprop.model`` packages and the modules they import) and of the NumPy and Python versions
+  (whose arithmetic produced the numbers), so editing any of them invalidates every stored
+  table.
 * A stored entry holds exactly the float64 numbers the build computed, so a prediction is
   bit-for-bit the same whether its tables were built or loaded.  The file is
   ``MAGIC | SHA-256(key, payload) | payload``: written to a temporary file and renamed into
@@ -38,10 +40,17 @@ except ImportError:
         from hashlib import sha256 as _sha256
 
 _OFF = {"", "0", "off", "none", "false", "no"}
-# every file whose code shapes a stored table (predict.py builds the attention row tables,
-# positions.py the graded grid, blocks.py the chains)
-_SOURCES = ("rules", "backend", "model/tables.py", "model/profile.py", "model/store.py", "model/predict.py",
-            "model/positions.py", "model/blocks.py", "state.py")
+#: every source whose code can shape a stored table, relative to the package: whole packages
+#: rather than a list of the table code's modules, because the chains, parameters and row
+#: lengths a table is built for come from across sigprop.model (blocks, spec, presets, the
+#: predictor, positions), the rules import one another lazily, and a forgotten file would let
+#: a stale table through silently, whereas hashing a file too many only costs a rebuild (any
+#: edit to sigprop.model, the predictor included, invalidates the store).  The test suite
+#: checks that every sigprop module a prediction imports is covered or in ``_NOT_NUMERIC``.
+_SOURCES = ("rules", "backend", "model", "state.py", "errors.py", "symbols.py")
+#: modules a prediction imports that cannot change a number: the package's lazy API
+#: (``__init__``) and the progress display on stderr
+_NOT_NUMERIC = ("__init__.py", "progress.py")
 #: file format: magic (format version included), then the 32-byte digest, then the payload
 MAGIC = b"SIGPROP-TABLE-2\n"
 SUFFIX = ".tbl"
@@ -56,6 +65,20 @@ def directory() -> Path | None:
     return Path(base) / "sigprop"
 
 
+def source_files(root: Path | None = None) -> list[Path]:
+    """The files ``_SOURCES`` names (directories: every ``*.py`` below them), in digest order."""
+    root = Path(__file__).resolve().parent.parent if root is None else root
+    out = []
+    for rel in _SOURCES:
+        path = root / rel
+        out += sorted(path.rglob("*.py")) if path.is_dir() else [path]
+    return out
+
+
+def _read(path: Path) -> bytes:
+    return path.read_bytes()
+
+
 def source_digest() -> str:
     """SHA-256 over the source files whose code determines a table's numbers, and the NumPy
     and Python versions that execute it."""
@@ -64,12 +87,9 @@ def source_digest() -> str:
         root = Path(__file__).resolve().parent.parent
         h = _sha256()
         h.update(f"numpy {np.__version__}; python {sys.version}".encode())
-        for rel in _SOURCES:
-            path = root / rel
-            files = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-            for f in files:
-                h.update(str(f.relative_to(root)).encode())
-                h.update(f.read_bytes())
+        for f in source_files(root):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(_read(f))
         _digest = h.hexdigest()
     return _digest
 

@@ -1,21 +1,35 @@
-"""Interpolation tables for expensive rules (attention) in the layer-by-layer prediction.
+"""Interpolation tables for the costly quantities of the layer-by-layer prediction.
 
 In a transformer the branch input of a sublayer is (n times) a LayerNorm output: its mean and
 variance are the same at every layer up to O(eps / var), and only its token correlation drifts
-from layer to layer.  So for one branch (a :class:`Chain` of rule applications) with fixed
-parameters we evaluate it once, vectorised, on Chebyshev nodes in the correlation, and
-interpolate:
+from layer to layer.  So a quantity that depends on the branch input (a whole branch chain's
+forward and backward map, the attention rule's per-row statistics) is evaluated once,
+vectorised, on Chebyshev-Lobatto nodes and interpolated.  Every table is an
+:class:`InterpTable`, which holds the one implementation of
 
-* forward: barycentric Chebyshev interpolation in theta = arccos(corr) (the arc-cosine
-  kernels of ReLU and GeLU have a square-root singularity at corr = 1 in corr, not in theta), plus a first-order Taylor term in the
-  variance (used only within 1e-3 relative of the table's reference variance; a new table is
-  built otherwise);
-* backward: every backward rule is linear in the gradient's second moments, var_out = g2 (A +
-  B rg) and cov_out = g2 (C + D rg), so A..D are tabulated the same way.
+* the abscissae: theta = arccos(corr) over [TH_MIN, arccos(lo)] (the arc-cosine kernels of
+  ReLU and GeLU have a square-root singularity at corr = 1 in corr, not in theta), and, for
+  tables over the input variance too, u = log var over [log v_lo, log v_hi];
+* the interpolant: the Chebyshev series through the Lobatto nodes of each axis (one or two
+  axes, a product grid), evaluated as coefficients times cos(j phi);
+* the build: node grids tried in order (the first whose interpolant passes wins);
+* the acceptance policy, :func:`verify`: at check points between the nodes every entry's
+  interpolation error must be below ``tol`` of max(|direct value|, the entry's floor), where
+  the floor is what a table's consumer can neglect (a chain table: 1e-6 of its row's largest
+  value, since covariances cross 0; a statistics table: its quantity's largest value);
+* the on-disk store (sigprop.model.store): one entry layout, and loading re-applies the
+  build's own acceptance test to the stored numbers.
 
-Each table is verified when built: at the midpoints between nodes the interpolant must match
-direct evaluation to TOL relative (17, 33 or 65 nodes), and linearity in the gradient is
-checked at rg = 1/2; otherwise the predictor falls back to direct evaluation.
+The subclasses only say what is tabulated: :class:`Table` (a chain over theta at one
+variance, plus a first-order Taylor term in the variance), :class:`VarTable` (a chain over
+theta and u), :class:`ThetaTable` (any vector function of theta; the causal position profile's
+``profile.RowsTable`` and ``profile.RowsVarTable`` are subclasses too).  For a chain the
+backward map is linear in the gradient's second moments, var_out = g2 (A + B rg) and cov_out =
+g2 (C + D rg), so A..D are tabulated like the forward rows, and that linearity is checked when
+the table is built.
+
+:class:`TableCache` holds one prediction's tables and its memoised direct evaluations; a new
+one is made per prediction, so nothing a prediction looked up can serve another.
 """
 
 from __future__ import annotations
@@ -30,11 +44,20 @@ from sigprop.model import store
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
-#: interpolation error allowed at the verification points, relative.  The attention rule's
-#: own quadrature error is ~1e-6..1e-5 relative at small logit variances (second differences
-#: in r measured at 1e-5), so a table is held to the same order; where the rule's output is
-#: rougher (large logit variances) the table fails verification and direct evaluation is used.
+#: interpolation error a chain table is allowed at its check points, relative to each entry
+#: (floored at 1e-6 of its row's largest value).  The attention rule's own quadrature error is
+#: ~1e-6..1e-5 relative at small logit variances (second differences in r measured at 1e-5),
+#: so a table is held to the same order; where the rule's output is rougher (large logit
+#: variances) the table fails verification and direct evaluation is used.
 TOL = 3e-5
+#: the same for the attention statistics tables of the causal position profile and of the
+#: Post-LN gradient shares, relative to each quantity's largest value: these enter the
+#: prediction as corrections of a few per cent, so 1e-4 of them is far below the Monte Carlo's
+#: resolution (and their builds cost ~0.25 s per node at L 256)
+STATS_TOL = 1e-4
+#: the chain floor: covariances cross 0, so an entry's error is taken relative to at least
+#: this fraction of its row's largest value over the nodes
+CHAIN_FLOOR = 1e-6
 VAR_WINDOW = 1e-3
 #: a table is built for a (chain, mean) key at its BUILD_AFTER-th request: parameters used
 #: by only a few sublayers (per-layer init scales) are evaluated directly
@@ -46,8 +69,11 @@ TH_MIN = 1e-4
 R_MAX = math.cos(TH_MIN)
 #: node counts a Table tries, in order (the first whose interpolant passes verification)
 NODES = (17, 33, 65)
-#: the tabulated rows (:func:`_rows`)
+#: the tabulated rows of a chain (:func:`_rows`)
 ROWS = ("mean", "var", "cov", "A", "B", "C", "D")
+#: the most tables one key gets: each covers a range of correlations at one mean and variance
+#: window, so a stream that wanders gets a few, and then is evaluated directly
+PER_KEY = 4
 
 
 #: building a table costs tens of evaluations of its chain (17 nodes and 16 midpoints; 33 and
@@ -92,12 +118,16 @@ def worth_tabulating(ops, x: Forward, uses: int) -> bool:
     return uses >= COSTLY_USES or table_logit_var(ops, x) <= COSTLY_LOGIT_VAR
 
 
+# -- Chebyshev-Lobatto interpolation ------------------------------------------------------
+
 def _cheb(n: int, lo: float, hi: float) -> np.ndarray:
+    """n Chebyshev-Lobatto nodes over [lo, hi], ascending."""
     k = np.arange(n)
     return lo + (hi - lo) * (1 - np.cos(np.pi * k / (n - 1))) / 2
 
 
 def _bary_weights(n: int) -> np.ndarray:
+    """Barycentric weights of the Lobatto nodes (sigprop.solve.blocks interpolates with them)."""
     w = np.ones(n)
     w[1::2] = -1
     w[0] *= 0.5
@@ -135,43 +165,198 @@ def _cheb_at(j: np.ndarray, x: float, x0: float, span: float) -> np.ndarray:
     return np.cos(j * math.acos(1.0 if s > 1.0 else -1.0 if s < -1.0 else s))
 
 
-def _rows(rule, params: dict, x: Forward) -> np.ndarray:
-    """The tabulated rows at input states ``x`` (arrays): mean, var, cov | A, B, C, D of the
-    backward map, which is linear in the gradient's moments: var_out = g2 (A + B rg),
-    cov_out = g2 (C + D rg)."""
-    ones, zeros = np.ones_like(x.corr), np.zeros_like(x.corr)
-    y, g0 = rule.evaluate(x, Backward(ones, zeros), **params)
-    _, g1 = rule.evaluate(x, Backward(ones, ones), **params)
-    A, C = g0.var, g0.var * g0.corr
-    return np.stack([y.mean, y.var, y.var * y.corr, A, g1.var - A, C, g1.var * g1.corr - C])
+def _theta(corr: float) -> float:
+    return math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)
 
 
-def _max_rel_err(approx: np.ndarray, direct: np.ndarray, vals: np.ndarray) -> float:
-    """Largest error of ``approx`` against ``direct`` relative to each entry, floored at 1e-6
-    of its row's largest value over the nodes ``vals`` (covariances cross 0)."""
-    axes = tuple(range(1, vals.ndim))
-    scale = np.maximum(np.abs(direct), 1e-6 * np.max(np.abs(vals), axis=axes, keepdims=True))
-    return float(np.max(np.abs(approx - direct) / np.maximum(scale, 1e-300)))
+def verify(approx: np.ndarray, direct: np.ndarray, floor, tol: float) -> bool:
+    """The acceptance policy of every table: finite values, and every entry's interpolation
+    error ``approx - direct`` below ``tol`` of max(|direct|, floor); ``floor`` is a scalar or
+    one value per tabulated entry (the first axis)."""
+    if not (np.all(np.isfinite(approx)) and np.all(np.isfinite(direct))):
+        return False
+    floor = np.asarray(floor, dtype=float)
+    if floor.ndim:
+        floor = floor.reshape(floor.shape + (1,) * (direct.ndim - floor.ndim))
+    scale = np.maximum(np.maximum(np.abs(direct), floor), 1e-300)
+    return float(np.max(np.abs(approx - direct) / scale)) < tol
 
 
-def _linear_ok(row, g: Backward) -> bool:
-    """Linearity in the gradient: the tabulated map (``row``) applied to the gradient (2, 1/2)
-    against the rule's own backward ``g`` there."""
-    var = 2.0 * (row[3] + 0.5 * row[4])
-    cov = 2.0 * (row[5] + 0.5 * row[6])
-    return math.isclose(var, float(g.var[0]), rel_tol=1e-7) and math.isclose(
-        cov, float(g.var[0] * g.corr[0]), rel_tol=1e-7, abs_tol=1e-12 * abs(var))
+#: which midpoints between nodes an axis is checked at: all of them, the two nearest the
+#: ends, or those and the middle one
+_CHECKS = {
+    "all": lambda x: (x[1:] + x[:-1]) / 2,
+    "ends": lambda x: np.array([(x[0] + x[1]) / 2, (x[-2] + x[-1]) / 2]),
+    "ends+middle": lambda x: np.array([(x[0] + x[1]) / 2, (x[len(x) // 2 - 1] + x[len(x) // 2]) / 2,
+                                       (x[-2] + x[-1]) / 2]),
+}
 
 
-def _interp(x: float, nodes: np.ndarray, w: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Barycentric interpolation of each row of ``values`` (shape (k, n)) at x."""
-    diff = x - nodes
-    hit = np.nonzero(diff == 0)[0]
-    if hit.size:
-        return values[:, hit[0]]
-    c = w / diff
-    return values @ c / c.sum()
+class InterpTable:
+    """A vector of ``k`` quantities tabulated on a product grid of Chebyshev-Lobatto nodes
+    over one or two axes and interpolated by its Chebyshev series (see the module docstring).
 
+    A subclass sets ``GRIDS`` (node counts per axis, tried in order), ``CHECKS`` (per axis,
+    a key of ``_CHECKS``), ``tol`` (default TOL), ``LABEL`` (the progress line) and ``DOMAIN_FAILS`` (a
+    DomainError during the build means "no table", else it propagates to the caller), and
+    defines :meth:`_compute` (the quantities on a product grid, shape (k, n_1[, n_2])),
+    :meth:`_floor` (the verification floor) and optionally :meth:`_checked` (a test of the
+    accepted interpolant beyond :func:`verify`).  The constructor takes the axes as
+    (lo, hi[, span]) pairs: nodes over [lo, hi], evaluated with s = 2 (x - lo)/span - 1
+    (span: hi - lo as the nodes give it unless stated).
+
+    Store entry: [ndim, n_1..n_ndim, k, n_extra, node values (k x n_1 x ..), direct values at
+    the check points, n_extra blocks of k x n_1 x .. further node values], or [0, 0, 0] for a
+    build that failed (then the quantities are evaluated directly)."""
+
+    GRIDS: tuple = ()
+    CHECKS: tuple = ()
+    LABEL = "sigprop: building an interpolation table"
+    DOMAIN_FAILS = True
+    #: the verification tolerance (None: TOL, looked up at verification)
+    tol: float | None = None
+    #: the number of tabulated quantities when it is known in advance (a stored entry with
+    #: another count is rejected)
+    k: int | None = None
+
+    def _setup(self, axes, store_key: str | None) -> None:
+        """Load the table from the store or build (and store) it."""
+        self.axes = tuple(axes)
+        self.ok, self.loaded, self.store_key = False, False, store_key
+        self.extra: list = []
+        if store_key is not None:
+            arr = store.load(store_key)
+            self.loaded = arr is not None and self._unpack(arr)
+            if self.loaded:
+                return
+        self._build()
+        if store_key is not None:
+            self.save()
+
+    # -- subclass hooks ---------------------------------------------------------------------
+    def _compute(self, *grid: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _floor(self, vals: np.ndarray):
+        raise NotImplementedError
+
+    def _checked(self) -> bool:
+        return True
+
+    # -- grid, interpolant, verification ------------------------------------------------------
+    def _nodes(self, counts) -> list[np.ndarray]:
+        return [_cheb(n, ax[0], ax[1]) for n, ax in zip(counts, self.axes)]
+
+    def _checks(self, nodes) -> list[np.ndarray]:
+        return [_CHECKS[c](x) for c, x in zip(self.CHECKS, nodes)]
+
+    def _fit(self, nodes, vals: np.ndarray) -> None:
+        """Set the interpolant through ``vals`` (k, n_1[, n_2]) at ``nodes``."""
+        self.nodes_per_axis, self.vals = nodes, vals
+        self.counts = tuple(len(x) for x in nodes)
+        self._j = [np.arange(n, dtype=float) for n in self.counts]
+        self._x0 = [float(x[0]) for x in nodes]
+        self._span = [float(ax[2]) if len(ax) > 2 else float(x[-1] - x[0]) for ax, x in zip(self.axes, nodes)]
+        self.coef = self._coef_of(vals)
+        if len(nodes) == 2:
+            self._flat = self.coef.reshape(-1, self.counts[1])
+
+    def _coef_of(self, vals: np.ndarray) -> np.ndarray:
+        """Chebyshev coefficients of node values on this table's grid (along the last axis
+        first)."""
+        if vals.ndim == 2:
+            return _cheb_coef(vals, _cheb_basis(vals.shape[1]))
+        c = _cheb_coef(vals, _cheb_basis(vals.shape[2]))                     # (k, n1, n2)
+        c = _cheb_coef(c.transpose(0, 2, 1), _cheb_basis(vals.shape[1]))      # (k, n2, n1)
+        return np.ascontiguousarray(c.transpose(0, 2, 1))                     # (k, n1, n2)
+
+    def _basis(self, axis: int, x: float) -> np.ndarray:
+        return _cheb_at(self._j[axis], x, self._x0[axis], self._span[axis])
+
+    def interp(self, *x: float) -> np.ndarray:
+        """The interpolant at abscissae ``x`` (one per axis): the k quantities."""
+        if len(x) == 1:
+            return self.coef @ self._basis(0, x[0])
+        r = (self._flat @ self._basis(1, x[1])).reshape(-1, self.counts[0])
+        return r @ self._basis(0, x[0])
+
+    def _accept(self, nodes, vals: np.ndarray, direct: np.ndarray) -> bool:
+        """The build's acceptance test (sets the interpolant): :func:`verify` at the check
+        points between the nodes."""
+        if self.k is not None and vals.shape[0] != self.k:
+            return False
+        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
+            return False
+        self._fit(nodes, vals)
+        checks = self._checks(nodes)
+        if len(checks) == 1:
+            approx = np.stack([self.interp(t) for t in checks[0]], axis=1)
+        else:
+            approx = np.array([[self.interp(t, w) for w in checks[1]] for t in checks[0]]).transpose(2, 0, 1)
+        return verify(approx, direct, self._floor(vals), TOL if self.tol is None else self.tol)
+
+    def _build(self) -> None:
+        with progress.task(self.LABEL, total=len(self.GRIDS)) as bar:
+            for counts in self.GRIDS:
+                nodes = self._nodes(counts)
+                try:
+                    vals = self._compute(*nodes)
+                    direct = self._compute(*self._checks(nodes))
+                except DomainError:
+                    if not self.DOMAIN_FAILS:
+                        raise
+                    # part of the table's range lies outside a rule's domain (e.g. the attention
+                    # rule's logit-variance range at low correlations): no table, the predictor
+                    # evaluates at the states it actually meets
+                    return
+                bar.advance()
+                if self._accept(nodes, vals, direct):
+                    self.direct = direct
+                    self.ok = self._checked()
+                    return
+
+    # -- the on-disk store (sigprop.model.store) ----------------------------------------------
+    def save(self) -> None:
+        if not self.ok:
+            store.save(self.store_key, np.zeros(3))
+            return
+        head = [len(self.counts), *self.counts, self.vals.shape[0], len(self.extra)]
+        store.save(self.store_key, np.concatenate([np.asarray(head, dtype=float), self.vals.ravel(),
+                                                   self.direct.ravel(), *(e.ravel() for e in self.extra)]))
+
+    def _unpack(self, arr: np.ndarray) -> bool:
+        """Take a stored entry if it has this table's layout and passes the build's own
+        acceptance test (a stored failure loads as "evaluate directly")."""
+        if arr.size == 3 and not np.any(arr):
+            self.ok = False
+            return True
+        nd = len(self.GRIDS[0])
+        if arr.size < nd + 3 or arr[0] != nd:
+            return False
+        counts = tuple(int(c) for c in arr[1:1 + nd])
+        if counts not in self.GRIDS or tuple(arr[1:1 + nd]) != counts:
+            return False
+        k, n_extra = arr[1 + nd], arr[2 + nd]
+        if k != int(k) or k < 1 or n_extra not in (0, 1, 2):
+            return False
+        k, n_extra = int(k), int(n_extra)
+        nodes = self._nodes(counts)
+        checks = self._checks(nodes)
+        nv, nc = k * math.prod(counts), k * math.prod(len(c) for c in checks)
+        p = nd + 3
+        if arr.size != p + nv + nc + n_extra * nv:
+            return False
+        vals = arr[p:p + nv].reshape(k, *counts)
+        direct = arr[p + nv:p + nv + nc].reshape(k, *(len(c) for c in checks))
+        if not self._accept(nodes, vals, direct):
+            return False
+        self.direct, self.ok = direct, True
+        self.extra = [arr[p + nv + nc + i * nv:p + nv + nc + (i + 1) * nv].reshape(k, *counts)
+                      for i in range(n_extra)]
+        return True
+
+
+# -- chains -------------------------------------------------------------------------------
 
 class Chain:
     """A sequence of rule applications (a sublayer's branch) evaluated as one rule: forward
@@ -192,176 +377,39 @@ class Chain:
         return x, g
 
 
-class Table:
-    def __init__(self, rule, params: dict, mean: float, var: float, lo: float = 0.0,
-                 store_key: str | None = None):
-        self.rule = get(rule) if isinstance(rule, str) else rule
-        self.params, self.mean, self.var, self.lo = params, mean, var, lo
-        self.ok = False
-        self.store_key = store_key
-        self.loaded = store_key is not None and self._load(store_key)
-        if self.loaded:
-            return
-        self._build(lo, var)
-        if store_key is not None:
-            self.save()
+def _rows(rule, params: dict, x: Forward) -> np.ndarray:
+    """The tabulated rows at input states ``x`` (arrays): mean, var, cov | A, B, C, D of the
+    backward map, which is linear in the gradient's moments: var_out = g2 (A + B rg),
+    cov_out = g2 (C + D rg)."""
+    ones, zeros = np.ones_like(x.corr), np.zeros_like(x.corr)
+    y, g0 = rule.evaluate(x, Backward(ones, zeros), **params)
+    _, g1 = rule.evaluate(x, Backward(ones, ones), **params)
+    A, C = g0.var, g0.var * g0.corr
+    return np.stack([y.mean, y.var, y.var * y.corr, A, g1.var - A, C, g1.var * g1.corr - C])
 
-    # -- the on-disk store (sigprop.model.store) ------------------------------------------
-    # An entry is [n, 1, has_d, values at the n nodes (7 x n), direct evaluation at the n - 1
-    # midpoints (the build's verification points), d(values)/d(var) if has_d], or [0, 0, 0] for
-    # a table that failed its build (then the chain is evaluated directly).  Loading applies
-    # the build's own acceptance test to the stored numbers; an entry that fails it, or has
-    # any other shape, is rebuilt.
-    def _load(self, key: str) -> bool:
-        arr = store.load(key)
-        if arr is None:
-            return False
-        n, ok, has_d = arr[0], arr[1], arr[2]
-        if arr.size == 3 and n == 0 and ok == 0 and has_d == 0:
-            self.ok = False                         # a stored failure: evaluate directly
-            return True
-        if n not in NODES or ok != 1 or has_d not in (0, 1):
-            return False
-        n, has_d = int(n), bool(has_d)
-        k = len(ROWS)
-        if arr.size != 3 + k * n + k * (n - 1) + (k * n if has_d else 0):
-            return False
-        vals = arr[3:3 + k * n].reshape(k, n)
-        mid = arr[3 + k * n:3 + k * (2 * n - 1)].reshape(k, n - 1)
-        th = _cheb(n, TH_MIN, math.acos(self.lo))
-        if not self._accept(th, vals, mid):
-            return False
-        self.nodes, self.w, self.vals, self.mid, self.nodes_n = th, _bary_weights(n), vals, mid, n
-        self.dvals = None
-        try:
-            self._set_coefficients()
-        except AssertionError:
-            return False
-        if has_d:
-            dvals = arr[3 + k * (2 * n - 1):].reshape(k, n)
-            self.dvals, self.dcoef = dvals, self._coef_of(dvals)
-            self._stacked = np.vstack([self.coef, self.dcoef])
-        self.ok = True
-        return True
 
-    def save(self) -> None:
-        if not self.ok:
-            store.save(self.store_key, np.zeros(3))
-            return
-        has_d = self.dvals is not None
-        parts = [np.array([self.nodes_n, 1.0, float(has_d)]), self.vals.ravel(), self.mid.ravel()]
-        if has_d:
-            parts.append(self.dvals.ravel())
-        store.save(self.store_key, np.concatenate(parts))
+def _linear_ok(row, g: Backward) -> bool:
+    """Linearity in the gradient: the tabulated map (``row``) applied to the gradient (2, 1/2)
+    against the rule's own backward ``g`` there."""
+    var = 2.0 * (row[3] + 0.5 * row[4])
+    cov = 2.0 * (row[5] + 0.5 * row[6])
+    return math.isclose(var, float(g.var[0]), rel_tol=1e-7) and math.isclose(
+        cov, float(g.var[0] * g.corr[0]), rel_tol=1e-7, abs_tol=1e-12 * abs(var))
 
-    @staticmethod
-    def _accept(th: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
-        """The build's acceptance test: finite values whose interpolant matches the direct
-        evaluation at the midpoints between nodes to TOL (relative, :func:`_max_rel_err`)."""
-        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
-            return False
-        w = _bary_weights(len(th))
-        th_mid = (th[1:] + th[:-1]) / 2
-        approx = np.stack([_interp(x, th, w, vals) for x in th_mid], axis=1)
-        return _max_rel_err(approx, direct, vals) < TOL
 
-    def _build(self, lo: float, var: float) -> None:
-        # interpolation variable theta = arccos(corr): the arc-cosine kernels (ReLU, GeLU near
-        # r = 1) have a square-root singularity at r = 1 in r but are analytic in theta
-        th_hi = math.acos(lo)
-        with progress.task("sigprop: building an interpolation table", total=len(NODES)) as bar:
-            for n in NODES:
-                th = _cheb(n, TH_MIN, th_hi)
-                nodes = np.cos(th)
-                th_mid = (th[1:] + th[:-1]) / 2
-                try:
-                    vals = self._values(nodes, var)
-                    direct = self._values(np.cos(th_mid), var)
-                except DomainError:
-                    # part of the table's range lies outside a rule's domain (e.g. the attention
-                    # rule's logit-variance range at low correlations): no table, the predictor
-                    # evaluates the chain at the states it actually meets
-                    return
-                bar.advance()
-                if self._accept(th, vals, direct):
-                    self.nodes, self.w, self.vals, self.mid = th, _bary_weights(n), vals, direct
-                    self.dvals = None
-                    self.nodes_n = n
-                    self._set_coefficients()
-                    # linearity in the gradient, checked at a node (exact table values there)
-                    self.ok = self._linear_in_gradient(float(np.cos(th[n // 2])))
-                    break
+class _ChainTable(InterpTable):
+    """What the two chain tables share: the rows (:func:`_rows`), the chain floor, the
+    linearity check and the conversions of a row to states."""
 
-    def _evaluate(self, corr, var, g):
-        c = np.asarray(corr, dtype=float)
-        x = Forward(np.full_like(c, self.mean), np.full_like(c, var), c)
-        return self.rule.evaluate(x, g, **self.params)
+    k = len(ROWS)
 
-    def _derivative(self):
-        """d(row)/d(var) at the nodes (one-sided difference; built on first use)."""
-        h = 1e-4
-        self.dvals = (self._values(np.cos(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var)
-        self.dcoef = self._coef_of(self.dvals)
-        self._stacked = np.vstack([self.coef, self.dcoef])
-        if self.store_key is not None:
-            self.save()
+    def _floor(self, vals: np.ndarray) -> np.ndarray:
+        return CHAIN_FLOOR * np.max(np.abs(vals.reshape(len(vals), -1)), axis=1)
 
-    def _values(self, corr: np.ndarray, var: float) -> np.ndarray:
-        """Rows (:func:`_rows`) at correlations ``corr`` and variance ``var``."""
-        c = np.asarray(corr, dtype=float)
-        return _rows(self.rule, self.params, Forward(np.full_like(c, self.mean), np.full_like(c, var), c))
-
-    def _linear_in_gradient(self, corr: float) -> bool:
-        _, g = self._evaluate(np.array([corr]), self.var, Backward(np.array([2.0]), np.array([0.5])))
-        return _linear_ok(self._row(corr, self.var, th=float(self.nodes[len(self.nodes) // 2])), g)
-
-    def covers(self, x: Forward) -> bool:
-        return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= VAR_WINDOW
-                and self.lo <= x.corr <= R_MAX)
-
-    def _set_coefficients(self):
-        """Chebyshev coefficients of the interpolant (the same polynomial as the barycentric
-        form through the Lobatto nodes, evaluated as C @ cos(j phi): two NumPy calls instead
-        of five).  Checked against the barycentric form at the verification points."""
-        n = self.nodes_n
-        basis = _cheb_basis(n)
-        self._coef_of = lambda vals: _cheb_coef(vals, basis)
-        self.coef = self._coef_of(self.vals)
-        self.dcoef = None
-        self._j = np.arange(n, dtype=float)
-        self._th0, self._th_span = float(self.nodes[0]), float(self.nodes[-1] - self.nodes[0])
-        th_mid = (self.nodes[1:] + self.nodes[:-1]) / 2
-        bary = np.stack([_interp(t, self.nodes, self.w, self.vals) for t in th_mid], axis=1)
-        cheb = np.stack([self.coef @ self._basis(t) for t in th_mid], axis=1)
-        if not np.allclose(cheb, bary, rtol=1e-11, atol=1e-13 * np.max(np.abs(self.vals))):
-            raise AssertionError("Chebyshev coefficients disagree with the barycentric form")
-
-    def _basis(self, th: float) -> np.ndarray:
-        return _cheb_at(self._j, th, self._th0, self._th_span)
-
-    def _row(self, corr: float, var: float, th: float | None = None) -> np.ndarray:
-        """:meth:`row` as an array (at ``th`` = arccos(corr) when given)."""
-        if th is None:
-            th = math.acos(min(1.0, max(-1.0, corr)))
-        return np.array(self._row_at(th, var))
-
-    def row(self, x: Forward) -> list:
-        """Every tabulated quantity at input ``x`` as a list of floats: mean, var, cov | A, B,
-        C, D (the predictor's per-sublayer path: one matrix product for the value and its
-        variance derivative together, the combination in plain floats)."""
-        corr = float(x.corr)
-        return self._row_at(math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr), float(x.var))
-
-    def _row_at(self, th: float, var: float) -> list:
-        basis = self._basis(th)
-        if var == self.var:
-            return (self.coef @ basis).tolist()
-        if self.dvals is None:
-            self._derivative()
-        r = (self._stacked @ basis).tolist()
-        dv = var - self.var
-        k = len(r) // 2
-        return [r[i] + dv * r[k + i] for i in range(k)]
+    def _linear_at(self, corr: float, var: float, row) -> bool:
+        x = Forward(np.array([self.mean]), np.array([var]), np.array([corr]))
+        _, g = self.rule.evaluate(x, Backward(np.array([2.0]), np.array([0.5])), **self.params)
+        return _linear_ok(row, g)
 
     @staticmethod
     def forward_of(r) -> Forward:
@@ -380,95 +428,123 @@ class Table:
         return self.backward_of(self.row(x), g)
 
 
-class VarTable:
+class Table(_ChainTable):
+    """A chain (or rule) over theta at one input mean and variance ``var``, on 17, 33 or 65
+    nodes, checked at every midpoint between nodes; within VAR_WINDOW of ``var`` a first-order
+    Taylor term in the variance (its node values by a one-sided difference, built at the first
+    lookup away from ``var`` and stored with the table) extends it."""
+
+    GRIDS = tuple((n,) for n in NODES)
+    CHECKS = ("all",)
+
+    def __init__(self, rule, params: dict, mean: float, var: float, lo: float = 0.0,
+                 store_key: str | None = None):
+        self.rule = get(rule) if isinstance(rule, str) else rule
+        self.params, self.mean, self.var, self.lo = params, mean, var, lo
+        self.dvals = None
+        self._setup([(TH_MIN, math.acos(lo))], store_key)
+        if self.ok and self.extra:
+            self._set_derivative(self.extra[0])
+
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.nodes_per_axis[0]
+
+    def _compute(self, th: np.ndarray) -> np.ndarray:
+        return self._values(np.cos(th), self.var)
+
+    def _values(self, corr: np.ndarray, var: float) -> np.ndarray:
+        """Rows (:func:`_rows`) at correlations ``corr`` and variance ``var``."""
+        c = np.asarray(corr, dtype=float)
+        return _rows(self.rule, self.params, Forward(np.full_like(c, self.mean), np.full_like(c, var), c))
+
+    def _checked(self) -> bool:
+        """Linearity in the gradient, at a node (exact table values there)."""
+        th = float(self.nodes[len(self.nodes) // 2])
+        return self._linear_at(float(np.cos(th)), self.var, self.interp(th))
+
+    def _set_derivative(self, dvals: np.ndarray) -> None:
+        self.dvals, self.dcoef = dvals, self._coef_of(dvals)
+        self._stacked = np.vstack([self.coef, self.dcoef])
+        self.extra = [dvals]
+
+    def _derivative(self):
+        """d(row)/d(var) at the nodes (one-sided difference; built on first use)."""
+        h = 1e-4
+        self._set_derivative((self._values(np.cos(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var))
+        if self.store_key is not None:
+            self.save()
+
+    def covers(self, x: Forward) -> bool:
+        return (self.ok and x.mean == self.mean and abs(x.var / self.var - 1) <= VAR_WINDOW
+                and self.lo <= x.corr <= R_MAX)
+
+    def row(self, x: Forward) -> list:
+        """Every tabulated quantity at input ``x`` as a list of floats: mean, var, cov | A, B,
+        C, D (the predictor's per-sublayer path: one matrix product for the value and its
+        variance derivative together, the combination in plain floats)."""
+        return self._row_at(_theta(float(x.corr)), float(x.var))
+
+    def _row_at(self, th: float, var: float) -> list:
+        basis = self._basis(0, th)
+        if var == self.var:
+            return (self.coef @ basis).tolist()
+        if self.dvals is None:
+            self._derivative()
+        r = (self._stacked @ basis).tolist()
+        dv = var - self.var
+        k = len(r) // 2
+        return [r[i] + dv * r[k + i] for i in range(k)]
+
+
+class VarTable(_ChainTable):
     """A chain's table over the token correlation *and* the input variance, for branches whose
     input variance changes from layer to layer (LayerNorm Scaling: the branch input is
-    LN(x)/sqrt(l)).  A Chebyshev product interpolant in theta = arccos(corr) (as
-    :class:`Table`) and u = log var over [v_lo, v_hi], built on a 17 x 17 grid (33 x 25 if that
-    fails) and verified like a :class:`Table`: on the whole grid of midpoints between nodes it
-    must match direct evaluation to TOL relative, and linearity in the gradient is checked at
-    a node.  Outside [v_lo, v_hi] (and beyond R_MAX) it does not cover the state and the chain
-    is evaluated directly."""
+    LN(x)/sqrt(l)): theta = arccos(corr) and u = log var over [v_lo, v_hi], on a 17 x 17 grid
+    (33 x 25 if that fails), checked on the whole grid of midpoints between nodes.  Outside
+    [v_lo, v_hi] (and beyond R_MAX) it does not cover the state and the chain is evaluated
+    directly."""
+
+    GRIDS = ((17, 17), (33, 25))
+    CHECKS = ("all", "all")
+    LABEL = "sigprop: building an interpolation table (correlation x variance)"
 
     def __init__(self, rule, mean: float, v_lo: float, v_hi: float, lo: float = 0.0,
                  store_key: str | None = None):
-        self.rule = rule
+        self.rule, self.params = rule, {}
         self.mean, self.v_lo, self.v_hi, self.lo = mean, v_lo, v_hi, lo
-        self._u0, self._u_span = math.log(v_lo), math.log(v_hi) - math.log(v_lo)
-        self.ok = False
-        self.store_key = store_key
-        self.loaded = store_key is not None and self._load(store_key)
-        if self.loaded:
-            return
-        self._build()
-        if store_key is not None:
-            self.save()
+        u0, u_span = math.log(v_lo), math.log(v_hi) - math.log(v_lo)
+        self._setup([(TH_MIN, math.acos(lo)), (u0, u0 + u_span, u_span)], store_key)
 
-    def _values(self, corr: np.ndarray, var: np.ndarray) -> np.ndarray:
-        """Rows (:func:`_rows`) at the states (corr[i], var[i])."""
-        return _rows(self.rule, {}, Forward(np.full_like(corr, self.mean), var, corr))
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.nodes_per_axis[0]
 
-    def _grid_values(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Rows at every (theta, u) of the product grid, shape (7, len(th), len(u)), the
-        forward rows in units of the input's: mean / sqrt(var), var / var, cov / var (the
-        value path makes them ~ var; what is left varies slowly in u, so the interpolant needs
-        far fewer nodes: measured 3e-4 against 9e-6 on a 17 x 9 vs 17 x 13 grid)."""
+    @property
+    def u_nodes(self) -> np.ndarray:
+        return self.nodes_per_axis[1]
+
+    def _compute(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
+        return self._grid_values(self.rule, th, u)
+
+    def _grid_values(self, rule, th: np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Rows of chain ``rule`` at every (theta, u) of the product grid, shape (7, len(th),
+        len(u)), the forward rows in units of the input's: mean / sqrt(var), var / var,
+        cov / var (the value path makes them ~ var; what is left varies slowly in u, so the
+        interpolant needs far fewer nodes: measured 3e-4 against 9e-6 on a 17 x 9 vs 17 x 13
+        grid)."""
         T, U = np.meshgrid(th, u, indexing="ij")
-        vals = self._values(np.cos(T).ravel(), np.exp(U).ravel()).reshape(7, len(th), len(u))
+        c = np.cos(T).ravel()
+        vals = _rows(rule, {}, Forward(np.full_like(c, self.mean), np.exp(U).ravel(), c)).reshape(7, len(th), len(u))
         w = np.exp(u)
         vals[0] /= np.sqrt(w)
         vals[1:3] /= w
         return vals
 
-    GRIDS = ((17, 17), (33, 25))
-
-    def _build(self) -> None:
-        th_hi = math.acos(self.lo)
-        u_hi = self._u0 + self._u_span
-        with progress.task("sigprop: building an interpolation table (correlation x variance)",
-                           total=len(self.GRIDS)) as bar:
-            for nt, nu in self.GRIDS:
-                th, u = _cheb(nt, TH_MIN, th_hi), _cheb(nu, self._u0, u_hi)
-                try:
-                    vals = self._grid_values(th, u)
-                    direct = self._grid_values((th[1:] + th[:-1]) / 2, (u[1:] + u[:-1]) / 2)
-                except DomainError:
-                    return                    # part of the range outside a rule's domain: no table
-                bar.advance()
-                if self._accept(th, u, vals, direct):
-                    self.mid = direct
-                    self.ok = self._linear_in_gradient(th[nt // 2], u[nu // 2])
-                    return
-
-    def _accept(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
-        """The build's acceptance test (sets the interpolant): finite values whose interpolant
-        matches the direct evaluation on the grid of midpoints to TOL relative."""
-        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
-            return False
-        self._set(th, u, vals)
-        approx = np.array([[self._row_at(t, w) for w in (u[1:] + u[:-1]) / 2]
-                           for t in (th[1:] + th[:-1]) / 2]).transpose(2, 0, 1)
-        return _max_rel_err(approx, direct, vals) < TOL
-
-    def _set(self, th: np.ndarray, u: np.ndarray, vals: np.ndarray) -> None:
-        nt, nu = len(th), len(u)
-        self.nodes, self.u_nodes, self.vals = th, u, vals
-        # coefficients along u (last axis), then along theta
-        c = _cheb_coef(vals, _cheb_basis(nu))                               # (7, nt, nu)
-        c = _cheb_coef(c.transpose(0, 2, 1), _cheb_basis(nt))               # (7, nu, nt)
-        self.coef = np.ascontiguousarray(c.transpose(0, 2, 1))              # (7, nt, nu)
-        self._flat = self.coef.reshape(7 * nt, nu)
-        self._jt, self._ju = np.arange(nt, dtype=float), np.arange(nu, dtype=float)
-        self._th0, self._th_span = float(th[0]), float(th[-1] - th[0])
-
-    def _row_at(self, th: float, u: float) -> np.ndarray:
-        r = (self._flat @ _cheb_at(self._ju, u, self._u0, self._u_span)).reshape(7, -1)
-        return r @ _cheb_at(self._jt, th, self._th0, self._th_span)
-
-    def _linear_in_gradient(self, th: float, u: float) -> bool:
-        x = Forward(np.array([self.mean]), np.array([math.exp(u)]), np.array([math.cos(th)]))
-        _, g = self.rule.evaluate(x, Backward(np.array([2.0]), np.array([0.5])))
-        return _linear_ok(self._row_at(th, u), g)
+    def _checked(self) -> bool:
+        """Linearity in the gradient, at a node."""
+        th, u = self.nodes[len(self.nodes) // 2], self.u_nodes[len(self.u_nodes) // 2]
+        return self._linear_at(math.cos(th), math.exp(u), self.interp(th, u))
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and x.mean == self.mean and self.v_lo <= x.var <= self.v_hi
@@ -477,41 +553,8 @@ class VarTable:
     def row(self, x: Forward) -> list:
         """Every tabulated quantity at input ``x`` (as :meth:`Table.row`)."""
         corr, var = float(x.corr), float(x.var)
-        th = math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)
-        r = self._row_at(th, math.log(var)).tolist()
+        r = self.interp(_theta(corr), math.log(var)).tolist()
         return [r[0] * math.sqrt(var), r[1] * var, r[2] * var, *r[3:]]
-
-    forward_of = staticmethod(Table.forward_of)
-    backward_of = staticmethod(Table.backward_of)
-
-    # -- the on-disk store (as Table): [nt, nu, 1, values (7 x nt x nu), direct evaluation
-    # on the grid of midpoints (7 x (nt-1) x (nu-1))], or [0, 0, 0] for a failed build -----
-    def save(self) -> None:
-        if not self.ok:
-            store.save(self.store_key, np.zeros(3))
-            return
-        nt, nu = self.vals.shape[1:]
-        store.save(self.store_key, np.concatenate([np.array([nt, nu, 1.0]), self.vals.ravel(), self.mid.ravel()]))
-
-    def _load(self, key: str) -> bool:
-        arr = store.load(key)
-        if arr is None:
-            return False
-        if arr.size == 3 and not np.any(arr):
-            self.ok = False                         # a stored failure: evaluate directly
-            return True
-        if (arr[0], arr[1]) not in self.GRIDS or arr[2] != 1:
-            return False
-        nt, nu = int(arr[0]), int(arr[1])
-        if arr.size != 3 + 7 * nt * nu + 7 * (nt - 1) * (nu - 1):
-            return False
-        vals = arr[3:3 + 7 * nt * nu].reshape(7, nt, nu)
-        mid = arr[3 + 7 * nt * nu:].reshape(7, nt - 1, nu - 1)
-        th, u = _cheb(nt, TH_MIN, math.acos(self.lo)), _cheb(nu, self._u0, self._u0 + self._u_span)
-        if not self._accept(th, u, vals, mid):
-            return False
-        self.mid, self.ok = mid, True
-        return True
 
 
 class _Prescaled:
@@ -536,86 +579,47 @@ class _Prescaled:
         k = self._gain
         return r[:3] + [v * k for v in r[3:]]
 
-    forward_of = staticmethod(Table.forward_of)
-    backward_of = staticmethod(Table.backward_of)
+    forward_of = staticmethod(_ChainTable.forward_of)
+    backward_of = staticmethod(_ChainTable.backward_of)
 
 
-class ThetaTable:
+class ThetaTable(InterpTable):
     """A vector-valued function ``fn(theta)`` of the input correlation r = cos(theta), at one
-    input mean and variance, interpolated in theta (barycentric form through Chebyshev-Lobatto
-    nodes) for the predictor's per-layer attention statistics that are costly to evaluate
-    (the per-row terms of a causal position profile, profile.RowsTable; the row statistics of
-    Post-LN attention's gradient shares).  Built on 9 nodes (17 if that fails), verified at
-    the midpoints nearest both ends: every entry's error below ``tol`` of max(|direct value|,
-    ``size(vals)``), ``size`` giving each entry's scale from the node values (default: the
-    largest of them all).  Kept in the table store under ``store_key`` ([n, 1, 0, values...],
-    or [0, 0, 0] for a failure, which then evaluates directly)."""
+    input mean and variance, for the predictor's per-layer attention statistics that are
+    costly to evaluate (the per-row terms of a causal position profile, profile.RowsTable; the
+    row statistics of Post-LN attention's gradient shares).  Built on 9 nodes (17 if that
+    fails), checked at the midpoints nearest both ends to ``tol`` of max(|direct value|,
+    ``size(vals)``), ``size`` giving each entry's floor from the node values (default: the
+    largest of them all).  A DomainError while building propagates (the predictor ends the
+    pass there, as for the states it meets)."""
 
-    NODES = (9, 17)
+    GRIDS = ((9,), (17,))
+    CHECKS = ("ends",)
+    LABEL = "sigprop: building an attention statistics table"
+    DOMAIN_FAILS = False
 
-    def __init__(self, fn, mean: float, var: float, lo: float, store_key: str, tol: float,
+    def __init__(self, fn, mean: float, var: float, lo: float, store_key: str, tol: float = STATS_TOL,
                  size=None, n_values: int | None = None):
-        self.mean, self.var, self.lo, self.ok = mean, var, lo, False
-        self.tol, self.size = tol, size
-        hi = float(np.arccos(lo))
-        arr = store.load(store_key)
-        if arr is not None and self._unpack(arr, hi, n_values):
-            return
-        with progress.task("sigprop: building an attention statistics table", total=len(self.NODES)) as bar:
-            for n in self.NODES:
-                th = _cheb(n, TH_MIN, hi)
-                vals = np.stack([fn(t) for t in th], axis=1)
-                direct = np.stack([fn(t) for t in self._checks(th)], axis=1)
-                bar.advance()
-                if self._accept(th, vals, direct):
-                    self.nodes, self.w, self.vals, self.direct, self.ok = th, _bary_weights(n), vals, direct, True
-                    break
-        store.save(store_key, np.concatenate([[len(self.nodes), 1.0, 0.0], self.vals.ravel(), self.direct.ravel()])
-                   if self.ok else np.zeros(3))
+        self.fn, self.mean, self.var, self.lo = fn, mean, var, lo
+        self.tol, self.size, self.k = tol, size, n_values
+        self._setup([(TH_MIN, float(np.arccos(lo)))], store_key)
 
-    @staticmethod
-    def _checks(th: np.ndarray) -> tuple:
-        """The verification points: the midpoints nearest both ends."""
-        return (th[0] + th[1]) / 2, (th[-2] + th[-1]) / 2
+    @property
+    def nodes(self) -> np.ndarray:
+        return self.nodes_per_axis[0]
 
-    def _accept(self, th: np.ndarray, vals: np.ndarray, direct: np.ndarray) -> bool:
-        """The build's acceptance test: finite values, and at both verification points every
-        entry's error below ``tol`` of max(|direct value|, its scale)."""
-        if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
-            return False
-        w = _bary_weights(len(th))
-        scale = np.max(np.abs(vals)) if self.size is None else self.size(vals)
-        err = 0.0
-        for j, t in enumerate(self._checks(th)):
-            d = direct[:, j]
-            err = max(err, float(np.max(np.abs(_interp(t, th, w, vals) - d) / np.maximum(np.abs(d), scale + 1e-300))))
-        return err < self.tol
+    def _compute(self, th: np.ndarray) -> np.ndarray:
+        return np.stack([self.fn(t) for t in th], axis=1)
 
-    def _unpack(self, arr: np.ndarray, hi: float, n_values: int | None) -> bool:
-        """A stored entry ([n, 1, 0, values (k x n), values at the two verification points
-        (k x 2)], or [0, 0, 0] for a failed build), accepted only if it passes the build's
-        test."""
-        if arr.size == 3 and not np.any(arr):
-            return True                       # a stored failure: evaluate directly
-        if arr[0] not in self.NODES or arr[1] != 1 or arr[2] != 0 or (arr.size - 3) % (int(arr[0]) + 2):
-            return False
-        n = int(arr[0])
-        k = (arr.size - 3) // (n + 2)
-        if k == 0 or (n_values is not None and k != n_values):
-            return False
-        vals, direct = arr[3:3 + k * n].reshape(k, n), arr[3 + k * n:].reshape(k, 2)
-        th = _cheb(n, TH_MIN, hi)
-        if not self._accept(th, vals, direct):
-            return False
-        self.nodes, self.w, self.vals, self.direct, self.ok = th, _bary_weights(n), vals, direct, True
-        return True
+    def _floor(self, vals: np.ndarray):
+        return np.max(np.abs(vals)) if self.size is None else self.size(vals)
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and float(x.mean) == self.mean and abs(float(x.var) / self.var - 1) <= VAR_WINDOW
                 and self.lo <= float(x.corr) <= R_MAX)
 
     def values(self, corr: float) -> np.ndarray:
-        return _interp(float(np.arccos(min(1.0, max(-1.0, corr)))), self.nodes, self.w, self.vals)
+        return self.interp(_theta(float(corr)))
 
 
 class _Scaled:
@@ -635,8 +639,8 @@ class _Scaled:
         r[0] = r[0] / math.sqrt(s)               # the mean scales with sqrt(s)
         return r
 
-    forward_of = staticmethod(Table.forward_of)
-    backward_of = staticmethod(Table.backward_of)
+    forward_of = staticmethod(_ChainTable.forward_of)
+    backward_of = staticmethod(_ChainTable.backward_of)
 
     def forward(self, x: Forward) -> Forward:
         return self.forward_of(self.row(x))
@@ -681,14 +685,13 @@ def _homogeneous(t, ops: list) -> bool:
     :class:`Table` or :class:`VarTable`): doubling v_std must multiply the forward variance
     and every backward coefficient by 4."""
     if isinstance(t, VarTable):
-        other = VarTable.__new__(VarTable)
-        other.rule, other.mean = _doubled(ops), t.mean
         a, b = len(t.nodes) // 2, len(t.u_nodes) // 2
-        return _times_four(t.vals[:, a, b], other._grid_values(t.nodes[a:a + 1], t.u_nodes[b:b + 1])[:, 0, 0])
-    other = Table.__new__(Table)
-    other.rule, other.params, other.mean = _doubled(ops), {}, t.mean
+        got = t._grid_values(_doubled(ops), t.nodes[a:a + 1], t.u_nodes[b:b + 1])[:, 0, 0]
+        return _times_four(t.vals[:, a, b], got)
     th = float(t.nodes[len(t.nodes) // 2])
-    return _times_four(t._row(math.cos(th), t.var, th=th), other._values(np.array([math.cos(th)]), t.var)[:, 0])
+    c = np.array([math.cos(th)])
+    got = _rows(_doubled(ops), {}, Forward(np.full_like(c, t.mean), np.full_like(c, t.var), c))[:, 0]
+    return _times_four(t.interp(th), got)
 
 
 class _Handle:
@@ -714,11 +717,6 @@ def _view(handle: _Handle, t):
     return view
 
 
-#: the most tables one key gets: each covers a range of correlations at one mean and variance
-#: window, so a stream that wanders gets a few, and then is evaluated directly
-PER_KEY = 4
-
-
 class TableCache:
     """One prediction's interpolation tables (a new cache per prediction, so which table
     serves a layer never depends on what was predicted before in the process; built tables
@@ -728,10 +726,17 @@ class TableCache:
       BUILD_AFTER-th request (returns None before that, and where verification failed).
       Attention chains that differ only in their value/output weight scale share a table;
     * variance tables (:meth:`get_var`);
-    * :class:`ThetaTable` families (:meth:`theta`): any function of the correlation at one
-      mean and variance (the attention rule's row statistics, the causal profile's terms).
+    * statistics table families (:meth:`theta`): any :class:`InterpTable` of the attention
+      statistics at one mean (and variance, or variance range);
+    * direct evaluations shared within the prediction (:meth:`remember`: a layer's forward and
+      backward ask for the same per-row terms of a causal position profile).
 
-    Every family keeps at most PER_KEY tables per key."""
+    Every family keeps at most PER_KEY tables per key.  :attr:`untabulated` is the same cache
+    seen by a quantity that is not to be tabulated (its parameters do not repeat): it builds
+    no table and shares the memoised direct evaluations."""
+
+    #: the most direct evaluations :meth:`remember` keeps (then it starts afresh)
+    MEMO_SIZE = 64
 
     def __init__(self):
         self.tables: dict = {}
@@ -739,11 +744,22 @@ class TableCache:
         self.var_tables: dict = {}
         self._canon: dict = {}
         self._theta: dict = {}
+        self._memo: dict = {}
+        self.untabulated = _Untabulated(self)
+
+    def remember(self, key, compute):
+        """``compute()`` memoised under ``key`` for this prediction (at most MEMO_SIZE kept)."""
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) > self.MEMO_SIZE:
+                self._memo.clear()
+            hit = self._memo[key] = compute()
+        return hit
 
     def theta(self, family: str, key, x: Forward, build):
-        """The table of ``family`` and ``key`` that covers ``x`` (a :class:`ThetaTable` or
-        anything with ``covers``), building one with ``build()`` while the key has fewer than
-        PER_KEY; None when none covers ``x``."""
+        """The table of ``family`` and ``key`` that covers ``x`` (anything with ``covers``:
+        a :class:`ThetaTable`, a profile.RowsVarTable), building one with ``build()`` while
+        the key has fewer than PER_KEY; None when none covers ``x``."""
         tabs = self._theta.setdefault((family, key), [])
         for t in tabs:
             if t.covers(x):
@@ -788,8 +804,7 @@ class TableCache:
         """A :class:`VarTable` of chain ``ops`` over input variances [v_lo, v_hi] at the mean of
         ``x``, built (or loaded) at the first request; None where it does not cover ``x`` or
         failed verification.  Its correlation range starts at min(0, corr) of the request that
-        built it; a later request below that gets a table of its own (at most 4, as the 1-D
-        tables)."""
+        built it; a later request below that gets a table of its own (at most PER_KEY)."""
         if handle is None:
             handle = self.handle(ops)
         mean = float(x.mean)
@@ -797,7 +812,7 @@ class TableCache:
         for t in tables:
             if t.covers(x):
                 return _view(handle, t)
-        if len(tables) >= 4 or any(t.lo <= x.corr for t in tables):
+        if len(tables) >= PER_KEY or any(t.lo <= x.corr for t in tables):
             return None                   # outside every variance range, or failed: evaluate directly
         lo = min(0.0, float(x.corr))
         skey = store.key("vartable", handle.key, mean, v_lo, v_hi, lo, TOL, TH_MIN)
@@ -832,3 +847,17 @@ class TableCache:
             t.save()
         tables.append(t)
         return t if t.covers(x) else None
+
+
+class _Untabulated:
+    """A :class:`TableCache` for quantities that are evaluated directly: no tables, the
+    cache's memoised direct evaluations."""
+
+    __slots__ = ("remember",)
+
+    def __init__(self, cache: TableCache):
+        self.remember = cache.remember
+
+    @staticmethod
+    def theta(family, key, x, build):
+        return None
