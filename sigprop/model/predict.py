@@ -33,8 +33,7 @@ from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
-from sigprop.rules import get
-from sigprop.rules import attention, residual
+from sigprop.rules import attention, get, residual
 from sigprop.rules.activation import relu_ffn_euler_var
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.attention import logit_var as attention_logit_var
