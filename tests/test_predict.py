@@ -290,6 +290,7 @@ def test_postln_ffn_backward_euler_share_and_cross_term():
     # positions >= 32, two runs of 40 draws x batch 4; the old predictor: 0).
     import math
     from sigprop.model.predict import Predictor, _generic_below
+    from sigprop.rules.residual import post_norm_cross_log_factor
     pr = Predictor(resolve("postln", "torch-default", n_layers=4, **SMALL))
     recs = pr.forward()
     pr.backward(recs)
@@ -299,7 +300,8 @@ def test_postln_ffn_backward_euler_share_and_cross_term():
         assert share_x < 0.005
         la2 = 2 * math.log(abs(rec.a))
         lsum = max(la2, rec.log_branch_gain) + math.log1p(math.exp(-abs(la2 - rec.log_branch_gain)))
-        cross = math.expm1(pr._cross_log_factor(rec, lsum))
+        cross = math.expm1(post_norm_cross_log_factor(rec.log_b2, rec.x_log_var, lsum,
+                                                      float(rec.branch_out.var), rec.euler_var, pr.d))
         assert -0.50e-3 < cross < -0.35e-3
     # attention and Pre-LN keep the independent sum
     assert all(r.euler_var is None for r in recs if r.kind == "attention")
@@ -338,7 +340,7 @@ def _attention_sublayer_mc(r, rg, causal, trials, d=64, L=32, H=2, seed=5):
 def test_postln_attention_share_along_the_stream_matches_monte_carlo(r, rg, causal):
     # the gradient handed below a Post-LN attention has a share along the stream direction
     # that the skip/branch split put at 0.17-0.3; per token, x_t . g_x,t = b [sum_s g_s . E_st
-    # - g_t . F_t] (Predictor._attention_euler).  Measured here (one sublayer, d 64, L 32,
+    # - g_t . F_t] (rules.attention.euler_terms).  Measured here (one sublayer, d 64, L 32,
     # 3000 draws x batch 4): 0.1474 +- 0.0006 (bidirectional, r 0.26, rg 0.8: mostly the
     # token-specific part, with the key path's mean m1), 0.0222 +- 0.0001 (bidirectional, r 0.95,
     # rg 0.9: the gradient's shared part cancels the value path) and 0.0981 +- 0.0012 (causal,

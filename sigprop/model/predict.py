@@ -33,13 +33,17 @@ from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.model.growth import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
-from sigprop.rules import get
+from sigprop.rules import attention, get, residual
+from sigprop.rules.activation import relu_ffn_euler_var
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.attention import logit_var as attention_logit_var
 # the mean row logit variance the attention rule bounds (ROW_LOGIT_VAR_MAX), under the name
 # the predictor and its tests use
 from sigprop.rules.attention import mean_row_logit_var as row_logit_var
 from sigprop.rules.layernorm import combine_token_stats
+# e^l1 / (e^l1 + e^l2) and log(e^l1 + e^l2) without overflow
+from sigprop.rules.residual import log_add as _log_sum
+from sigprop.rules.residual import log_share as _share
 from sigprop.state import Backward, Forward
 
 #: a pre attention branch shared (but for its norm scale) by at least this many layers gets a
@@ -148,11 +152,12 @@ class SublayerRecord:
         self.g_prof = None            # (backward) of the gradient w.r.t. the stream entering it
         # post ReLU FFN only (else None): per-element variance of the branch's departure from
         # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the
-        # branch is positively homogeneous of degree 1 in its input): see _euler_var
+        # branch is positively homogeneous of degree 1 in its input): see
+        # sigprop.rules.activation.relu_ffn_euler_var
         self.euler_var: float | None = None
         # post attention only (else None): the rule's row statistics (A2, m1) of its softmax
         # rows (causal: per row length n = 1..L), for the Euler share and cross term
-        # (_attention_euler)
+        # (sigprop.rules.attention.euler_terms)
         self.att_rows = None
         # post attention (set by the backward pass): the share along the stream direction of
         # the gradient handed below it, and per position (mean 1 over positions of g_z's
@@ -297,11 +302,13 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       b^2 v_D / (v_x (a^2 + branch gain)), v_D the per-element variance of D = F - J_F x,
       assuming only that g_z is isotropic within the (d-2)-dimensional complement of 1 and z
       (corrections O(1/d)).  The split above is the special case cov(F, J_F x) = 0.  For a
-      ReLU FFN (``rec.euler_var``, see Predictor._euler_var) D is the bias part alone.
+      ReLU FFN (``rec.euler_var``, rules.activation.relu_ffn_euler_var) D is the bias part
+      alone (rules.residual.post_norm_euler_share).
       (Measured against the Monte Carlo: docs/validation.md, "The Post-LN gradient's
       shares, measured".)  Attention is not
       position-wise: its share (per token, through the response of every output token to
-      scaling one input token) is Predictor._attention_euler's (``rec.att_along``).
+      scaling one input token) is rules.attention.euler_terms' with
+      rules.residual.post_norm_attention (``rec.att_along``).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
       left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0) (also with a norm on the
       branch output, and for a parallel block's summed branches).
@@ -324,10 +331,7 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
         if rec.att_along is not None:                   # attention: see _attention_euler
             return (branch, rec.att_along)
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
-            ev = rec.euler_var
-            along = 0.0 if ev <= 0 or not rec.b else min(1.0, _exp(
-                rec.log_b2 + math.log(ev) - clipped - _log_sum(log_a2, log_bg)))
-            return (branch, along)
+            return (branch, residual.post_norm_euler_share(log_a2, rec.log_b2, log_bg, clipped, rec.euler_var))
         return (branch, skip * leak + branch)
     if rec.in_norm:
         return (skip * gen[0], skip * gen[1])
@@ -344,12 +348,6 @@ _GENERIC = {"layernorm": "g_generic", "rmsnorm": "g_generic_rms"}
 def _generic_share(rule: str, gen: tuple[float, float]) -> float:
     """That share from the gradient's shares (along 1, along the stream direction)."""
     return 0.5 * (gen[0] + gen[1]) if rule == "layernorm" else gen[1]
-
-
-def _right_of_diagonal(W: np.ndarray, f: np.ndarray) -> np.ndarray:
-    """sum_{s > t} W_ts f_s for every t (W symmetric: the row right of the diagonal)."""
-    C = np.cumsum(W * f, axis=1)
-    return C[:, -1] - np.diag(C)
 
 
 # attention parameters that do not enter the softmax weights' statistics
@@ -378,20 +376,6 @@ _PAIR_NODES = 7
 
 #: how the attention rule's DomainError for a saturated softmax begins
 _SATURATED = "attention: row logit variance"
-
-
-def _share(l1: float, l2: float) -> float:
-    """e^l1 / (e^l1 + e^l2) without overflow."""
-    if l1 == -math.inf:
-        return 0.0
-    t = l2 - l1
-    return 1.0 / (1.0 + math.exp(t)) if t < 709.0 else 0.0
-
-
-def _log_sum(l1: float, l2: float) -> float:
-    """log(e^l1 + e^l2) without overflow."""
-    hi, lo = (l1, l2) if l1 >= l2 else (l2, l1)
-    return hi if lo == -math.inf else hi + math.log1p(math.exp(lo - hi))
 
 
 def _repeats(cols, with_norm: bool = True) -> tuple[list, list]:
@@ -616,7 +600,9 @@ class Predictor:
         m, G, npos = self.model, self.grid, self.npos
         kind, l, n = br.kind, br.layer, br.norm_scale
         if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and m.activation == "relu":
-            rec.euler_var = self._euler_var(l)
+            s = m.ffn
+            rec.euler_var = relu_ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
+                                               float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
         chain, handle = self._chain(kind, l, unit.in_norm, n)
         if kind == "attention":
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
@@ -626,7 +612,7 @@ class Predictor:
                     self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
                                               f"at layer {l + 1}")
                     return None
-            rec.logit_var = self._logit_var(chain[-2][1], h_att)
+            rec.logit_var = attention_logit_var(chain[-2][1], h_att)
         h_in = h
         if unit.post_norm and kind == "attention":
             rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
@@ -765,19 +751,6 @@ class Predictor:
             cov = cov / (float(np.trace(cov)) / self.model.seq_len if G is None else G.mean_diag(cov))
         return _real(lv, xs) if lv > -math.inf else Forward(0.0, 0.0, 0.0), cov
 
-    def _euler_var(self, l: int) -> float:
-        """Per-element variance of D = F(x) - J_F x for layer ``l``'s ReLU FFN with its hidden
-        dropout (absolute units).  F = W2 M (relu(W1 x + b1)) + b2 (M the inner dropout mask),
-        J_F x = W2 M (relu'(u) (u - b1)), so D = W2 M (relu'(u) b1) + b2: variance
-        b2_std^2 + d_ff w2_std^2 b1_std^2 P(u > 0) / (1 - p_inner), P(u > 0) = 1/2 (u symmetric
-        about 0: zero-mean weights), all over (1 - p_hidden) for the hidden dropout mask.
-        D and J_F x are uncorrelated (E[b1 w 1(w + b1 > 0)] = 0 for independent centred
-        Gaussian b1, w), so also E[F . J_F x] = v_F - v_D (the cross term in backward)."""
-        m, s = self.model, self.model.ffn
-        b1, b2, w2 = float(s.bias_std["in"][l]), float(s.bias_std["out"][l]), float(s.std["out"][l])
-        v = b2 * b2 + m.d_ff * w2 * w2 * b1 * b1 * 0.5 / (1.0 - m.dropout.ffn_inner)
-        return v / (1.0 - m.dropout.hidden)
-
     @staticmethod
     def _cov(corr: float, dev: np.ndarray, prof: np.ndarray) -> np.ndarray:
         """The stream's normalised covariance over positions: mean ``corr`` plus ``dev`` off
@@ -793,7 +766,7 @@ class Predictor:
         deviate from their mean by ``dev`` (see profile, "forward")."""
         if att is not None:
             p = att.params
-            g = p["d"] * p["v_std"] ** 2 * p["n_heads"] * p["d_head"] * p["o_std"] ** 2 * float(att.x.var)
+            g = attention.value_gain(p) * float(att.x.var)
             return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid)
         # position-wise branch: the output covariance of a pair of positions is the chain's
         # covariance C(r) at that pair's input correlation r = corr + dev (wide limit), taken
@@ -843,12 +816,6 @@ class Predictor:
         prediction's table cache when its parameters repeat, else its untabulated view (direct
         evaluations, memoised for the prediction)."""
         return self._tables if op.repeated or op.var_range is not None else self._tables.untabulated
-
-    @staticmethod
-    def _logit_var(p: dict, x: Forward) -> float:
-        """Variance of the pre-softmax logits q.k / sqrt(d_head) for attention input ``x``
-        (the attention rule's logit_var: QK-norm and rotary positions included)."""
-        return attention_logit_var(p, x)
 
     def _chain(self, kind: str, l: int, in_norm: bool, n: float):
         """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (after
@@ -985,7 +952,9 @@ class Predictor:
             ref, v1, v2 = _weights(rec.log_a2, rec.log_branch_gain)
             lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, g.corr), 1.0)
             if rec.euler_var is not None and rec.b and lsum > -math.inf:
-                lsum += self._cross_log_factor(rec, lsum)
+                lsum += residual.post_norm_cross_log_factor(
+                    rec.log_b2, min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT), lsum,
+                    float(rec.branch_out.var), rec.euler_var, self.d)
             if cross is not None and lsum > -math.inf:
                 # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
                 c = max(float(np.mean(cross)) if G is None or w is None else G.mean(cross), -0.5)
@@ -1051,30 +1020,6 @@ class Predictor:
             gt = Backward(1.0, s.corr)
         return gt, ut, lt
 
-    def _cross_log_factor(self, rec: SublayerRecord, lsum: float) -> float:
-        """log of 1 + (skip-branch cross term) / (a^2 + branch gain) for a Post-LN ReLU FFN.
-
-        The skip and branch gradients a g and b J^T g (g = g_z, the gradient below the
-        LayerNorm, unit variance here) are not independent: g is orthogonal to z = a x + b F,
-        so x . g = -(b/a) F . g.  Write J = (J x) x^T / |x|^2 + J_perp (J_perp x = 0, zero mean
-        over the weights): 2 a b g . J^T g = 2 a b (g . J x)(x . g) / |x|^2 + (zero mean)
-        = -2 b^2 (g . J x)(g . F) / |x|^2, with expectation -2 b^2 E[F . J x] / (d v_x) per
-        unit |g|^2 (g isotropic in the complement of 1 and z; corrections O(1/d^2)).  ReLU FFN:
-        E[F . J x] per element = v_F - v_D (see _euler_var), so without biases the cross term
-        is -(2/d) b^2 v_F / v_x, i.e. -(2/d) gamma/(1 + gamma) of the sum (gamma = branch over
-        skip) (measured: docs/validation.md, "The Post-LN gradient's shares, measured").
-        Position-wise, so it scales every position's
-        variance and covariance alike: the correlation and the causal profile are unchanged.
-        Attention (not position-wise: its cross term depends on the attention weights, e.g.
-        only position 0 of a causal model keeps the full size) has its own, per position:
-        Predictor._attention_euler."""
-        c = float(rec.branch_out.var) - rec.euler_var
-        if c <= 0:
-            return 0.0
-        clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        lc = math.log(2.0 * c / self.d) + rec.log_b2 - clipped - lsum
-        return math.log1p(-min(_exp(lc), 0.5))
-
     def _row_moments(self, params: dict, x: Forward, repeated: bool):
         """The attention rule's row statistics (attention.row_moments) at input ``x``: through
         a table in the input correlation where at least BUILD_AFTER layers share the q/k
@@ -1094,141 +1039,19 @@ class Predictor:
 
     def _attention_euler(self, rec: SublayerRecord, rg: float, W: np.ndarray | None,
                          relative: bool = False):
-        """Post-LN attention, x' = LN(z), z = a x + b Dropout_h(F(x)): (the share along the
-        stream direction of the gradient handed below it, the skip-branch cross term per
-        position), both per unit variance of g = g_z (the gradient below the LayerNorm, token
-        correlation ``rg``; causal: covariance over positions ``W``, mean diagonal 1);
-        ``relative``: the cross term in units of a^2 + branch gain instead, b^2 and that sum
-        entering as one ratio of logarithms (either may lie beyond float64 when squared; the
-        backward pass uses this form).
-
-        Share.  Per token t, g_z,t is orthogonal to z_t, so x_t . g_x,t = a x_t . g_t
-        + b x_t . (J^T g)_t = b [sum_s g_s . E_st - g_t . F_t] exactly, with E_st = J_st x_t =
-        d/de F_s(x_t -> (1 + e) x_t) the response of output token s to scaling input token t
-        alone (Euler's identity per token; the position-wise case is the FFN's D = F - J x).
-        Attention: F_s = sum_h Wo_h sum_j A_sj (Wv_h x_j + bv) + bo; the value path gives
-        E_st = A_st Wo Wv x_t; the key of column t (logit w_s = q_s . Wk x_t / sqrt(dh) in every
-        row s) gives A_st w_s Wo (V_t - sum_j A_sj V_j); the query of row t a term of relative
-        size (row logit variance) / n, dropped.
-        Averaging over Wv, Wo (E[(b_s . x_j)(b_s' . x_j')] with b_s = Wv^T Wo^T g_s is
-        dh sv^2 so^2 (g_s . g_s')(x_j . x_j') per head) gives
-        E (x_t . g_x,t)^2 = b^2 gamma_v d g2 v_x [S2 T1 - 2 T2 + T3] with gamma_v = d H dh sv^2 so^2,
-            T1 = sum_{s,s'} E[A_st A_s't] W~_ss',  T2 = sum_{s,j} E[A_st A_tj] W~_st X_tj,
-            T3 = W~_tt sum_{j,j'} E[A_tj A_tj'] X_jj',
-        X_jj' = c2 + tau delta_jj' (the stream's normalised token covariance, c2 = r + mu^2,
-        tau = 1 - r, S2 = 1 + mu^2), W~ = W with its diagonal over (1 - p_hidden) (the hidden
-        dropout mask multiplies g).  The biases add W~_tt (H dh so^2 sbv^2 E sum A + sbo^2)
-        / v_x to the bracket (they pair with g_t alone).  With E A_sj = 1/n_s, E sum_j A_sj^2
-        = A2/(1-p) (the rule's A2, ``rec.att_rows``) and E (sum_j A_sj)^2 = 1 + p A2/(1-p): the
-        share is b^2 gamma_v [..] / (S2 (a^2 + branch gain)).
-        Key path.  Its mean: E[A_st w_s] = m1(n_s) / n_s (the rule's m1 = E sum_j P_j z_j, ~ the
-        row logit variance), so in the pairing of g_s with x_t's token-specific part the column
-        weight 1/n_s becomes (1 + m1_s)/n_s (T1u, and T2's off-diagonal part); its fluctuation
-        and that of the column sum sum_s A_st (first order in the logits: rows s, s' share key
-        t, so their weights are correlated through the queries' covariance Q_ss') add
-        Lam (K_u c2 + (K_x + 3 K_u) tau), Lam = sum_{s,s'} W~_ss' Q_ss' phi_s phi_s' / (n_s n_s'),
-        K_x, K_u the key variance from x_t and from its token-specific part, phi_s^2 = 1 - 1/n_s
-        (a one-key row has no logit effect).
-        When the gradient tokens are
-        correlated like the stream's (W ~ X ~ 1 1^T: collapse) the terms cancel (the
-        attention then averages a shared value, homogeneous of degree 1 in each token's
-        share); with rg = 0 the bracket is T3 ~ v_F / gamma_v, the old split's skip part.
-        Projection: g_t is orthogonal to z_t, whose direction carries the fraction
-        pi = b^2 v_F / (a^2 v_x S2 + b^2 v_F) of F_t; the token-shared (c2 and bias) vectors
-        that g pairs with lie along F (shared across tokens), so their part of the bracket
-        is multiplied by 1 - pi (exact in the collapsed limit r -> 1; the tau part, along
-        token-specific directions, is not).
-
-        Cross term (the analogue of _cross_log_factor).  With J_st = E_st x_t^T / |x_t|^2 +
-        (zero mean) and x_t . g_t = -(b/a) F_t . g_t: 2 a b g . (J^T g) at token t has
-        expectation -2 b^2 E[(sum_s g_s . E_st)(g_t . F_t)] / |x_t|^2 = -2 b^2 gamma_v T2 / (d S2)
-        per unit g2 (T2 above, the same projection).  Causal position 0 (F_0 = its own value,
-        A_00 = 1) keeps the full -2 b^2 v_F / (d v_x); bidirectional positions only ~ rg.
-
-        Approximations: (i) the query path is dropped and the key path kept to first order
-        in the logits beyond its exact mean (relative error O(logit variance^2)); (ii) attention weights of different rows
-        independent (E[A_st A_s't] = 1/(n_s n_s'), the rule's C2 = 1/L): error O(rho v) in the
-        rg-carried terms, v the row logit variance; (iii) E A_tt sum_j A_tj = E (sum A)^2 / n
-        (exchangeable keys); (iv) g isotropic within the complement of 1 and z_t and
-        independent of this sublayer's weights but for that orthogonality (as for the FFN);
-        (v) the key bias is taken as 0 (it does not cancel in a single-key logit change;
-        torch-default, dslm, normal have none); (vi) the cross term keeps the value path
-        only, and (iv) is where it is weakest: deep in a causal stack the gradient at the first
-        positions is also depleted along x_t and F_t (left by the norms above).  The share and
-        the cross term against the Monte Carlo: docs/validation.md, "The Post-LN gradient's
-        shares, measured"."""
-        m = self.model
-        op = self._chain("attention", rec.layer - 1, False, 1.0)[0][0][1]
-        L, pa, ph = m.seq_len, m.dropout.attention, m.dropout.hidden
-        H, dh = op["n_heads"], op["d_head"]
-        gv = self.d * H * dh * op["v_std"] ** 2 * op["o_std"] ** 2
-        x = rec.x
-        S2, c2, tau = 1.0 + x.mean * x.mean, x.corr + x.mean * x.mean, 1.0 - x.corr
-        clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        vx = math.exp(clipped)
-        # query covariance per component (same token, different tokens) and the key's variance
-        # from x alone and from its token-varying part (no key bias: see (v) above)
-        Qd = self.d * op["q_std"] ** 2 * vx * S2 + op["q_bias_std"] ** 2
-        Qo = self.d * op["q_std"] ** 2 * vx * c2 + op["q_bias_std"] ** 2
-        Kx = self.d * op["k_std"] ** 2 * vx * S2
-        Ku = self.d * op["k_std"] ** 2 * vx * tau
-        gg, q = 1.0 / (1.0 - ph), pa / (1.0 - pa)
-        A2, m1 = np.asarray(rec.att_rows, dtype=float)
-        A2d, E1 = A2 / (1.0 - pa), 1.0 + q * A2
-        if W is None:                                  # every row has L keys, W flat
-            dg, nn = 1.0, float(L)
-            om = 1.0 + m1                              # n x the mean column weight of the u_t pairing
-            T1 = gg * A2d + rg * (L - 1) / L
-            T1u = (gg * A2d + rg * (L - 1) / L) * om * om
-            Lam = (gg * Qd + rg * (L - 1) * Qo) / L * (1.0 - 1.0 / L)
-            k = rg * (L - 1) / L                       # sum_{s != t} E A_st W_st
-            ku = k * om
-        elif self.grid is not None:
-            # the same sums on the graded grid (sigprop.model.positions): weighted over blocks
-            G = self.grid
-            nn = G.n
-            inv = 1.0 / nn
-            om = (1.0 + m1) * inv
-            dg = np.diag(W)
-            k, ku = G.right_of_diagonal(W, inv), G.right_of_diagonal(W, om)
-            off = 2.0 * G.suffix_h(k)
-            T1 = gg * G.suffix_h(dg * A2d) + off
-            T1u = gg * G.suffix_h(dg * A2d * (1.0 + m1) ** 2) + 2.0 * G.suffix_h(ku * (1.0 + m1))
-            wl = inv * np.sqrt(1.0 - inv)
-            kl = G.right_of_diagonal(W, wl)
-            Lam = gg * Qd * G.suffix(dg * wl * wl) + Qo * 2.0 * G.suffix(kl * wl)
-        else:
-            nn = np.arange(1.0, L + 1)
-            inv = 1.0 / nn
-            om = (1.0 + m1) * inv
-            dg = np.diag(W)
-            # k_t = sum_{s > t} W_st / n_s (W symmetric: row t right of the diagonal); the
-            # off-diagonal sums sum_{s != s' >= t} W_ss' f_s f_s' = 2 sum_{s >= t} f_s sum_{s' > s} W_ss' f_s'
-            k, ku = _right_of_diagonal(W, inv), _right_of_diagonal(W, om)
-            off = 2.0 * profile.suffix(k * inv, 0)
-            T1 = gg * profile.suffix(dg * A2d * inv, 0) + off
-            T1u = gg * profile.suffix(dg * A2d * (1.0 + m1) ** 2 * inv, 0) + 2.0 * profile.suffix(ku * om, 0)
-            # the logit fluctuations of row s move F_s by (V_t - mean V), of squared size
-            # tau (1 - 1/n_s): weight phi_s = sqrt(1 - 1/n_s) (a one-key row has none)
-            wl = inv * np.sqrt(1.0 - inv)
-            kl = _right_of_diagonal(W, wl)
-            Lam = gg * Qd * profile.suffix(dg * wl * wl, 0) + Qo * 2.0 * profile.suffix(kl * wl, 0)
-        T2c = gg * dg * E1 / nn + k
-        T2t = gg * dg * A2d / nn + ku / nn
-        T3c, T3t = gg * dg * E1, gg * dg * A2d
-        bias = gg * dg * (H * dh * op["o_std"] ** 2 * op["v_bias_std"] ** 2 * E1 + op["o_bias_std"] ** 2) / vx
-        vF = float(rec.branch_out.var)
-        # pi = b^2 v_F / (a^2 v_x S2 + b^2 v_F), and b^2 / (a^2 + branch gain), from logarithms
-        pi = _share(rec.log_b2 + math.log(vF), rec.log_a2 + clipped + math.log(S2)) if vF > 0 else 0.0
-        b2_rel = _exp(rec.log_b2 - _log_sum(rec.log_a2, rec.log_branch_gain))
-        shared = gv * c2 * (T1 - 2 * T2c + T3c + Lam * Ku) + bias
-        own = gv * tau * (T1u - 2 * T2t + T3t + Lam * (Kx + 3 * Ku))
-        bracket = (1.0 - pi) * shared + own
-        mb = float(np.mean(bracket)) if W is None or self.grid is None else self.grid.mean(bracket)
-        along = min(1.0, max(0.0, b2_rel * mb / S2))
-        b2_cross = b2_rel if relative else _exp(rec.log_b2)
-        cross = -2.0 * b2_cross * gv * ((1.0 - pi) * c2 * T2c + tau * T2t) / (self.d * S2)
-        return along, (np.asarray(cross, dtype=float) if W is not None else float(cross))
+        """Post-LN attention: (the share along the stream direction of the gradient handed
+        below it, the skip-branch cross term per position), both per unit variance of the
+        gradient below the norm (token correlation ``rg``; causal: covariance over positions
+        ``W``, mean diagonal 1); ``relative``: the cross term in units of a^2 + branch gain.
+        The maths: sigprop.rules.attention.euler_terms (the attention's part) and
+        sigprop.rules.residual.post_norm_attention (the residual weights, the projection off
+        the norm's input); here only the record's quantities are handed over."""
+        params = self._chain("attention", rec.layer - 1, False, 1.0)[0][0][1]
+        x = _real(rec.x_log_var, rec.x)
+        terms = attention.euler_terms(params, x, rec.att_rows, rg, W, self.grid, self.model.dropout.hidden)
+        mean = self.grid.mean if W is not None and self.grid is not None else None
+        return residual.post_norm_attention(terms, x, rec.log_a2, rec.log_b2, rec.log_branch_gain,
+                                            float(rec.branch_out.var), self.d, mean, relative)
 
     @staticmethod
     def _ln_log_adjust(log_var: float) -> float:

@@ -120,6 +120,24 @@ class ReLU(_HiddenUnit, Rule):
         return Backward(half * g.var, g.corr * (m.Rational(1, 4) + m.asin(x.corr) / (2 * m.pi)) / half)
 
 
+
+def relu_ffn_euler_var(d_ff: int, w2_std: float, b1_std: float, b2_std: float,
+                       p_inner: float = 0.0, p_hidden: float = 0.0) -> float:
+    """Per-element variance of D = F(x) - J_F x, the departure from Euler's identity of the
+    ReLU MLP branch F(x) = Dropout_h(W2 Dropout_i(relu(W1 x + b1)) + b2) (W2: d_ff -> d with
+    entries of std ``w2_std``; biases of stds ``b1_std``, ``b2_std``; inner and hidden dropout
+    probabilities ``p_inner``, ``p_hidden``), absolute units.
+
+    ReLU is positively homogeneous of degree 1 (u relu'(u) = relu(u)), so with u = W1 x + b1,
+    J_F x = W2 M (relu'(u) (u - b1)) and D = W2 M (relu'(u) b1) + b2 (M the inner dropout's
+    mask, rescaled by 1/(1 - p_inner)): variance b2_std^2 + d_ff w2_std^2 b1_std^2 P(u > 0) /
+    (1 - p_inner), P(u > 0) = 1/2 (u symmetric about 0: zero-mean weights), all over
+    (1 - p_hidden) for the hidden dropout mask.  0 without biases: the branch is then
+    homogeneous.  D and J_F x are uncorrelated (E[b1 w 1(w + b1 > 0)] = 0 for independent
+    centred Gaussian b1, w), so E[F . J_F x] = v_F - v_D per element."""
+    v = b2_std * b2_std + d_ff * w2_std * w2_std * b1_std * b1_std * 0.5 / (1.0 - p_inner)
+    return v / (1.0 - p_hidden)
+
 # ---- GeLU -----------------------------------------------------------------------------
 class GeLU(_HiddenUnit, Rule):
     """Exact GeLU f(x) = x Phi(x) on x ~ N(0, s2) with token correlation r ([TGS-code]).

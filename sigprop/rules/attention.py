@@ -122,6 +122,8 @@ pair correlation.  Causal rows: the same at each row length n.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from sigprop import symbols
@@ -966,7 +968,7 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
     variance exactly as in its forward and backward, at attention input ``x``: shape (2,)
     bidirectional (every row has L keys), (2, L) causal (row lengths n = 1..L).  Before
     attention dropout.  Used by the whole-model predictor's Post-LN gradient shares
-    (sigprop.model.predict, Predictor._attention_euler).  Causal: ``n`` the row lengths to
+    (:func:`euler_terms`).  Causal: ``n`` the row lengths to
     evaluate instead of 1..L (a graded position grid's)."""
     from sigprop.backend import numeric as m
     p = _RULE.param_values(params)
@@ -987,6 +989,158 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
             m.expect_gamma(lambda v: _row_value(m, nm, v, n), c.s_mean + 0 * n, c.relvar + 0 * n, n=_NS),
             dtype=float), n.shape) for nm in ("A2", "m1")])
 
+
+
+def value_gain(p: dict) -> float:
+    """The value path's gain d v_std^2 H d_head o_std^2 (floats; ``p`` the rule's parameters as
+    a dict): the variance of one feature of W_o W_v x (all heads, no biases) per unit second
+    moment E x_i^2 of the input's features, x one token (W_v: d -> H d_head, W_o: H d_head -> d,
+    iid zero-mean entries).  Uniform attention over keys whose shared second moment is c2 passes
+    this gain times c2, so it is also the gain of the value path on the stream's covariance
+    over positions."""
+    return p["d"] * p["v_std"] ** 2 * p["n_heads"] * p["d_head"] * p["o_std"] ** 2
+
+
+class EulerTerms(NamedTuple):
+    """The attention branch's Euler terms at a Post-LN residual unit (:func:`euler_terms`), per
+    unit variance of the gradient g below the norm and in units of the stream variance: per
+    position (arrays) or averaged (floats)."""
+
+    shared: object        # E (x_t . g_x,t)^2 / b^2, the parts along token-shared vectors
+    own: object           # ... the token-specific parts
+    cross_shared: object  # E (sum_s g_s . E_st)(g_t . F_t) / b^2, token-shared part
+    cross_own: object     # ... token-specific part
+
+
+def _suffix(a: np.ndarray) -> np.ndarray:
+    """sum_{s >= t} a_s for every t (a reversed cumulative sum, as total - prefix + entry)."""
+    c = np.cumsum(a)
+    c = c[-1] - c
+    c += a
+    return c
+
+
+def _right_of_diagonal(W: np.ndarray, f: np.ndarray) -> np.ndarray:
+    """sum_{s > t} W_ts f_s for every t (W symmetric: the row right of the diagonal)."""
+    C = np.cumsum(W * f, axis=1)
+    return C[:, -1] - np.diag(C)
+
+
+def euler_terms(p: dict, x: Forward, rows, rg: float, W: np.ndarray | None = None, grid=None,
+                p_hidden: float = 0.0) -> EulerTerms:
+    """The attention's part of the Post-LN gradient split, x' = N(z), z = a x + b
+    Dropout_h(F(x)), F this attention (floats; ``p`` the rule's parameters as a dict; ``x``
+    its input state, actual mean and variance; ``rows`` = (A2, m1) from :func:`row_moments`,
+    per row length when causal; ``rg`` the token correlation of the gradient g = g_z below the
+    norm; causal: ``W`` its covariance over positions (mean diagonal 1) and ``grid`` a graded
+    position grid (``sigprop.model.positions``: its representative row lengths ``n``, weighted
+    suffix sums and means) or None for every position; ``p_hidden`` the hidden dropout on F).
+    The residual weights and the projection off z come in
+    :func:`sigprop.rules.residual.post_norm_attention`.
+
+    Share.  Per token t, g_t is orthogonal to z_t, so x_t . g_x,t = a x_t . g_t + b x_t .
+    (J^T g)_t = b [sum_s g_s . E_st - g_t . F_t] exactly, with E_st = J_st x_t =
+    d/de F_s(x_t -> (1 + e) x_t) the response of output token s to scaling input token t alone
+    (Euler's identity per token; the position-wise case is an FFN's D = F - J x).  Attention:
+    F_s = sum_h Wo_h sum_j A_sj (Wv_h x_j + bv) + bo; the value path gives E_st = A_st Wo Wv
+    x_t; the key of column t (logit w_s = q_s . Wk x_t / sqrt(dh) in every row s) gives
+    A_st w_s Wo (V_t - sum_j A_sj V_j); the query of row t a term of relative size (row logit
+    variance) / n, dropped.  Averaging over Wv, Wo (E[(b_s . x_j)(b_s' . x_j')] with
+    b_s = Wv^T Wo^T g_s is dh sv^2 so^2 (g_s . g_s')(x_j . x_j') per head) gives
+    E (x_t . g_x,t)^2 = b^2 gamma_v d g2 v_x [S2 T1 - 2 T2 + T3] with gamma_v =
+    :func:`value_gain`,
+        T1 = sum_{s,s'} E[A_st A_s't] W~_ss',  T2 = sum_{s,j} E[A_st A_tj] W~_st X_tj,
+        T3 = W~_tt sum_{j,j'} E[A_tj A_tj'] X_jj',
+    X_jj' = c2 + tau delta_jj' (the stream's normalised token covariance, c2 = r + mu^2/v_x,
+    tau = 1 - r, S2 = 1 + mu^2/v_x), W~ = W with its diagonal over (1 - p_hidden) (the hidden
+    dropout mask multiplies g).  The biases add W~_tt (H dh so^2 sbv^2 E sum A + sbo^2) / v_x
+    (they pair with g_t alone).  With E A_sj = 1/n_s, E sum_j A_sj^2 = A2/(1-p) and
+    E (sum_j A_sj)^2 = 1 + p A2/(1-p) (p the attention dropout).
+    Key path.  Its mean: E[A_st w_s] = m1(n_s) / n_s (m1 = E sum_j P_j z_j, ~ the row logit
+    variance), so in the pairing of g_s with x_t's token-specific part the column weight 1/n_s
+    becomes (1 + m1_s)/n_s (T1u, and T2's off-diagonal part); its fluctuation and that of the
+    column sum sum_s A_st (first order in the logits: rows s, s' share key t, so their weights
+    are correlated through the queries' covariance Q_ss') add Lam (K_u c2 + (K_x + 3 K_u) tau),
+    Lam = sum_{s,s'} W~_ss' Q_ss' phi_s phi_s' / (n_s n_s'), K_x, K_u the key variance from
+    x_t and from its token-specific part, phi_s^2 = 1 - 1/n_s (a one-key row has no logit
+    effect).  When the gradient tokens are correlated like the stream's (W ~ X ~ 1 1^T:
+    collapse) the terms cancel (the attention then averages a shared value, homogeneous of
+    degree 1 in each token's share); with rg = 0 the bracket is T3 ~ v_F / gamma_v.
+
+    Returned (per unit g2 and v_x): ``shared`` = gamma_v c2 (T1 - 2 T2 + T3 + Lam K_u) + biases
+    and ``own`` = gamma_v tau (T1u - 2 T2u + T3u + Lam (K_x + 3 K_u)), the token-shared and
+    token-specific parts of the bracket; ``cross_shared`` = gamma_v c2 T2, ``cross_own`` =
+    gamma_v tau T2u, those of E[(sum_s g_s . E_st)(g_t . F_t)] that give the skip-branch cross
+    term.
+
+    Approximations: (i) the query path is dropped and the key path kept to first order in the
+    logits beyond its exact mean (relative error O(logit variance^2)); (ii) attention weights
+    of different rows independent (E[A_st A_s't] = 1/(n_s n_s'), the rule's C2 = 1/L): error
+    O(rho v) in the rg-carried terms, v the row logit variance; (iii) E A_tt sum_j A_tj =
+    E (sum A)^2 / n (exchangeable keys); (iv) g isotropic within the complement of 1 and z_t
+    and independent of this sublayer's weights but for that orthogonality; (v) the key bias is
+    taken as 0 (it does not cancel in a single-key logit change); (vi) the cross term keeps the
+    value path only."""
+    L, pa, ph = p["L"], p["p"], p_hidden
+    H, dh, d = p["n_heads"], p["d_head"], p["d"]
+    gv = value_gain(p)
+    vx = float(x.var)
+    mu2 = x.mean * x.mean / vx if x.mean else 0.0
+    S2, c2, tau = 1.0 + mu2, x.corr + mu2, 1.0 - x.corr
+    # query covariance per component (same token, different tokens) and the key's variance
+    # from x alone and from its token-varying part (no key bias: see (v) above)
+    Qd = d * p["q_std"] ** 2 * vx * S2 + p["q_bias_std"] ** 2
+    Qo = d * p["q_std"] ** 2 * vx * c2 + p["q_bias_std"] ** 2
+    Kx = d * p["k_std"] ** 2 * vx * S2
+    Ku = d * p["k_std"] ** 2 * vx * tau
+    gg, q = 1.0 / (1.0 - ph), pa / (1.0 - pa)
+    A2, m1 = np.asarray(rows, dtype=float)
+    A2d, E1 = A2 / (1.0 - pa), 1.0 + q * A2
+    if W is None:                                  # every row has L keys, W flat
+        dg, nn = 1.0, float(L)
+        om = 1.0 + m1                              # n x the mean column weight of the u_t pairing
+        T1 = gg * A2d + rg * (L - 1) / L
+        T1u = (gg * A2d + rg * (L - 1) / L) * om * om
+        Lam = (gg * Qd + rg * (L - 1) * Qo) / L * (1.0 - 1.0 / L)
+        k = rg * (L - 1) / L                       # sum_{s != t} E A_st W_st
+        ku = k * om
+    elif grid is not None:
+        # the same sums on the graded grid: weighted over blocks
+        G = grid
+        nn = G.n
+        inv = 1.0 / nn
+        om = (1.0 + m1) * inv
+        dg = np.diag(W)
+        k, ku = G.right_of_diagonal(W, inv), G.right_of_diagonal(W, om)
+        off = 2.0 * G.suffix_h(k)
+        T1 = gg * G.suffix_h(dg * A2d) + off
+        T1u = gg * G.suffix_h(dg * A2d * (1.0 + m1) ** 2) + 2.0 * G.suffix_h(ku * (1.0 + m1))
+        wl = inv * np.sqrt(1.0 - inv)
+        kl = G.right_of_diagonal(W, wl)
+        Lam = gg * Qd * G.suffix(dg * wl * wl) + Qo * 2.0 * G.suffix(kl * wl)
+    else:
+        nn = np.arange(1.0, L + 1)
+        inv = 1.0 / nn
+        om = (1.0 + m1) * inv
+        dg = np.diag(W)
+        # k_t = sum_{s > t} W_st / n_s (W symmetric: row t right of the diagonal); the
+        # off-diagonal sums sum_{s != s' >= t} W_ss' f_s f_s' = 2 sum_{s >= t} f_s sum_{s' > s} W_ss' f_s'
+        k, ku = _right_of_diagonal(W, inv), _right_of_diagonal(W, om)
+        off = 2.0 * _suffix(k * inv)
+        T1 = gg * _suffix(dg * A2d * inv) + off
+        T1u = gg * _suffix(dg * A2d * (1.0 + m1) ** 2 * inv) + 2.0 * _suffix(ku * om)
+        # the logit fluctuations of row s move F_s by (V_t - mean V), of squared size
+        # tau (1 - 1/n_s): weight phi_s = sqrt(1 - 1/n_s) (a one-key row has none)
+        wl = inv * np.sqrt(1.0 - inv)
+        kl = _right_of_diagonal(W, wl)
+        Lam = gg * Qd * _suffix(dg * wl * wl) + Qo * 2.0 * _suffix(kl * wl)
+    T2c = gg * dg * E1 / nn + k
+    T2t = gg * dg * A2d / nn + ku / nn
+    T3c, T3t = gg * dg * E1, gg * dg * A2d
+    bias = gg * dg * (H * dh * p["o_std"] ** 2 * p["v_bias_std"] ** 2 * E1 + p["o_bias_std"] ** 2) / vx
+    return EulerTerms(gv * c2 * (T1 - 2 * T2c + T3c + Lam * Ku) + bias,
+                      gv * tau * (T1u - 2 * T2t + T3t + Lam * (Kx + 3 * Ku)),
+                      gv * c2 * T2c, gv * tau * T2t)
 
 def _forward_moments(m, c, p, st):
     """Output variance and covariance from the (row- and pair-averaged, or per-row) statistics."""
