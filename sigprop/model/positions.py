@@ -213,8 +213,17 @@ class Grid:
         return Y.sum(axis=1) - s
 
     def UtDU(self, a: np.ndarray) -> np.ndarray:
-        """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
-        return self._from_rep(a, self.h2, self.h2p)[self.imax]
+        """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2, i.e. s[max(k, l)]
+        for the suffix sums s; where s is monotone (a of one sign) that is the smaller or the
+        larger of s_k and s_l, an outer minimum (or maximum) instead of a gather through the
+        index matrix (the same values, ~5x faster at 214 blocks)."""
+        s = self._from_rep(a, self.h2, self.h2p)
+        step = s[1:] - s[:-1]
+        if np.all(step <= 0):
+            return np.fmin.outer(s, s)
+        if np.all(step >= 0):
+            return np.fmax.outer(s, s)
+        return s[self.imax]
 
     def UXUt(self, X: np.ndarray) -> np.ndarray:
         """U X U^T for a symmetric X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
