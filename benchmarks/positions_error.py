@@ -2,11 +2,14 @@
 position model, at sequence lengths where both are affordable.
 
 Usage: python benchmarks/positions_error.py [L ...] [--layers N ...] [--arch A ...]
+       [--init I] [--d-model D] [--grids P0,Q ...]
 
 For each (arch, layers, L): the relative error, worst over the trace points, of the forward
 variance, |error| of the forward correlation, the relative error of the gradient variance and
 |error| of the gradient correlation, and the relative error of the input gradient's position
-profile at positions 0, 1, 2, 10, 100, L-1 (the block holding that position on the grid)."""
+profile at positions 0, 1, 2, 10, 100, L-1 (the block holding that position on the grid).
+``--grids``: grids other than the default one (every position below P0 its own block, then
+blocks growing by Q), each against the same exact run."""
 
 from __future__ import annotations
 
@@ -24,9 +27,11 @@ from sigprop.model.presets import resolve
 POS = (0, 1, 2, 10, 100)
 
 
-def run(model, exact_max):
-    old = positions.EXACT_MAX
+def run(model, exact_max, grid=None):
+    old, old_for = positions.EXACT_MAX, positions.grid_for
     positions.EXACT_MAX = exact_max
+    if grid is not None:
+        positions.grid_for = lambda L, exact_max=None: grid
     try:
         t = time.perf_counter()
         pr = Predictor(model)
@@ -35,7 +40,7 @@ def run(model, exact_max):
         pts = _points(model, recs, grads)
         dt = time.perf_counter() - t
     finally:
-        positions.EXACT_MAX = old
+        positions.EXACT_MAX, positions.grid_for = old, old_for
     prof = recs[0].g_prof
     L = model.seq_len
     idx = list(POS) + [L - 1]
@@ -47,16 +52,24 @@ def run(model, exact_max):
     return pts, vals, dt, (pr.grid.size if pr.grid is not None else L)
 
 
-def compare(arch, layers, L, d=64, init=None):
+def compare(arch, layers, L, d=64, init=None, grids=(None,)):
     m = resolve(arch, init, n_layers=layers, causal=True, seq_len=L, d_model=d, n_heads=2, d_ff=4 * d)
     ex, pex, tex, _ = run(m, 10 ** 9)
-    gr, pgr, tgr, nb = run(m, 0)
+    for spec in grids:
+        grid = None if spec is None else positions.Grid(L, spec[0], spec[1])
+        yield _errors(m, arch, init, layers, L, ex, pex, tex, grid)
+
+
+def _errors(m, arch, init, layers, L, ex, pex, tex, grid):
+    gr, pgr, tgr, nb = run(m, 0, grid)
     fv = max(abs(math.exp(a.log_var - b.log_var) - 1) for a, b in zip(gr, ex))
     fc = max(abs(a.corr - b.corr) for a, b in zip(gr, ex))
     gv = max(abs(math.exp(a.log_gvar - b.log_gvar) - 1) for a, b in zip(gr, ex))
     gc = max(abs(a.gcorr - b.gcorr) for a, b in zip(gr, ex))
     pe = [abs(a / b - 1) for a, b in zip(pgr, pex)]
-    return dict(arch=arch, init=m.init if hasattr(m, "init") else init, layers=layers, L=L, blocks=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
+    p0, q = (positions.P0, positions.Q) if grid is None else (grid.p0, grid.q)
+    return dict(arch=arch, init=m.init if hasattr(m, "init") else init, layers=layers, L=L, p0=p0, q=q,
+                blocks=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
                 profile_exact=pex, profile_err=pe, t_exact=tex, t_graded=tgr)
 
 
@@ -67,11 +80,14 @@ def main():
     ap.add_argument("--arch", nargs="*", default=["preln", "postln", "dslm", "lns"])
     ap.add_argument("--init", default=None)
     ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--grids", nargs="*", default=None, help="P0,Q pairs (default: the default grid)")
     a = ap.parse_args()
+    grids = [None] if not a.grids else [(int(g.split(",")[0]), float(g.split(",")[1])) for g in a.grids]
     for arch in a.arch:
         for layers in a.layers:
             for L in a.L:
-                print(json.dumps(compare(arch, layers, L, a.d_model, a.init)), flush=True)
+                for res in compare(arch, layers, L, a.d_model, a.init, grids):
+                    print(json.dumps(res), flush=True)
 
 
 if __name__ == "__main__":

@@ -158,3 +158,48 @@ def test_keep_heap_is_idempotent():
     first = positions.keep_heap()
     assert positions.keep_heap() is first
     assert isinstance(first, bool)
+
+
+@pytest.mark.parametrize("kind", ["decreasing", "increasing", "mixed"])
+def test_UtDU_outer_shortcut_equals_the_gather(kind):
+    """U^T diag(a) U through an outer minimum/maximum where the suffix sums are monotone is
+    bit for bit the gather s[max(k, l)] (and the gather is kept where they are not)."""
+    g = positions.Grid(4096)
+    t = np.arange(g.size, dtype=float)
+    a = {"decreasing": 1.0 + 0.01 * t, "increasing": -(1.0 + 0.01 * t),
+         "mixed": np.cos(0.3 * t)}[kind]
+    s = g._from_rep(a, g.h2, g.h2p)
+    step = np.diff(s)
+    assert (kind == "mixed") == (not (np.all(step <= 0) or np.all(step >= 0)))
+    i = np.arange(g.size)
+    assert np.array_equal(g.UtDU(a), s[np.maximum.outer(i, i)])
+
+
+def test_symmetric_kernels_equal_the_row_and_column_sums():
+    """UtXU and UXUt of a symmetric matrix (summed along columns, then transposed) against
+    the dense products with the grid's block weights (brute force)."""
+    g = positions.Grid(2048)
+    X = _sym(g.size, seed=3)
+    A = g._A                                          # suffix weights with 1/n
+    Xx = g.within(X)
+    want = A @ Xx @ A.T - g.UtDU(np.diag(Xx))
+    assert np.allclose(g.UtXU(X), want, rtol=1e-12, atol=1e-14)
+    lower = np.tril(np.ones((g.size, g.size)), -1) * g.w[None, :] + np.diag(g.head)
+    P = lower @ Xx @ lower.T - (lower @ np.diag(Xx))[g.imin]
+    assert np.allclose(g.UXUt(X), P / np.outer(g.n, g.n), rtol=1e-12, atol=1e-14)
+
+
+def test_pair_polynomial_interpolates_through_the_chebyshev_nodes():
+    """The position-wise branch's polynomial over the pair correlations (power-basis
+    coefficients from the precomputed inverse Vandermonde matrix) reproduces any polynomial
+    of degree 6 and agrees with NumPy's Chebyshev interpolation of a smooth function."""
+    from sigprop.model import predict as pm
+
+    t = pm._PAIR_T
+    c = np.array([0.3, -1.2, 0.5, 2.0, -0.7, 0.1, 0.05])
+    assert np.allclose(pm._PAIR_INV @ np.polyval(c[::-1], t), c, rtol=0, atol=1e-13)
+    f = np.exp(t) / (2.0 + t)
+    x = np.linspace(-1, 1, 41)
+    ours = np.polyval((pm._PAIR_INV @ f)[::-1], x)
+    ref = np.polynomial.Chebyshev.fit(t, f, len(t) - 1, domain=[-1, 1])(x)
+    assert np.allclose(ours, ref, rtol=0, atol=1e-13)

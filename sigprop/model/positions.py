@@ -40,6 +40,15 @@ P0 = 128
 Q = 1.05
 
 
+def set_diag(X: np.ndarray, v) -> None:
+    """``np.fill_diagonal(X, v)`` for a square matrix, through a strided view of a C-ordered
+    one (one assignment instead of ~3 us of Python around it)."""
+    if X.flags.c_contiguous:
+        X.reshape(-1)[::X.shape[1] + 1] = v
+    else:
+        np.fill_diagonal(X, v)
+
+
 def cumsum_inplace(A: np.ndarray, axis: int = 0) -> np.ndarray:
     """``np.cumsum(A, axis, out=A)``, bit for bit; along axis 0 of a C-ordered matrix as a
     running sum of its rows (one vectorised add per row), which is 2-8x faster than NumPy's
@@ -101,7 +110,10 @@ class Grid:
         self._lo = np.where(lo == i, hi, lo)
         self._hi = np.where(hi == i, lo, hi)
         self._i = i
-        self.ww_w = self.w * self.w - self.w        # weights of the diagonal in mean_off
+        # the same neighbours as indices into the flattened (C-ordered) matrix
+        self._flo, self._fhi = i * nb + self._lo, i * nb + self._hi
+        self.w2 = self.w * self.w
+        self.ww_w = self.w2 - self.w                # weights of the diagonal in mean_off
         # constant matrices of the kernels, built once per grid
         self._kpw = 1.0 - 1.0 / self.n[self.imin]
         M = 1.0 / self.n[self.imax]
@@ -119,6 +131,9 @@ class Grid:
     def within_diag(self, K: np.ndarray) -> np.ndarray:
         """The value of pairs of distinct positions inside each block: the mean of the
         block's neighbouring off-diagonal entries of K."""
+        if K.flags.c_contiguous:
+            f = K.reshape(-1)
+            return 0.5 * (f[self._flo] + f[self._fhi])
         i = self._i
         return 0.5 * (K[i, self._lo] + K[i, self._hi])
 
@@ -127,18 +142,18 @@ class Grid:
         each block (:meth:`within_diag`); ``inplace``: K itself is changed and returned."""
         d = self.within_diag(K)
         X = K if inplace else K.copy()
-        X[self._i, self._i] = d
+        set_diag(X, d)
         return X
 
     def mean_diag(self, K: np.ndarray) -> float:
-        return self.mean(np.diag(K))
+        return float(self.w @ K.diagonal()) / self.L
 
     def mean_off(self, K: np.ndarray) -> float:
         """Mean over the L (L - 1) ordered pairs of distinct positions: w^T K w with the
         diagonal's terms replaced by the within-block pairs' (w_b^2 - w_b of them)."""
         d = self.within_diag(K)
-        kd = np.diag(K)
-        tot = float(self.w @ (K @ self.w)) - float((self.w * self.w) @ kd) + float(self.ww_w @ d)
+        kd = K.diagonal()
+        tot = float(self.w @ (K @ self.w)) - float(self.w2 @ kd) + float(self.ww_w @ d)
         return tot / self.pairs
 
     def _from_rep(self, Y: np.ndarray, full: np.ndarray, part: np.ndarray, axis: int = 0) -> np.ndarray:
@@ -147,7 +162,8 @@ class Grid:
         the sum over the blocks after each one (total - prefix) plus its own part."""
         sh = [1] * Y.ndim
         sh[axis] = -1
-        c = Y * full.reshape(sh)
+        # (a transposed view comes out C-ordered, so that the running sum goes over its rows)
+        c = np.multiply(Y, full.reshape(sh), order="C")
         cumsum_inplace(c, axis)
         last = c[-1:] if axis == 0 else c[..., -1:]
         np.subtract(last, c, out=c)
@@ -158,7 +174,7 @@ class Grid:
         """sum over the positions up to each representative of Y (per block)."""
         sh = [1] * Y.ndim
         sh[axis] = -1
-        c = Y * self.w.reshape(sh)
+        c = np.multiply(Y, self.w.reshape(sh), order="C")
         cumsum_inplace(c, axis)
         c -= Y * (self.w - self.head).reshape(sh)
         return c
@@ -177,32 +193,44 @@ class Grid:
         return np.sum(self.Mw_strict * (self.within(W) * f[None, :]), axis=1)
 
     def UtXU(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
-        """U^T X U for X zero on the diagonal of positions (its within-block pairs as in
+        """U^T X U for a symmetric X zero on the diagonal of positions (its within-block pairs as in
         :meth:`within`): the block sums with the exact weights 1/n, less the i = j terms.
         ``inplace``: X's diagonal may be overwritten."""
         Xx = self.within(X, inplace)
-        Y = self._from_rep(self._from_rep(Xx, self.h, self.hp, 1), self.h, self.hp, 0)
-        Y -= self.UtDU(np.diag(Xx))
+        # Xx symmetric: the sums along its rows (Xx A^T) are the transpose of those along its
+        # columns (A Xx), which run as vectorised adds of whole rows (NumPy's cumulative sum
+        # along a row is a serial loop, ~2x slower at 214 blocks)
+        Y = self._from_rep(self._from_rep(Xx, self.h, self.hp, 0).T, self.h, self.hp, 0)
+        Y -= self.UtDU(Xx.diagonal())
         return Y
 
     def UtXU_diag(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
         """The diagonal of :meth:`UtXU` only: (A Xx A^T)_kk = sum_j (A Xx)_kj A_kj with one
         suffix sum over the blocks (A the suffix weights, Xx symmetric)."""
         Xx = self.within(X, inplace)
-        s = self._from_rep(np.diag(Xx), self.h2, self.h2p)
+        s = self._from_rep(Xx.diagonal(), self.h2, self.h2p)
         Y = self._from_rep(Xx, self.h, self.hp, 0)
         Y *= self._A
         return Y.sum(axis=1) - s
 
     def UtDU(self, a: np.ndarray) -> np.ndarray:
-        """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
-        return self._from_rep(a, self.h2, self.h2p)[self.imax]
+        """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2, i.e. s[max(k, l)]
+        for the suffix sums s; where s is monotone (a of one sign) that is the smaller or the
+        larger of s_k and s_l, an outer minimum (or maximum) instead of a gather through the
+        index matrix (the same values, ~5x faster at 214 blocks)."""
+        s = self._from_rep(a, self.h2, self.h2p)
+        step = s[1:] - s[:-1]
+        if np.all(step <= 0):
+            return np.fmin.outer(s, s)
+        if np.all(step >= 0):
+            return np.fmax.outer(s, s)
+        return s[self.imax]
 
     def UXUt(self, X: np.ndarray) -> np.ndarray:
-        """U X U^T for X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
+        """U X U^T for a symmetric X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
         Xx = self.within(X)
-        P = self._to_rep(self._to_rep(Xx, 1), 0)
-        P -= self._to_rep(np.diag(Xx))[self.imin]
+        P = self._to_rep(self._to_rep(Xx, 0).T, 0)          # X symmetric, as in UtXU
+        P -= self._to_rep(Xx.diagonal())[self.imin]
         P *= self._inv_nn
         return P
 

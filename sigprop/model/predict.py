@@ -373,6 +373,11 @@ def _square_table(params: dict, x: Forward, grid=None) -> tables.ThetaTable:
 #: Chebyshev nodes of a position-wise branch's covariance over the range of its input's pair
 #: correlations (Predictor._branch_deviation)
 _PAIR_NODES = 7
+#: the nodes on [-1, 1], and the matrix taking values at them to the coefficients of the
+#: interpolating polynomial in the power basis (t^0 .. t^6 of the mapped variable t); the
+#: Vandermonde matrix of 7 Chebyshev nodes is well conditioned (~1e2)
+_PAIR_T = np.cos(np.pi * (np.arange(_PAIR_NODES) + 0.5) / _PAIR_NODES)
+_PAIR_INV = np.linalg.inv(np.vander(_PAIR_T, _PAIR_NODES, increasing=True))
 
 #: how the attention rule's DomainError for a saturated softmax begins
 _SATURATED = "attention: row logit variance"
@@ -569,8 +574,8 @@ class Predictor:
                     zcov = profile.mix(w1, xcov, w2, bcov)
                     zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
                     if unit.post_norm:
-                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * np.diag(bcov), rec.btok, self.d, G)
-                    prof = np.diag(zcov).copy()
+                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * bcov.diagonal(), rec.btok, self.d, G)
+                    prof = zcov.diagonal().copy()
                     rec.z_prof = prof
                 tok = _mix_tokens(tok, ref, v1, v2, rec.btok)
                 if unit.post_norm:
@@ -629,9 +634,9 @@ class Predictor:
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
             bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
-            d = np.diag(bcov) + h.var * bprof
+            d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
-            np.fill_diagonal(bcov, d)
+            positions.set_diag(bcov, d)
             bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
             h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
             bcov /= bv
@@ -647,7 +652,7 @@ class Predictor:
                 on.x = h
             rec.out_ops = [on]
             if bcov is not None and h.var > 0:
-                rec.out_prof = np.diag(bcov).copy()
+                rec.out_prof = bcov.diagonal().copy()
                 c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
                 y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
                 bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
@@ -756,7 +761,7 @@ class Predictor:
         """The stream's normalised covariance over positions: mean ``corr`` plus ``dev`` off
         the diagonal, the variance profile on it."""
         K = dev + corr
-        K[np.diag_indices_from(K)] = prof
+        positions.set_diag(K, prof)
         return K
 
     def _branch_deviation(self, rec: SublayerRecord, chain: tuple, att: Op | None, h: Forward,
@@ -781,22 +786,23 @@ class Predictor:
             slope = (self._chain_cov(rec, chain, Forward(h.mean, h.var, hi))
                      - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
             return slope * dev
-        k = np.arange(_PAIR_NODES)
-        nodes = 0.5 * (lo + hi) + 0.5 * (hi - lo) * np.cos(np.pi * (k + 0.5) / _PAIR_NODES)
-        vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, float(r))) for r in nodes]
-        poly = np.polynomial.Chebyshev.fit(nodes, vals, _PAIR_NODES - 1, domain=[lo, hi])
-        # evaluated in place (Horner's rule in the power basis of the mapped variable, within
-        # [-1, 1]: a few passes over the matrix and no temporaries)
-        off, scl = poly.mapparms()
-        c = np.polynomial.chebyshev.cheb2poly(poly.coef)
-        R *= scl
-        R += off
+        mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+        vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
+        # the interpolating polynomial (degree 6 through the 7 nodes) in the power basis of
+        # the mapped variable t = (r - mid) / half, within [-1, 1], evaluated in place by
+        # Horner's rule (a few passes over the matrix and no temporaries)
+        c = (_PAIR_INV @ np.asarray(vals)).tolist()
+        R -= mid
+        R *= 1.0 / half
         out = np.full_like(R, c[-1])
         for ck in c[-2::-1]:
             out *= R
             out += ck
-        out -= poly(h.corr)
-        np.fill_diagonal(out, 0.0)
+        t0, p0 = (h.corr - mid) / half, 0.0
+        for ck in c[::-1]:
+            p0 = p0 * t0 + ck
+        out -= p0
+        positions.set_diag(out, 0.0)
         return out
 
     @staticmethod
@@ -959,12 +965,12 @@ class Predictor:
                 # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
                 c = max(float(np.mean(cross)) if G is None or w is None else G.mean(cross), -0.5)
                 if w is not None:
-                    dg = (np.diag(w) + cross) / (1.0 + c)
+                    dg = (w.diagonal() + cross) / (1.0 + c)
                     w = w.copy()
-                    w[np.diag_indices_from(w)] = np.maximum(dg, 0.0)
+                    positions.set_diag(w, np.maximum(dg, 0.0))
                 lsum += math.log1p(c)
             if w is not None:
-                rec.g_prof = np.diag(w).copy()
+                rec.g_prof = w.diagonal().copy()
             lg, gc = lg + lsum, gsum.corr
             out[i] = (lg, gc)
         return out

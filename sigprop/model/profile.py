@@ -47,7 +47,7 @@ import numpy as np
 
 from sigprop.backend import numeric
 from sigprop.model import store, tables
-from sigprop.model.positions import cumsum_inplace
+from sigprop.model.positions import cumsum_inplace, set_diag
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
 from sigprop.state import Backward, Forward
@@ -242,7 +242,7 @@ def mix(v1: float, f1: np.ndarray, v2: float, f2: np.ndarray) -> np.ndarray:
 
 def _offdiag(C: np.ndarray) -> np.ndarray:
     out = C.copy()
-    np.fill_diagonal(out, 0.0)
+    set_diag(out, 0.0)
     return out
 
 
@@ -472,9 +472,8 @@ def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
     variance gain, the off-diagonal by the covariance gain (returned relative to the former)."""
     if not var_gain > 0:
         return C
-    d = np.diag(C).copy()
     out = C * (cov_gain / var_gain)
-    np.fill_diagonal(out, d)
+    set_diag(out, C.diagonal())
     return out
 
 
@@ -518,9 +517,9 @@ def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
     u = C * s[:, None]
     u *= s[None, :]
     if var_gain > 0:
-        d = np.diag(u).copy()
+        d = u.diagonal().copy()
         u *= cov_gain / var_gain
-        np.fill_diagonal(u, d)
+        set_diag(u, d)
     k = float(np.trace(u) / len(u)) if grid is None else grid.mean_diag(u)
     m = mean_off(u, grid)
     u /= k
@@ -595,15 +594,15 @@ def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=Non
         M = grid.inv_nmax()
         m = grid.mean_off(M)
         D = g * grid.UXUt(S)
-    diag = np.diag(D) / keep
+    diag = D.diagonal() / keep
     D += g * (1.0 - r) * (M - m)
-    np.fill_diagonal(D, diag)
+    set_diag(D, diag)
     return D
 
 
 def normalise(K: np.ndarray) -> np.ndarray:
     """Correlation matrix of a covariance matrix (per position, divided by its std)."""
-    s = 1.0 / np.sqrt(np.diag(K))
+    s = 1.0 / np.sqrt(K.diagonal())
     out = K * s[:, None]
     out *= s[None, :]
     return out
@@ -613,5 +612,5 @@ def deviation(K: np.ndarray, grid=None) -> tuple[float, np.ndarray]:
     """(off-diagonal mean, off-diagonal deviation with a zero diagonal) of a matrix."""
     c = mean_off(K, grid)
     S = K - c
-    np.fill_diagonal(S, 0.0)
+    set_diag(S, 0.0)
     return c, S
