@@ -82,11 +82,6 @@ class Growth(NamedTuple):
         return f"{what} is {self.law} in depth ({self.overall} overall)"
 
 
-def exp_or_inf(v: float) -> float:
-    """exp(v) for a value carried as a logarithm; inf where exp would overflow (v >= 709)."""
-    return math.exp(v) if v < 709.0 else math.inf
-
-
 def _times(log_value: float, digits: int = 3) -> str:
     """'x<value>' for exp(log_value), in scientific notation beyond a double's range."""
     if not math.isfinite(log_value):

@@ -31,7 +31,7 @@ from sigprop.model import blocks, positions, profile, store
 from sigprop.errors import DomainError
 from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
-from sigprop.model.growth import exp_or_inf as _exp
+from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
 from sigprop.rules import attention, get, residual
 from sigprop.rules.activation import relu_ffn_euler_var

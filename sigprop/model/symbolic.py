@@ -32,7 +32,7 @@ import numpy as np
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
-from sigprop.model.growth import exp_or_inf as _exp
+from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model import blocks
 from sigprop.model.predict import SUPPORTED as _PREDICT_SUPPORTED
 from sigprop.rules import compose

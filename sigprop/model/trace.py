@@ -9,7 +9,7 @@ import numpy as np
 
 from sigprop import __version__
 from sigprop.model.growth import BOUNDED_LAWS, COMPOUNDING_LAWS, _times, classify
-from sigprop.model.growth import exp_or_inf as _exp
+from sigprop.rules.residual import exp_or_inf as _exp
 
 LOG10E = 1.0 / math.log(10.0)
 
