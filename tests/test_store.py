@@ -76,7 +76,7 @@ def test_keys_depend_on_inputs_and_sources(monkeypatch):
 
 @pytest.mark.parametrize("rel", ["model/predict.py", "model/tables.py", "model/profile.py", "model/positions.py",
                                  "model/blocks.py", "model/spec.py", "rules/attention.py", "backend/numeric.py",
-                                 "state.py"])
+                                 "state.py", "solve/blocks.py"])
 def test_changing_a_covered_file_changes_every_key(rel, monkeypatch):
     """The digest reads every covered file through store._read: one changed byte in any of
     them (the predictor's own table code included) gives new keys."""

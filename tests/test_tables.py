@@ -123,10 +123,10 @@ def test_var_table_stored_failure_is_remembered(tmp_path, monkeypatch):
     """A table that failed verification is stored as a failure: a later process does not
     rebuild it and evaluates directly."""
     monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(tables, "TOL", 1e-30)                  # nothing can pass
+    monkeypatch.setitem(tables.TOLERANCES, "chain", 1e-30)    # nothing can pass
     failed = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 0.1, 1.0, store_key="bad")
     assert not failed.ok and not failed.loaded
-    monkeypatch.setattr(tables, "TOL", 3e-5)
+    monkeypatch.setitem(tables.TOLERANCES, "chain", 3e-5)
     again = tables.VarTable(tables.Chain(ATT_SMALL), 0.0, 0.1, 1.0, store_key="bad")
     assert again.loaded and not again.ok and not again.covers(Forward(0.0, 0.5, 0.5))
 
@@ -281,15 +281,40 @@ def test_every_table_is_an_interp_table():
 
 
 def test_verify_is_relative_to_the_larger_of_value_and_floor():
+    tol = tables.TOLERANCES["chain"]
     direct = np.array([[1.0, 2.0], [1e-9, -1e-9]])
-    approx = direct + np.array([[0.9e-5, 0.0], [1e-9, 0.0]])
-    # row 0 within 1e-5 of its values; row 1 off by 100% of its value, but within 1e-5 of
-    # a floor of 1e-3 (its quantity's scale)
-    assert tables.verify(approx, direct, np.array([0.0, 1e-3]), 1e-5)
-    assert not tables.verify(approx, direct, np.array([0.0, 1e-5]), 1e-5)
-    assert not tables.verify(approx, direct, 0.0, 1e-5)
-    assert tables.verify(approx, direct, 1e-3, 1e-5) and not tables.verify(approx, direct, 1e-3, 0.8e-5)
-    assert not tables.verify(approx + np.nan, direct, 1.0, 1.0)
+    approx = direct + np.array([[0.9 * tol, 0.0], [1e-9, 0.0]])
+    # row 0 within tol of its values; row 1 off by 100% of its value, but within tol of
+    # a floor of 1e-9 / (0.9 tol) (its quantity's scale)
+    big, small = 1e-9 / (0.9 * tol), 1e-9 / (1.1 * tol)
+    assert tables.verify(approx, direct, np.array([0.0, big]), "chain")
+    assert not tables.verify(approx, direct, np.array([0.0, small]), "chain")
+    assert not tables.verify(approx, direct, 0.0, "chain")
+    assert tables.verify(approx, direct, big, "chain")
+    # a tighter class refuses what the chain class accepts; the looser one accepts it
+    assert not tables.verify(approx, direct, big, "solver") and tables.verify(approx, direct, big, "statistics")
+    assert not tables.verify(approx + np.nan, direct, 1.0, "statistics")
+
+
+def test_one_verification_policy():
+    """Every accuracy class has a tolerance; each table class declares a class by name,
+    and a stated tolerance must be a class's (a stray number is refused)."""
+    from sigprop.model import profile
+    from sigprop.solve.blocks import BranchTable
+
+    assert set(tables.TOLERANCES) == {"chain", "statistics", "solver"}
+    # the values the stored tables' keys and all predictions were made with
+    assert (tables.TOLERANCES["chain"], tables.TOLERANCES["statistics"], tables.TOLERANCES["solver"]) == (3e-5, 1e-4, 1e-7)
+    for cls, want in ((tables.Table, "chain"), (tables.VarTable, "chain"), (tables.ThetaTable, "statistics"),
+                      (BranchTable, "solver")):
+        assert cls.ACCURACY == want, cls
+    assert tables.tolerance(profile.RowsVarTable.tol) == tables.TOLERANCES["statistics"]
+    assert tables.tolerance("statistics") == 1e-4 and tables.tolerance(1e-4) == 1e-4
+    for bad in ("exact", 2e-5, None):
+        with pytest.raises(ValueError):
+            tables.tolerance(bad)
+    with pytest.raises(ValueError):
+        tables.ThetaTable(_theta_fn, 0.0, 1.0, 0.0, None, accuracy=5e-5)
 
 
 def _theta_fn(th):
@@ -304,26 +329,27 @@ def test_theta_table_interpolates_a_known_function_and_round_trips(tmp_path, mon
         calls.append(th)
         return _theta_fn(th)
 
-    t = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", tol=1e-6)
-    assert t.ok and not t.loaded and t.counts == (17,)         # 9 nodes do not reach 1e-6
+    t = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", accuracy="solver")
+    assert t.ok and not t.loaded and t.counts == (17,)         # 9 nodes do not reach 1e-7
     for r in (0.05, 0.3, 0.62, 0.999):
         np.testing.assert_allclose(t.values(r), _theta_fn(np.arccos(r)), rtol=2e-6)
     n_built = len(calls)
-    again = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", tol=1e-6)
+    again = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", accuracy="solver")
     assert again.loaded and again.ok and len(calls) == n_built     # loaded, not evaluated
     assert np.array_equal(again.values(0.37), t.values(0.37))
     # the stored numbers are held to the build's test: a looser entry is not taken at a
     # stricter tolerance, it is rebuilt
-    strict = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", tol=1e-20)
+    monkeypatch.setitem(tables.TOLERANCES, "solver", 1e-20)
+    strict = tables.ThetaTable(fn, 0.0, 1.0, 0.0, "theta-known", accuracy="solver")
     assert not strict.loaded and not strict.ok and len(calls) > n_built
 
 
 def test_a_rough_function_fails_and_is_remembered_as_failed(tmp_path, monkeypatch):
     monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
     kink = lambda th: np.array([abs(th - 0.5) + 1.0])             # noqa: E731
-    t = tables.ThetaTable(kink, 0.0, 1.0, 0.0, "theta-kink", tol=1e-6)
+    t = tables.ThetaTable(kink, 0.0, 1.0, 0.0, "theta-kink", accuracy="solver")
     assert not t.ok and not t.covers(Forward(0.0, 1.0, 0.5))
-    again = tables.ThetaTable(lambda th: pytest.fail("rebuilt"), 0.0, 1.0, 0.0, "theta-kink", tol=1e-6)
+    again = tables.ThetaTable(lambda th: pytest.fail("rebuilt"), 0.0, 1.0, 0.0, "theta-kink", accuracy="solver")
     assert again.loaded and not again.ok
 
 
@@ -349,3 +375,84 @@ def test_graded_grid_is_shared_read_only():
     assert positions.grid_for(positions.EXACT_MAX + 100) is g
     with pytest.raises(ValueError):
         g.n[0] = 5.0
+
+
+# ---- the one build loop, in both correlation variables (hypothesis) ---------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sigprop.solve.blocks import T_MIN, BranchTable  # noqa: E402
+
+
+class _FnTable(tables.InterpTable):
+    """A vector function of the correlation r on the base's build loop; the subclasses take
+    the grids, checks, variable and accuracy class of a real table class."""
+
+    LABEL = "test table"
+
+    def __init__(self, fn, axis):
+        self.fn, self.evaluated = fn, 0
+        self._setup([axis], None)
+
+    def _compute(self, x):
+        self.evaluated += len(x)
+        return np.atleast_2d(self.fn(self.corr_of(x)))
+
+    def _floor(self, vals):
+        return np.max(np.abs(vals), axis=1)
+
+
+class _ArccosTable(_FnTable):      # as tables.Table: theta = arccos r, 17/33/65 nodes, "chain"
+    GRIDS, CHECKS, VARIABLE, ACCURACY = tables.Table.GRIDS, tables.Table.CHECKS, "arccos", "chain"
+
+    def __init__(self, fn):
+        super().__init__(fn, (tables.TH_MIN, float(np.arccos(0.0))))
+
+
+class _RootTable(_FnTable):        # as the solver's BranchTable: t = sqrt(1 - r), nested, "solver"
+    GRIDS, CHECKS, NESTED = BranchTable.GRIDS, BranchTable.CHECKS, True
+    VARIABLE, ACCURACY = BranchTable.VARIABLE, BranchTable.ACCURACY
+
+    def __init__(self, fn):
+        super().__init__(fn, (T_MIN, 1.0))
+
+
+def _smooth(a, b, c, w):
+    """Smooth in both variables: sqrt(1 - r^2) is sin(theta) and t sqrt(2 - t^2)."""
+    return lambda r: np.array([a * np.sqrt(1 - r * r) + b * r + 1.0, c * np.exp(w * r) + np.cos(w * r) ** 2])
+
+
+@pytest.mark.parametrize("cls", [_ArccosTable, _RootTable], ids=["arccos", "sqrt(1-r)"])
+@settings(max_examples=25, deadline=None)
+@given(a=st.floats(-2, 2), b=st.floats(-2, 2), c=st.floats(0.1, 2), w=st.floats(-3, 3),
+       rs=st.lists(st.floats(0.0, 0.999), min_size=5, max_size=5))
+def test_a_table_reproduces_a_smooth_function_to_its_accuracy_class(cls, a, b, c, w, rs):
+    fn = _smooth(a, b, c, w)
+    t = cls(fn)
+    assert t.ok
+    tol = tables.tolerance(cls.ACCURACY)
+    big = np.max(np.abs(t.vals), axis=1)
+    for r in rs:
+        err = np.abs(t.interp(t.x_of(r)) - fn(np.array(r)))
+        assert np.all(err <= tol * np.maximum(np.abs(fn(np.array(r))), big)), (r, err)
+
+
+@pytest.mark.parametrize("cls", [_ArccosTable, _RootTable], ids=["arccos", "sqrt(1-r)"])
+@settings(max_examples=15, deadline=None)
+@given(r0=st.floats(0.05, 0.95), slope=st.floats(0.1, 3.0))
+def test_verification_rejects_a_kink(cls, r0, slope):
+    t = cls(lambda r: np.array([slope * np.abs(r - r0) + 1.0, r]))
+    assert not t.ok
+    assert t.evaluated > 0
+
+
+def test_a_nested_build_reuses_every_evaluation_and_keeps_the_refined_grid():
+    """9 -> 17 -> 33 ...: each refinement evaluates only the nodes it adds, and the accepted
+    interpolant goes through all of them (2n - 1 nodes for the n-node grid that passed)."""
+    fn = _smooth(1.0, 0.5, 1.0, 2.0)
+    t = _RootTable(fn)
+    assert t.ok and t.counts[0] == 2 * t.grid_counts[0] - 1 and t.grid_counts in _RootTable.GRIDS
+    assert t.evaluated == t.counts[0]                 # each node evaluated once
+    assert t.grid_counts != _RootTable.GRIDS[0]      # this function needs a refinement
+    np.testing.assert_allclose(t.vals, fn(t.corr_of(t.nodes_per_axis[0])), rtol=0, atol=0)

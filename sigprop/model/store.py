@@ -1,7 +1,8 @@
-"""An on-disk store for the predictor's interpolation tables.
+"""An on-disk store for the interpolation tables of the predictor and of the solver.
 
 Building the table of an attention branch costs about fifty evaluations of the attention rule
-(~0.3-0.5 s), more than predicting 768 layers from it.  A built table is a pure function of
+(~0.3-0.5 s), more than predicting 768 layers from it (the solver's branch table: ~0.9 s,
+most of a 1000-layer solve).  A built table is a pure function of
 the rule chain, its parameters and the rules' source code, so it is kept on disk and reused
 by later processes.
 
@@ -9,7 +10,8 @@ by later processes.
   ``SIGPROP_CACHE_DIR=off`` (or ``0``, ``none``, empty) disables the store.
 * Key: a SHA-256 of the table's inputs together with a digest of the source files that can
   shape a table's numbers (``_SOURCES``: the whole ``sigprop.rules``, ``sigprop.backend`` and
-  ``sigprop.model`` packages and the modules they import) and of the NumPy and Python versions
+  ``sigprop.model`` packages and the modules they import, and the solver's branch evaluation
+  and table, ``sigprop/solve/blocks.py``) and of the NumPy and Python versions
   (whose arithmetic produced the numbers), so editing any of them invalidates every stored
   table.
 * A stored entry holds exactly the float64 numbers the build computed, so a prediction is
@@ -45,9 +47,11 @@ _OFF = {"", "0", "off", "none", "false", "no"}
 #: lengths a table is built for come from across sigprop.model (blocks, spec, presets, the
 #: predictor, positions), the rules import one another lazily, and a forgotten file would let
 #: a stale table through silently, whereas hashing a file too many only costs a rebuild (any
-#: edit to sigprop.model, the predictor included, invalidates the store).  The test suite
-#: checks that every sigprop module a prediction imports is covered or in ``_NOT_NUMERIC``.
-_SOURCES = ("rules", "backend", "model", "state.py", "errors.py", "symbols.py")
+#: edit to sigprop.model, the predictor included, invalidates the store).  Of the solver only
+#: solve/blocks.py (its branch evaluation and table): the rest of sigprop.solve decides the
+#: weight stds, which enter a solver table's key by value.  The test suite checks that every
+#: sigprop module a prediction imports is covered or in ``_NOT_NUMERIC``.
+_SOURCES = ("rules", "backend", "model", "solve/blocks.py", "state.py", "errors.py", "symbols.py")
 #: modules a prediction imports that cannot change a number: the package's lazy API
 #: (``__init__``) and the progress display on stderr
 _NOT_NUMERIC = ("__init__.py", "progress.py")

@@ -1,29 +1,36 @@
-"""Interpolation tables for the costly quantities of the layer-by-layer prediction.
+"""Interpolation tables for the costly quantities of the layer-by-layer prediction and of the
+solver.
 
 In a transformer the branch input of a sublayer is (n times) a LayerNorm output: its mean and
 variance are the same at every layer up to O(eps / var), and only its token correlation drifts
 from layer to layer.  So a quantity that depends on the branch input (a whole branch chain's
-forward and backward map, the attention rule's per-row statistics) is evaluated once,
-vectorised, on Chebyshev-Lobatto nodes and interpolated.  Every table is an
-:class:`InterpTable`, which holds the one implementation of
+forward and backward map, the attention rule's per-row statistics, a solver branch's output
+moments) is evaluated once, vectorised, on Chebyshev-Lobatto nodes and interpolated.  Every
+table is an :class:`InterpTable`, which holds the one implementation of
 
-* the abscissae: theta = arccos(corr) over [TH_MIN, arccos(lo)] (the arc-cosine kernels of
-  ReLU and GeLU have a square-root singularity at corr = 1 in corr, not in theta), and, for
+* the abscissae: a variable of the correlation that makes the rules' square-root behaviour
+  at corr = 1 smooth (the arc-cosine kernels of ReLU and GeLU, the attention logit variance
+  ~ 1 - corr), :data:`VARIABLES`: theta = arccos(corr) over [TH_MIN, arccos(lo)] (the
+  predictor's tables) or t = sqrt(1 - corr) (the solver's, sigprop.solve.blocks); and, for
   tables over the input variance too, u = log var over [log v_lo, log v_hi];
 * the interpolant: the Chebyshev series through the Lobatto nodes of each axis (one or two
   axes, a product grid), evaluated as coefficients times cos(j phi);
-* the build: node grids tried in order (the first whose interpolant passes wins);
+* the build: node grids tried in order (the first whose interpolant passes wins), or nested
+  grids (n -> 2n - 1 nodes, each refinement checked at the nodes it adds, every evaluation
+  reused);
 * the acceptance policy, :func:`verify`: at check points between the nodes every entry's
-  interpolation error must be below ``tol`` of max(|direct value|, the entry's floor), where
-  the floor is what a table's consumer can neglect (a chain table: 1e-6 of its row's largest
-  value, since covariances cross 0; a statistics table: its quantity's largest value);
+  interpolation error must be below the tolerance of the table's accuracy class
+  (:data:`TOLERANCES`) of max(|direct value|, the entry's floor), where the floor is what a
+  table's consumer can neglect (a chain table: 1e-6 of its row's largest value, since
+  covariances cross 0; a statistics or solver table: its quantity's largest value);
 * the on-disk store (sigprop.model.store): one entry layout, and loading re-applies the
   build's own acceptance test to the stored numbers.
 
 The subclasses only say what is tabulated: :class:`Table` (a chain over theta at one
 variance, plus a first-order Taylor term in the variance), :class:`VarTable` (a chain over
 theta and u), :class:`ThetaTable` (any vector function of theta; the causal position profile's
-``profile.RowsTable`` and ``profile.RowsVarTable`` are subclasses too).  For a chain the
+``profile.RowsTable`` and ``profile.RowsVarTable`` are subclasses too), and the solver's
+``sigprop.solve.blocks.BranchTable`` (a branch's output moments over t).  For a chain the
 backward map is linear in the gradient's second moments, var_out = g2 (A + B rg) and cov_out =
 g2 (C + D rg), so A..D are tabulated like the forward rows, and that linearity is checked when
 the table is built.
@@ -44,17 +51,37 @@ from sigprop.model import store
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
-#: interpolation error a chain table is allowed at its check points, relative to each entry
-#: (floored at 1e-6 of its row's largest value).  The attention rule's own quadrature error is
-#: ~1e-6..1e-5 relative at small logit variances (second differences in r measured at 1e-5),
-#: so a table is held to the same order; where the rule's output is rougher (large logit
-#: variances) the table fails verification and direct evaluation is used.
-TOL = 3e-5
-#: the same for the attention statistics tables of the causal position profile and of the
-#: Post-LN gradient shares, relative to each quantity's largest value: these enter the
-#: prediction as corrections of a few per cent, so 1e-4 of them is far below the Monte Carlo's
-#: resolution (and their builds cost ~0.25 s per node at L 256)
-STATS_TOL = 1e-4
+#: The verification policy: every table class declares an accuracy class by name
+#: (``InterpTable.ACCURACY``), and :func:`verify`, the only acceptance rule, holds each entry of
+#: its interpolant at the check points to the class's tolerance relative to max(|direct value|,
+#: the entry's floor).  A table that fails is not used: its quantity is evaluated directly.
+#: Each tolerance, what the tabulated quantity feeds, and why it is far below what a Monte
+#: Carlo check resolves (``check``'s default tolerance is 5% on variances, 0.03 on
+#: correlations):
+TOLERANCES = {
+    # a branch chain's forward and backward rows: the table *is* the sublayer's mean-field map
+    # in predict/check/solve-init's verification, compounded over up to thousands of layers.
+    # The attention rule's own quadrature error is ~1e-6..1e-5 relative at small logit
+    # variances (second differences in r measured at 1e-5), so the table is held to the same
+    # order; where the rule is rougher (large logit variances) the table fails and the chain is
+    # evaluated directly.  3e-5 per sublayer is 3 orders below the Monte Carlo's 5%.
+    "chain": 3e-5,
+    # attention statistics (the causal position profile's per-row terms, the Post-LN
+    # gradient shares' row moments): they enter the prediction as corrections of a few per
+    # cent, so 1e-4 of them moves a prediction by ~1e-6, far below the Monte Carlo's
+    # resolution; their builds cost ~0.25 s per node at L 256, so a tighter tolerance would
+    # add nodes and slow causal predictions for no visible change.
+    "statistics": 1e-4,
+    # the solver's branch rows (output variance and covariance as functions of the input
+    # correlation): solve-init turns them into weight stds in closed form, so 1e-7 keeps the
+    # solved stds within ~1e-7 of a rule-by-rule solve, below the solver's own refinement
+    # target (1e-5 on the predicted variance) and 5 orders below the Monte Carlo's; each
+    # build is one vectorised evaluation of the branch's rules, cheap enough to afford it.
+    "solver": 1e-7,
+}
+#: the tolerances of the chain and statistics classes by value (part of the store keys)
+TOL = TOLERANCES["chain"]
+STATS_TOL = TOLERANCES["statistics"]
 #: the chain floor: covariances cross 0, so an entry's error is taken relative to at least
 #: this fraction of its row's largest value over the nodes
 CHAIN_FLOOR = 1e-6
@@ -126,15 +153,6 @@ def _cheb(n: int, lo: float, hi: float) -> np.ndarray:
     return lo + (hi - lo) * (1 - np.cos(np.pi * k / (n - 1))) / 2
 
 
-def _bary_weights(n: int) -> np.ndarray:
-    """Barycentric weights of the Lobatto nodes (sigprop.solve.blocks interpolates with them)."""
-    w = np.ones(n)
-    w[1::2] = -1
-    w[0] *= 0.5
-    w[-1] *= 0.5
-    return w
-
-
 def _END_HALF(n: int) -> np.ndarray:
     """Halved first and last Chebyshev coefficients (Lobatto interpolation)."""
     f = np.ones(n)
@@ -166,13 +184,48 @@ def _cheb_at(j: np.ndarray, x: float, x0: float, span: float) -> np.ndarray:
 
 
 def _theta(corr: float) -> float:
+    """theta = arccos(corr), corr clipped into [-1, 1]."""
     return math.acos(1.0 if corr > 1.0 else -1.0 if corr < -1.0 else corr)
 
 
-def verify(approx: np.ndarray, direct: np.ndarray, floor, tol: float) -> bool:
+def _root(corr: float) -> float:
+    """t = sqrt(1 - corr), corr clipped into [0, 1]."""
+    return math.sqrt(1.0 - corr if corr < 1.0 else 0.0) if corr >= 0.0 else 1.0
+
+
+def _corr_of_root(t: np.ndarray) -> np.ndarray:
+    return np.clip(1 - t * t, 0.0, 1.0)
+
+
+#: the variables a table's first axis can take for the input correlation r, as (x of a float
+#: r, r of an array of x): both are smooth where the rules have square-root behaviour at r = 1
+#: (the arc-cosine kernels' sqrt(1 - r^2), the attention logit variance ~ 1 - r)
+VARIABLES = {
+    "arccos": (_theta, np.cos),                   # theta = arccos r: the predictor's tables
+    "sqrt(1-r)": (_root, _corr_of_root),          # t = sqrt(1 - r), r in [0, 1]: the solver's
+}
+
+
+def tolerance(accuracy) -> float:
+    """The tolerance of accuracy class ``accuracy``: a name of :data:`TOLERANCES`, or (for
+    tables that state it as a number) one of its tolerance values; anything else is an error."""
+    if isinstance(accuracy, str):
+        try:
+            return TOLERANCES[accuracy]
+        except KeyError:
+            raise ValueError(f"unknown accuracy class {accuracy!r}; known: {', '.join(TOLERANCES)}") from None
+    for tol in TOLERANCES.values():
+        if accuracy == tol:
+            return tol
+    raise ValueError(f"tolerance {accuracy!r} is not that of an accuracy class ({TOLERANCES})")
+
+
+def verify(approx: np.ndarray, direct: np.ndarray, floor, accuracy) -> bool:
     """The acceptance policy of every table: finite values, and every entry's interpolation
-    error ``approx - direct`` below ``tol`` of max(|direct|, floor); ``floor`` is a scalar or
-    one value per tabulated entry (the first axis)."""
+    error ``approx - direct`` below the tolerance of accuracy class ``accuracy``
+    (:func:`tolerance`) of max(|direct|, floor); ``floor`` is a scalar or one value per
+    tabulated entry (the first axis)."""
+    tol = tolerance(accuracy)
     if not (np.all(np.isfinite(approx)) and np.all(np.isfinite(direct))):
         return False
     floor = np.asarray(floor, dtype=float)
@@ -182,13 +235,15 @@ def verify(approx: np.ndarray, direct: np.ndarray, floor, tol: float) -> bool:
     return float(np.max(np.abs(approx - direct) / scale)) < tol
 
 
-#: which midpoints between nodes an axis is checked at: all of them, the two nearest the
-#: ends, or those and the middle one
+#: which points between the nodes an axis is checked at: all midpoints, the two nearest the
+#: ends, or those and the middle one; "lobatto": the nodes that the Lobatto grid of 2n - 1
+#: nodes adds (the midpoints in the Chebyshev angle; the check of a nested build)
 _CHECKS = {
-    "all": lambda x: (x[1:] + x[:-1]) / 2,
-    "ends": lambda x: np.array([(x[0] + x[1]) / 2, (x[-2] + x[-1]) / 2]),
-    "ends+middle": lambda x: np.array([(x[0] + x[1]) / 2, (x[len(x) // 2 - 1] + x[len(x) // 2]) / 2,
-                                       (x[-2] + x[-1]) / 2]),
+    "all": lambda x, ax: (x[1:] + x[:-1]) / 2,
+    "ends": lambda x, ax: np.array([(x[0] + x[1]) / 2, (x[-2] + x[-1]) / 2]),
+    "ends+middle": lambda x, ax: np.array([(x[0] + x[1]) / 2, (x[len(x) // 2 - 1] + x[len(x) // 2]) / 2,
+                                           (x[-2] + x[-1]) / 2]),
+    "lobatto": lambda x, ax: _cheb(2 * len(x) - 1, ax[0], ax[1])[1::2],
 }
 
 
@@ -196,14 +251,22 @@ class InterpTable:
     """A vector of ``k`` quantities tabulated on a product grid of Chebyshev-Lobatto nodes
     over one or two axes and interpolated by its Chebyshev series (see the module docstring).
 
-    A subclass sets ``GRIDS`` (node counts per axis, tried in order), ``CHECKS`` (per axis,
-    a key of ``_CHECKS``), ``tol`` (default TOL), ``LABEL`` (the progress line) and ``DOMAIN_FAILS`` (a
-    DomainError during the build means "no table", else it propagates to the caller), and
-    defines :meth:`_compute` (the quantities on a product grid, shape (k, n_1[, n_2])),
-    :meth:`_floor` (the verification floor) and optionally :meth:`_checked` (a test of the
-    accepted interpolant beyond :func:`verify`).  The constructor takes the axes as
-    (lo, hi[, span]) pairs: nodes over [lo, hi], evaluated with s = 2 (x - lo)/span - 1
-    (span: hi - lo as the nodes give it unless stated).
+    A subclass sets ``ACCURACY`` (its accuracy class, a name of :data:`TOLERANCES`),
+    ``GRIDS`` (node counts per axis, tried in order), ``CHECKS`` (per axis, a key of
+    ``_CHECKS``), ``VARIABLE`` (the first axis's correlation variable, a key of
+    :data:`VARIABLES`; :meth:`x_of` and :meth:`corr_of` convert), ``NESTED`` (see below),
+    ``LABEL`` (the progress line) and ``DOMAIN_FAILS`` (a DomainError during the build means
+    "no table", else it propagates to the caller), and defines :meth:`_compute` (the
+    quantities on a product grid, shape (k, n_1[, n_2])), :meth:`_floor` (the verification
+    floor) and optionally :meth:`_checked` (a test of the accepted interpolant beyond
+    :func:`verify`).  The constructor takes the axes as (lo, hi[, span]) pairs: nodes over
+    [lo, hi], evaluated with s = 2 (x - lo)/span - 1 (span: hi - lo as the nodes give it
+    unless stated).
+
+    ``NESTED`` (one axis, ``CHECKS`` "lobatto", GRIDS n, 2n - 1, 4n - 3, ..): each grid is the
+    previous grid and its check points, so a refinement evaluates only the check points, and
+    an accepted interpolant is refitted through the nodes and the check points together (the
+    2n - 1 node interpolant, at least as accurate as the n node one that passed).
 
     Store entry: [ndim, n_1..n_ndim, k, n_extra, node values (k x n_1 x ..), direct values at
     the check points, n_extra blocks of k x n_1 x .. further node values], or [0, 0, 0] for a
@@ -213,7 +276,12 @@ class InterpTable:
     CHECKS: tuple = ()
     LABEL = "sigprop: building an interpolation table"
     DOMAIN_FAILS = True
-    #: the verification tolerance (None: TOL, looked up at verification)
+    VARIABLE = "arccos"
+    NESTED = False
+    #: the accuracy class (a name of :data:`TOLERANCES`): every subclass declares one
+    ACCURACY: str | None = None
+    #: a subclass may state its class's tolerance as a number instead (it must be one of
+    #: :data:`TOLERANCES`' values)
     tol: float | None = None
     #: the number of tabulated quantities when it is known in advance (a stored entry with
     #: another count is rejected)
@@ -233,6 +301,11 @@ class InterpTable:
         if store_key is not None:
             self.save()
 
+    @property
+    def accuracy(self):
+        """The accuracy class :func:`verify` holds this table to."""
+        return self.ACCURACY if self.tol is None else self.tol
+
     # -- subclass hooks ---------------------------------------------------------------------
     def _compute(self, *grid: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -243,12 +316,21 @@ class InterpTable:
     def _checked(self) -> bool:
         return True
 
+    # -- the correlation variable -----------------------------------------------------------
+    def x_of(self, corr: float) -> float:
+        """The first axis's abscissa of input correlation ``corr``."""
+        return VARIABLES[self.VARIABLE][0](float(corr))
+
+    def corr_of(self, x: np.ndarray) -> np.ndarray:
+        """The input correlations at first-axis abscissae ``x``."""
+        return VARIABLES[self.VARIABLE][1](x)
+
     # -- grid, interpolant, verification ------------------------------------------------------
     def _nodes(self, counts) -> list[np.ndarray]:
         return [_cheb(n, ax[0], ax[1]) for n, ax in zip(counts, self.axes)]
 
     def _checks(self, nodes) -> list[np.ndarray]:
-        return [_CHECKS[c](x) for c, x in zip(self.CHECKS, nodes)]
+        return [_CHECKS[c](x, ax) for c, x, ax in zip(self.CHECKS, nodes, self.axes)]
 
     def _fit(self, nodes, vals: np.ndarray) -> None:
         """Set the interpolant through ``vals`` (k, n_1[, n_2]) at ``nodes``."""
@@ -280,33 +362,45 @@ class InterpTable:
         r = (self._flat @ self._basis(1, x[1])).reshape(-1, self.counts[0])
         return r @ self._basis(0, x[0])
 
+    def _merged(self, vals: np.ndarray, direct: np.ndarray) -> np.ndarray:
+        """A nested build's values on the next grid: the nodes' and the check points'."""
+        out = np.empty((vals.shape[0], vals.shape[1] + direct.shape[1]))
+        out[:, 0::2], out[:, 1::2] = vals, direct
+        return out
+
     def _accept(self, nodes, vals: np.ndarray, direct: np.ndarray) -> bool:
         """The build's acceptance test (sets the interpolant): :func:`verify` at the check
-        points between the nodes."""
+        points between the nodes, to the table's accuracy class."""
         if self.k is not None and vals.shape[0] != self.k:
             return False
         if not (np.all(np.isfinite(vals)) and np.all(np.isfinite(direct))):
             return False
         self._fit(nodes, vals)
+        self.grid_counts, self.grid_vals = self.counts, vals       # what the store keeps
         checks = self._checks(nodes)
         if len(checks) == 1:
             approx = np.stack([self.interp(t) for t in checks[0]], axis=1)
         else:
             approx = np.array([[self.interp(t, w) for w in checks[1]] for t in checks[0]]).transpose(2, 0, 1)
-        return verify(approx, direct, self._floor(vals), TOL if self.tol is None else self.tol)
+        if not verify(approx, direct, self._floor(vals), self.accuracy):
+            return False
+        if self.NESTED:
+            self._fit(self._nodes((2 * self.counts[0] - 1,)), self._merged(vals, direct))
+        return True
 
     def _build(self) -> None:
         with progress.task(self.LABEL, total=len(self.GRIDS)) as bar:
+            known = None        # a nested build's values on the next grid
             for counts in self.GRIDS:
                 nodes = self._nodes(counts)
                 try:
-                    vals = self._compute(*nodes)
+                    vals = known if known is not None and known.shape[1:] == counts else self._compute(*nodes)
                     direct = self._compute(*self._checks(nodes))
                 except DomainError:
                     if not self.DOMAIN_FAILS:
                         raise
                     # part of the table's range lies outside a rule's domain (e.g. the attention
-                    # rule's logit-variance range at low correlations): no table, the predictor
+                    # rule's logit-variance range at low correlations): no table, the caller
                     # evaluates at the states it actually meets
                     return
                 bar.advance()
@@ -314,14 +408,17 @@ class InterpTable:
                     self.direct = direct
                     self.ok = self._checked()
                     return
+                if self.NESTED:
+                    known = self._merged(vals, direct)
 
     # -- the on-disk store (sigprop.model.store) ----------------------------------------------
     def save(self) -> None:
         if not self.ok:
             store.save(self.store_key, np.zeros(3))
             return
-        head = [len(self.counts), *self.counts, self.vals.shape[0], len(self.extra)]
-        store.save(self.store_key, np.concatenate([np.asarray(head, dtype=float), self.vals.ravel(),
+        vals = self.grid_vals
+        head = [len(self.grid_counts), *self.grid_counts, vals.shape[0], len(self.extra)]
+        store.save(self.store_key, np.concatenate([np.asarray(head, dtype=float), vals.ravel(),
                                                    self.direct.ravel(), *(e.ravel() for e in self.extra)]))
 
     def _unpack(self, arr: np.ndarray) -> bool:
@@ -401,6 +498,7 @@ class _ChainTable(InterpTable):
     """What the two chain tables share: the rows (:func:`_rows`), the chain floor, the
     linearity check and the conversions of a row to states."""
 
+    ACCURACY = "chain"
     k = len(ROWS)
 
     def _floor(self, vals: np.ndarray) -> np.ndarray:
@@ -451,7 +549,7 @@ class Table(_ChainTable):
         return self.nodes_per_axis[0]
 
     def _compute(self, th: np.ndarray) -> np.ndarray:
-        return self._values(np.cos(th), self.var)
+        return self._values(self.corr_of(th), self.var)
 
     def _values(self, corr: np.ndarray, var: float) -> np.ndarray:
         """Rows (:func:`_rows`) at correlations ``corr`` and variance ``var``."""
@@ -461,7 +559,7 @@ class Table(_ChainTable):
     def _checked(self) -> bool:
         """Linearity in the gradient, at a node (exact table values there)."""
         th = float(self.nodes[len(self.nodes) // 2])
-        return self._linear_at(float(np.cos(th)), self.var, self.interp(th))
+        return self._linear_at(float(self.corr_of(th)), self.var, self.interp(th))
 
     def _set_derivative(self, dvals: np.ndarray) -> None:
         self.dvals, self.dcoef = dvals, self._coef_of(dvals)
@@ -471,7 +569,7 @@ class Table(_ChainTable):
     def _derivative(self):
         """d(row)/d(var) at the nodes (one-sided difference; built on first use)."""
         h = 1e-4
-        self._set_derivative((self._values(np.cos(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var))
+        self._set_derivative((self._values(self.corr_of(self.nodes), self.var * (1 + h)) - self.vals) / (h * self.var))
         if self.store_key is not None:
             self.save()
 
@@ -483,7 +581,7 @@ class Table(_ChainTable):
         """Every tabulated quantity at input ``x`` as a list of floats: mean, var, cov | A, B,
         C, D (the predictor's per-sublayer path: one matrix product for the value and its
         variance derivative together, the combination in plain floats)."""
-        return self._row_at(_theta(float(x.corr)), float(x.var))
+        return self._row_at(self.x_of(x.corr), float(x.var))
 
     def _row_at(self, th: float, var: float) -> list:
         basis = self._basis(0, th)
@@ -534,7 +632,7 @@ class VarTable(_ChainTable):
         interpolant needs far fewer nodes: measured 3e-4 against 9e-6 on a 17 x 9 vs 17 x 13
         grid)."""
         T, U = np.meshgrid(th, u, indexing="ij")
-        c = np.cos(T).ravel()
+        c = self.corr_of(T).ravel()
         vals = _rows(rule, {}, Forward(np.full_like(c, self.mean), np.exp(U).ravel(), c)).reshape(7, len(th), len(u))
         w = np.exp(u)
         vals[0] /= np.sqrt(w)
@@ -544,7 +642,7 @@ class VarTable(_ChainTable):
     def _checked(self) -> bool:
         """Linearity in the gradient, at a node."""
         th, u = self.nodes[len(self.nodes) // 2], self.u_nodes[len(self.u_nodes) // 2]
-        return self._linear_at(math.cos(th), math.exp(u), self.interp(th, u))
+        return self._linear_at(float(self.corr_of(th)), math.exp(u), self.interp(th, u))
 
     def covers(self, x: Forward) -> bool:
         return (self.ok and x.mean == self.mean and self.v_lo <= x.var <= self.v_hi
@@ -553,7 +651,7 @@ class VarTable(_ChainTable):
     def row(self, x: Forward) -> list:
         """Every tabulated quantity at input ``x`` (as :meth:`Table.row`)."""
         corr, var = float(x.corr), float(x.var)
-        r = self.interp(_theta(corr), math.log(var)).tolist()
+        r = self.interp(self.x_of(corr), math.log(var)).tolist()
         return [r[0] * math.sqrt(var), r[1] * var, r[2] * var, *r[3:]]
 
 
@@ -588,20 +686,27 @@ class ThetaTable(InterpTable):
     input mean and variance, for the predictor's per-layer attention statistics that are
     costly to evaluate (the per-row terms of a causal position profile, profile.RowsTable; the
     row statistics of Post-LN attention's gradient shares).  Built on 9 nodes (17 if that
-    fails), checked at the midpoints nearest both ends to ``tol`` of max(|direct value|,
-    ``size(vals)``), ``size`` giving each entry's floor from the node values (default: the
-    largest of them all).  A DomainError while building propagates (the predictor ends the
-    pass there, as for the states it meets)."""
+    fails), checked at the midpoints nearest both ends to the tolerance of ``accuracy`` (an
+    accuracy class, :data:`TOLERANCES`; default "statistics", or that class's tolerance as a
+    number) of max(|direct value|, ``size(vals)``), ``size`` giving each entry's floor from the
+    node values (default: the largest of them all).  A DomainError while building propagates
+    (the predictor ends the pass there, as for the states it meets)."""
 
     GRIDS = ((9,), (17,))
     CHECKS = ("ends",)
     LABEL = "sigprop: building an attention statistics table"
     DOMAIN_FAILS = False
+    ACCURACY = "statistics"
 
-    def __init__(self, fn, mean: float, var: float, lo: float, store_key: str, tol: float = STATS_TOL,
+    def __init__(self, fn, mean: float, var: float, lo: float, store_key: str, accuracy="statistics",
                  size=None, n_values: int | None = None):
         self.fn, self.mean, self.var, self.lo = fn, mean, var, lo
-        self.tol, self.size, self.k = tol, size, n_values
+        self.size, self.k = size, n_values
+        tolerance(accuracy)                                  # a known class, or refused here
+        if isinstance(accuracy, str):
+            self.ACCURACY = accuracy
+        else:
+            self.tol = accuracy
         self._setup([(TH_MIN, float(np.arccos(lo)))], store_key)
 
     @property
@@ -619,7 +724,7 @@ class ThetaTable(InterpTable):
                 and self.lo <= float(x.corr) <= R_MAX)
 
     def values(self, corr: float) -> np.ndarray:
-        return self.interp(_theta(float(corr)))
+        return self.interp(self.x_of(corr))
 
 
 class _Scaled:
@@ -815,7 +920,7 @@ class TableCache:
         if len(tables) >= PER_KEY or any(t.lo <= x.corr for t in tables):
             return None                   # outside every variance range, or failed: evaluate directly
         lo = min(0.0, float(x.corr))
-        skey = store.key("vartable", handle.key, mean, v_lo, v_hi, lo, TOL, TH_MIN)
+        skey = store.key("vartable", handle.key, mean, v_lo, v_hi, lo, tolerance(VarTable.ACCURACY), TH_MIN)
         t = VarTable(Chain(handle.canon), mean, v_lo, v_hi, lo, store_key=skey)
         if t.ok and not t.loaded and handle.canonical and not _homogeneous(t, handle.canon):
             t.ok = False
@@ -840,7 +945,7 @@ class TableCache:
         if not worth_tabulating(ops, x, max(n, uses, BUILD_AFTER if eager else 0)):
             return None
         lo = min(0.0, float(x.corr))
-        skey = store.key("table", chain_key, mean, float(x.var), lo, TOL, TH_MIN)
+        skey = store.key("table", chain_key, mean, float(x.var), lo, tolerance(Table.ACCURACY), TH_MIN)
         t = Table(Chain(ops), {}, mean, float(x.var), lo, store_key=skey)
         if t.ok and not t.loaded and handle.canonical and not _homogeneous(t, ops):
             t.ok = False

@@ -16,9 +16,11 @@ output projections acting after the softmax; a ReLU FFN: sigma_in^2 sigma_out^2,
 sigma_gate^2 sigma_up^2 sigma_down^2); :func:`homogeneity` checks it on the rules.  So a
 branch's output variance, output covariance and the linear coefficients of its backward map
 depend on the input token correlation r alone (at fixed stds and input variance).  They are
-tabulated once per solve on Chebyshev-Lobatto nodes in sqrt(1 - r) (one vectorised evaluation
-of the rules; nested node sets, refined until the interpolant matches the rules at the new
-nodes to 1e-7 relative) and interpolated along the depth recursion.  States a table was not
+tabulated once per solve on Chebyshev-Lobatto nodes in sqrt(1 - r) (:class:`BranchTable`, an
+interpolation table of :mod:`sigprop.model.tables`: one vectorised evaluation of the rules per
+node set; nested node sets, refined until the interpolant matches the rules at the new nodes
+to the "solver" accuracy class, 1e-7 of each row's largest value) and interpolated along the
+depth recursion.  States a table was not
 built for (a first layer whose input mean or variance differs) are evaluated directly.
 
 Only the forward rows (output variance and covariance) are tabulated: the solved model's
@@ -30,14 +32,14 @@ gradient at the branch input has variance B0 + rg B1 and covariance C0 + rg C1.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from sigprop.model import blocks as model_blocks
 from sigprop.model.spec import KINDS, Sublayers
-from sigprop.model.tables import _bary_weights, _cheb
+from sigprop.model import store
+from sigprop.model.tables import InterpTable, tolerance
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
 
@@ -220,74 +222,37 @@ def homogeneity(chains: Chains, kind: str, l: int, x: Forward, stds: dict, free=
 # Chebyshev tables in the token correlation
 # ---------------------------------------------------------------------------------------
 
-# Chebyshev-Lobatto nodes and their barycentric weights: the predictor's (model/tables.py)
-_lobatto = _cheb
-_weights = _bary_weights
-
-
-def _interp(x, nodes, w, values):
-    """Barycentric interpolation of each row of ``values`` (k, n) at scalar or array x."""
-    x = np.atleast_1d(np.asarray(x, dtype=np.float64))
-    diff = x[:, None] - nodes[None, :]
-    exact = diff == 0
-    diff = np.where(exact, 1.0, diff)
-    c = w[None, :] / diff
-    out = (values @ c.T) / c.sum(axis=1)
-    hit = exact.any(axis=1)
-    if hit.any():
-        out[:, hit] = values[:, np.argmax(exact[hit], axis=1)]
-    return out
-
-
-class CorrTable:
-    """Rows of ``fn(r)`` (shape (k, len(r))) for r in [0, R_MAX], interpolated in
-    t = sqrt(1 - r): the rules have square-root behaviour at r = 1 (the arc-cosine kernel's
-    sqrt(1 - r^2), the attention logit variance proportional to 1 - r), which is smooth in t.
-    r = 1 itself is excluded: the attention backward is discontinuous there (the query and
-    key paths vanish with the logit variance); callers evaluate r > R_MAX directly."""
-
-    def __init__(self, fn, tol: float = 1e-7, max_nodes: int = 257):
-        def f(t):
-            return fn(np.clip(1 - t * t, 0.0, 1.0))
-
-        n = 9
-        lo = T_MIN
-        nodes = _lobatto(n, lo, 1.0)
-        vals = np.asarray(f(nodes), dtype=np.float64)
-        self.evaluations = n
-        self.error = math.inf
-        while True:
-            m = 2 * n - 1
-            fine = _lobatto(m, lo, 1.0)
-            new = fine[1::2]
-            new_vals = np.asarray(f(new), dtype=np.float64)
-            self.evaluations += new.size
-            pred = _interp(new, nodes, _weights(n), vals)
-            scale = np.maximum(np.max(np.abs(vals), axis=1, keepdims=True), 1e-300)
-            err = float(np.max(np.abs(pred - new_vals) / scale))
-            merged = np.empty((vals.shape[0], m))
-            merged[:, 0::2], merged[:, 1::2] = vals, new_vals
-            nodes, vals, n = fine, merged, m
-            self.error = err
-            if err <= tol or m >= max_nodes:
-                break
-        self.nodes, self.values, self.w = nodes, vals, _weights(n)
-
-    def __call__(self, r) -> np.ndarray:
-        """Interpolated rows at r (scalar: shape (k,); array: (k, len))."""
-        scalar = np.ndim(r) == 0
-        t = np.sqrt(np.clip(1 - np.asarray(r, dtype=np.float64), T_MIN**2, 1.0))
-        out = _interp(t, self.nodes, self.w, self.values)
-        return out[:, 0] if scalar else out
-
-
-class BranchTable:
+class BranchTable(InterpTable):
     """One branch chain (fixed stds) at a reference input (mean 0, variance ``var``): its
-    forward rows as functions of the input correlation."""
+    forward rows (:data:`ROWS`) as functions of the input correlation r in [0, R_MAX], a
+    :class:`sigprop.model.tables.InterpTable` in t = sqrt(1 - r) (the rules have square-root
+    behaviour at r = 1, smooth in t) over [T_MIN, 1], built nested from 9 Lobatto nodes
+    (9 -> 17 -> 33 ..., each refinement checked at the nodes it adds, up to 257 nodes) in the
+    "solver" accuracy class, each row's floor its largest value.  r = 1 itself is excluded:
+    the attention backward is discontinuous there (the query and key paths vanish with the
+    logit variance); :func:`rows_at` evaluates r > R_MAX directly, and :meth:`rows` does
+    wherever the build failed (a DomainError in the table's range, or no grid passing).
+    Kept in the on-disk store (sigprop.model.store), keyed by the chain and ``var``."""
+
+    VARIABLE = "sqrt(1-r)"
+    ACCURACY = "solver"
+    GRIDS = ((9,), (17,), (33,), (65,), (129,))
+    CHECKS = ("lobatto",)
+    NESTED = True
+    LABEL = "sigprop: building a branch table of the solver"
+    k = len(ROWS)
 
     def __init__(self, chain, var: float, key=None):
         self.chain, self.var, self.key = tuple(chain), var, key
-        self.table = CorrTable(lambda r: branch_rows(self.chain, Forward(0 * r, var + 0 * r, r)))
+        skey = store.key("branch", self.chain, float(var), tolerance(self.ACCURACY), T_MIN, self.GRIDS)
+        self._setup([(T_MIN, 1.0)], skey)
+
+    def _compute(self, t: np.ndarray) -> np.ndarray:
+        r = self.corr_of(t)
+        return branch_rows(self.chain, Forward(0 * r, self.var + 0 * r, r))
+
+    def _floor(self, vals: np.ndarray) -> np.ndarray:
+        return np.max(np.abs(vals), axis=1)
 
     def covers(self, x: Forward, key) -> bool:
         """Whether the table serves input ``x`` of the chain with key ``key`` (Chains.key)."""
@@ -295,7 +260,10 @@ class BranchTable:
                 and key == self.key)
 
     def rows(self, r: float) -> np.ndarray:
-        return self.table(r)
+        """The rows at input correlation ``r`` (interpolated; evaluated where the build failed)."""
+        if not self.ok:
+            return branch_rows(self.chain, Forward(0.0, self.var, float(r)))
+        return self.interp(self.x_of(r))
 
 
 def rows_at(table: BranchTable | None, chain, x: Forward, key=None) -> np.ndarray:
