@@ -50,6 +50,20 @@ def test_scale_and_logit_closed_forms(eqs):
     assert eqs.qk_std(16.0, 4.0) == pytest.approx(2 / (2 * 32), rel=1e-12)
 
 
+def test_logit_equation_is_the_attention_rules(eqs):
+    """The solver's logit variance is the attention rule's var(q) var(k): the solved
+    sigma_q = sigma_k gives the rule's own logit_var (a float function) back."""
+    from sigprop.rules import attention
+    from sigprop.state import Forward
+
+    vq, vk = attention.qk_variances(dict(d=E.d, q_std=E.sq, k_std=E.sk), Forward(0, E.S2, E.r))
+    assert sp.simplify(eqs.logit_expr - vq * vk) == 0
+    for ell, mean, var in ((1.0, 0.0, 1.0), (3.0, 0.3, 0.7), (0.2, -1.0, 2.5)):
+        s = eqs.qk_std(ell, var + mean ** 2)
+        p = dict(d=eqs.g.d, d_head=eqs.g.d_head, q_std=s, k_std=s)
+        assert attention.logit_var(p, Forward(mean, var, 0.4)) == pytest.approx(ell, rel=1e-12)
+
+
 def test_relu_ffn_closed_form_from_the_rules(eqs):
     _, closed = eqs.ffn_solution()
     assert closed is not None

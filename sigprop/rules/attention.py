@@ -1271,3 +1271,14 @@ class AttentionPublished(Rule):
 
 
 register(AttentionPublished())
+
+
+def qk_variances(p: dict, x: Forward):
+    """(var(q), var(k)) of one query and one key component at input ``x`` without QK-norm,
+    in any arithmetic (floats, arrays, sympy expressions): zero-mean weights, var = d w^2
+    (s2 + mu^2) + b^2.  Their product is the logit variance (:func:`logit_var`); the solver
+    solves it for the query and key stds."""
+    S2 = x.var + x.mean ** 2
+    vq = p["d"] * p["q_std"] ** 2 * S2 + p.get("q_bias_std", 0) ** 2
+    vk = p["d"] * p["k_std"] ** 2 * S2 + p.get("k_bias_std", 0) ** 2
+    return vq, vk

@@ -3,8 +3,8 @@
 * The unit equations (forward: the stream, or the input of the norm after the sum, has
   variance 1; backward: the gradient passes unchanged) in the residual scales lambda, beta,
   the stream variance sigma^2 and the branch's forward variance V and backward gain Gamma.
-* The logit variance from the linear rule applied twice (q and k), solved for
-  sigma_q = sigma_k.
+* The logit variance var(q) var(k) from the attention rule
+  (:func:`sigprop.rules.attention.qk_variances`, no biases), solved for sigma_q = sigma_k.
 * The FFN branch composed symbolically from the rules of the model's own FFN chain
   (:func:`sigprop.model.blocks.branch_chain`: linear, activation, dropout, linear; or the
   gated rule, dropout, the down projection), then the hidden dropout: its forward variance
@@ -22,12 +22,12 @@ Nothing here is evaluated per layer symbolically: every closed form is lambdifie
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
-from sigprop.rules import compose, get
+from sigprop.rules import compose
+from sigprop.rules.attention import qk_variances
 from sigprop.state import Backward, Forward
 
 # symbols (LaTeX names through sympy's conventions)
@@ -96,11 +96,9 @@ class SublayerEquations:
         # homogeneous branch of degree 4 (attention) and the general degree
         self._scales: dict = {}
         self.scale, self.scale_solution = self.scale_equation(4)
-        # logits, from the linear rule (q and k are linear projections of the branch input)
-        lin = get("linear")
-        xq = Forward(0, S2, r)
-        var_q = lin.forward(sm, xq, SimpleNamespace(d_in=d, d_out=width, w_std=sq, b_std=0)).var
-        var_k = lin.forward(sm, xq, SimpleNamespace(d_in=d, d_out=width, w_std=sk, b_std=0)).var
+        # logits: the attention rule's query and key variances (zero-mean input of second
+        # moment S2, no biases)
+        var_q, var_k = qk_variances(dict(d=d, q_std=sq, k_std=sk, q_bias_std=0, k_bias_std=0), Forward(0, S2, r))
         self.logit_expr = sp.simplify(var_q * var_k)
         self.logit = sp.Eq(self.logit_expr, ell)
         sols = sp.solve(self.logit.subs(sk, sq), sq)
