@@ -266,7 +266,8 @@ class InterpTable:
     ``NESTED`` (one axis, ``CHECKS`` "lobatto", GRIDS n, 2n - 1, 4n - 3, ..): each grid is the
     previous grid and its check points, so a refinement evaluates only the check points, and
     an accepted interpolant is refitted through the nodes and the check points together (the
-    2n - 1 node interpolant, at least as accurate as the n node one that passed).
+    2n - 1 node interpolant: it reproduces every evaluated point, and for a function the n
+    nodes already resolve, its error is smaller than the one that passed).
 
     Store entry: [ndim, n_1..n_ndim, k, n_extra, node values (k x n_1 x ..), direct values at
     the check points, n_extra blocks of k x n_1 x .. further node values], or [0, 0, 0] for a

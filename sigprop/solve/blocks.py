@@ -37,8 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from sigprop.model import blocks as model_blocks
-from sigprop.model.spec import KINDS, Sublayers
 from sigprop.model import store
+from sigprop.model.spec import KINDS, Sublayers
 from sigprop.model.tables import InterpTable, tolerance
 from sigprop.rules import get
 from sigprop.state import Backward, Forward
