@@ -1,8 +1,8 @@
 """An on-disk store for the interpolation tables of the predictor and of the solver.
 
 Building the table of an attention branch costs about fifty evaluations of the attention rule
-(~0.3-0.5 s), more than predicting 768 layers from it (the solver's branch table: ~0.9 s,
-most of a 1000-layer solve).  A built table is a pure function of
+(~0.3-0.5 s), more than predicting 768 layers from it (the solver's attention branch table
+is most of a solve's time: docs/benchmarks.md).  A built table is a pure function of
 the rule chain, its parameters and the rules' source code, so it is kept on disk and reused
 by later processes.
 
