@@ -33,7 +33,7 @@ from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
-from sigprop.rules import attention, get, residual
+from sigprop.rules import attention, get, layernorm, residual, rmsnorm
 from sigprop.rules.activation import relu_ffn_euler_var
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.attention import logit_var as attention_logit_var
@@ -307,8 +307,8 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
 
     * post, x' = LN(z), z = a x + b F: the skip part a J^T g is orthogonal to 1 exactly and
       to the LN output y ~ (a x + b F); so x . J^T g = -(b/a) F . J^T g, whose share is
-      b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's);
-      the branch part F^T(..) is isotropic (1, 1).
+      b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's;
+      rules.residual.post_norm_skip_share); the branch part F^T(..) is isotropic (1, 1).
       Exception: a branch positively homogeneous of degree 1 (``rec.euler_var`` 0) makes
       x' scale-invariant in x (z(s x) = s z(x), and LN(s z) = LN(z)), so by Euler's theorem
       x . g_x = z . J^T g = 0 exactly (up to O(eps / var z) from the LayerNorm's eps): no
@@ -338,16 +338,13 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
     skip = _share(log_a2, log_bg)                      # a^2 / (a^2 + branch gain)
     if rec.post:
         branch = _share(log_bg, log_a2)
-        bvar = float(rec.branch_out.var)
         clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        if bvar > 0 and rec.b and log_a2 > -math.inf:   # b^2 v_F / a^2, v_F = bvar / stream var
-            leak = min(1.0, _exp(rec.log_b2 + math.log(bvar) - clipped - log_a2))
-        else:
-            leak = 0.0 if log_a2 > -math.inf else 1.0
         if rec.att_along is not None:                   # attention: see _attention_euler
             return (branch, rec.att_along)
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
             return (branch, residual.post_norm_euler_share(log_a2, rec.log_b2, log_bg, clipped, rec.euler_var))
+        # the skip part's share along x (b^2 v_F / (a^2 v_x)), the branch part isotropic
+        leak = residual.post_norm_skip_share(log_a2, rec.log_b2, clipped, float(rec.branch_out.var))
         return (branch, skip * leak + branch)
     if rec.in_norm:
         return (skip * gen[0], skip * gen[1])
@@ -359,6 +356,10 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
 #: the norm rules' parameter for the upstream gradient's share along what their Jacobian
 #: removes (LayerNorm: the all-ones vector and the output; RMSNorm: the output)
 _GENERIC = {"layernorm": "g_generic", "rmsnorm": "g_generic_rms"}
+
+
+#: the norm rules' kappa of a normalised branch output (Predictor._out_norm_stats)
+_OUT_KAPPA = {"layernorm": layernorm.branch_output_kappa, "rmsnorm": rmsnorm.branch_output_kappa}
 
 
 def _generic_share(rule: str, gen: tuple[float, float]) -> float:
@@ -689,8 +690,8 @@ class Predictor:
 
         * 1/rms(F)^2: given h, F is Gaussian over W (the norm rule at kappa 1); |h|^2 adds its
           relative variance v_B, and the Jacobian grows with it (relative covariance c_AB):
-          E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through
-          kappa = 1 + d v_B/2 (LayerNorm: (d - 1) v_B/2).
+          E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through its kappa
+          (the norm module's ``branch_output_kappa``: 1 + d v_B/2, LayerNorm (d - 1) v_B/2).
         * P removes the direction of F, which carries more than the isotropic 1/d of W J's
           energy: W^T W h ~ d h + (noise), so the extra share is |J^T h|^2/(A B), J^T h =
           sum_k h_k grad h_k: (1 + k_ab)/w from the units' own terms plus, along the input x,
@@ -745,8 +746,7 @@ class Predictor:
         v_b = min(t.k_b / width + dq * t.beta_b**2, 0.25)
         c_ab = t.k_ab / width + dq * t.beta_a * t.beta_b
         removed = (1 + t.k_ab) / width + (0.0 if in_norm else t.beta_b**2 * t.b_over_a / d)
-        n_eff = d - 1 if m.norm == "layernorm" else d
-        return 1.0 + n_eff * v_b / 2, max(1.0 - c_ab - removed, 0.5)
+        return _OUT_KAPPA[m.norm](v_b, d), max(1.0 - c_ab - removed, 0.5)
 
     def _sum_branches(self, parts: list, outs: list):
         """The sum b_1 y_1 + b_2 y_2 + ... of a parallel block's branch outputs (independent:
