@@ -1099,14 +1099,15 @@ class Predictor:
 
 
 def run_top(model, tables: TableCache | None = None):
-    """:func:`run`, and the gradient (log variance, corr) w.r.t. the stream after the last
-    sublayer: the model's upstream gradient, or below its final norm."""
+    """:func:`run`, and the gradient state (``GradState``: log variance, corr, ...) w.r.t. the
+    stream after the last sublayer: the model's upstream gradient, or below its final norm."""
     records, grads, _, top = _run(model, False, tables)
     return records, grads, top
 
 
 def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], list]:
-    """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
+    """Forward and backward passes: the per-sublayer records and the gradient states entering
+    them (:meth:`Predictor.backward`).  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again."""
     records, grads, _, _ = _run(model, False, tables)
