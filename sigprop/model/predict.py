@@ -332,15 +332,16 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       isotropic (1, 1), like post's general branch."""
     # the shares from logarithms (a and b may be far outside float range when squared)
     log_a2 = rec.log_a2
-    log_bg = rec.log_branch_gain
+    log_bg = rec.gains.log_branch_gain
     if log_a2 == -math.inf and log_bg == -math.inf:
         return (1.0, 1.0)
     skip = _share(log_a2, log_bg)                      # a^2 / (a^2 + branch gain)
     if rec.post:
         branch = _share(log_bg, log_a2)
-        clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        if rec.att_along is not None:                   # attention: see _attention_euler
-            return (branch, rec.att_along)
+        clipped = min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
+        along = rec.gains.att_along
+        if along is not None:                           # attention: see _attention_euler
+            return (branch, along)
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
             return (branch, residual.post_norm_euler_share(log_a2, rec.log_b2, log_bg, clipped, rec.euler_var))
         # the skip part's share along x (b^2 v_F / (a^2 v_x)), the branch part isotropic
@@ -535,7 +536,7 @@ class Predictor:
                     return
                 rec, s = got
                 # the records keep the states without the position deviation (an L x L matrix)
-                kept = self._end = rec.s_out = _kept(s)
+                kept = self._end = rec.s_out = s if s.dev is None else s._replace(dev=None)
                 records.append(rec)
 
     def _unit(self, layer: int, unit, s: StreamState, kept: StreamState):
@@ -922,7 +923,7 @@ class Predictor:
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
             g = self._unit_backward(records[i], g)
-            out[i] = _kept_grad(g)
+            out[i] = g if g.w is None else g._replace(w=None)
         return out
 
     def _final_norm_backward(self, s: StreamState, g: GradState) -> GradState:
