@@ -33,7 +33,7 @@ from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
-from sigprop.rules import attention, get, residual
+from sigprop.rules import attention, get, layernorm, residual, rmsnorm
 from sigprop.rules.activation import relu_ffn_euler_var
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.attention import logit_var as attention_logit_var
@@ -44,6 +44,7 @@ from sigprop.rules.layernorm import combine_token_stats
 # e^l1 / (e^l1 + e^l2) and log(e^l1 + e^l2) without overflow
 from sigprop.rules.residual import log_add as _log_sum
 from sigprop.rules.residual import log_share as _share
+from sigprop.model.states import GradState, StreamState, UnitGains
 from sigprop.state import Backward, Forward
 
 #: a pre attention branch shared (but for its norm scale) by at least this many layers gets a
@@ -87,82 +88,86 @@ class Op:
 
 class BranchRecord:
     """What the forward pass recorded about one branch of a residual unit with several
-    (a parallel block): the branch fields of :class:`SublayerRecord`."""
+    (a parallel block), for the backward pass: the branch fields of :class:`SublayerRecord`."""
 
     __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
-                 "logit_var", "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows")
+                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows")
 
     def __init__(self, layer: int, kind: str, b: float, log_b2: float):
         self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
         self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
-        self.logit_var = self.out_ops = self.out_prof = self.euler_var = self.att_rows = None
+        self.out_ops = self.out_prof = self.euler_var = self.att_rows = None
         self.out_ratio = 1.0
 
 
 class SublayerRecord:
-    """What the forward pass recorded about one residual unit (a sublayer, or a parallel
-    block) and the backward pass added.  A unit with one branch keeps the branch's fields
-    itself; a parallel block's branches are ``parts`` (:class:`BranchRecord`), and its own
-    branch fields describe their sum (b = 1)."""
+    """One residual unit (a sublayer, or a parallel block) as the forward pass met it: the
+    stream states entering it (``s_in``), after it (``s_out``) and, with a norm after the
+    residual sum, the sum's (``s_sum``), all :class:`~sigprop.model.states.StreamState`
+    without their position deviation; and what the backward pass reuses: its scales, its ops
+    with their inputs, the chain's table row, the branch output, the norms' position profiles.
+    The backward pass adds ``gains`` (:class:`~sigprop.model.states.UnitGains`) and, causal,
+    ``g_prof``.  A unit with one branch keeps the branch's fields itself; a parallel block's
+    branches are ``parts`` (:class:`BranchRecord`), and its own branch fields describe their
+    sum (b = 1).  The remaining attributes (``x_log_var``, ``out``, ``branch_gain``, ...) are
+    read-only views of the states and gains."""
 
-    __slots__ = ("layer", "kind", "post", "a", "b", "log_a2", "log_b2", "x_log_var", "x", "pre_ops",
-                 "branch_ops", "branch_out", "z_log_var", "z", "out_log_var", "out", "logit_var",
-                 "branch_gain", "log_branch_gain", "z_gain", "chain_table", "chain_x", "x_prof",
-                 "z_prof", "ln_prof", "g_prof", "euler_var", "att_rows", "att_along", "in_norm",
-                 "parts", "out_ops", "out_prof", "out_ratio", "btok")
+    __slots__ = ("layer", "kind", "post", "in_norm", "a", "b", "log_a2", "log_b2", "s_in", "s_sum", "s_out",
+                 "pre_ops", "branch_ops", "branch_out", "chain_table", "chain_x", "parts", "out_ops", "out_prof",
+                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof")
 
-    def __init__(self, layer: int, kind: str, post: bool, a: float, b: float, log_a2: float,
-                 log_b2: float, x_log_var: float, x: Forward):
+    def __init__(self, layer: int, kind: str, post: bool, in_norm: bool, a: float, b: float, log_a2: float,
+                 log_b2: float, s_in: StreamState):
         self.layer = layer
         self.kind = kind              # the trace point's name: "attention" | "ffn" | "block"
         self.post = post              # a norm after the residual sum
-        self.in_norm = not post       # a norm before the branch(es)
-        self.parts = None             # a parallel block: its branches (BranchRecord)
-        self.out_ops = None           # the norm on the branch output, if any
-        self.out_prof = None          # causal: the branch output's profile entering that norm
-        self.out_ratio = 1.0          # that norm's ratio-moment factor on the branch's gradient
-        self.btok = (0.0, 1.0)        # per-token statistics of the branch output
+        self.in_norm = in_norm        # a norm before the branch(es)
         self.a = a
         self.b = b
         self.log_a2 = log_a2          # log a^2 and log b^2 (-inf for a zero scale)
         self.log_b2 = log_b2
-        self.x_log_var = x_log_var    # stream entering the sublayer
-        self.x = x                    # normalised (var 1) stream entering the sublayer
+        self.s_in = s_in              # the stream entering the unit
+        self.s_sum = None             # post: the residual sum before the norm
+        self.s_out = None             # the stream after the unit
+        self.parts = None             # a parallel block: its branches (BranchRecord)
         self.pre_ops: list | None = None      # the unit's norm (before the branch, or post: after the sum)
         self.branch_ops: list | None = None   # the branch chain's ops, when evaluated rule by rule
-        self.branch_out: Forward | None = None
-        self.z_log_var = 0.0          # post: the pre-LN sum
-        self.z: Forward | None = None
-        self.out_log_var = 0.0
-        self.out: Forward | None = None
-        self.logit_var: float | None = None
-        # backward gains per unit upstream gradient variance (set by the backward pass): the
-        # skip path's a^2 and the branch path's (pre: includes LayerNorm's division by the
-        # stream variance)
-        self.branch_gain: float | None = None
-        self.log_branch_gain = -math.inf
-        self.z_gain = 1.0             # post: LayerNorm backward factor on the pre-LN sum
+        self.branch_out: Forward | None = None    # the branch output (absolute units, before b)
         self.chain_table = None       # interpolation table of the whole branch chain, if used
         self.chain_x = None           # ... and its row (every tabulated quantity) at the branch input
-        # causal models only (sigprop.model.profile): variance profiles over positions of the
-        # stream entering the sublayer and (post) of the pre-LN sum
-        self.x_prof = None
-        self.z_prof = None
-        self.ln_prof = None           # post: the LayerNorm's per-position gain profile (profile.layernorm_input)
-        self.g_prof = None            # (backward) of the gradient w.r.t. the stream entering it
+        self.out_ops = None           # the norm on the branch output, if any
+        self.out_prof = None          # causal: the branch output's profile entering that norm
+        self.out_ratio = 1.0          # that norm's ratio-moment factor on the branch's gradient
+        self.btok = (0.0, 1.0)        # per-token statistics of the branch output
+        self.ln_prof = None           # causal post: the norm's per-position gain profile (profile.layernorm_input)
         # post ReLU FFN only (else None): per-element variance of the branch's departure from
-        # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases, where the
-        # branch is positively homogeneous of degree 1 in its input): see
+        # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases):
         # sigprop.rules.activation.relu_ffn_euler_var
         self.euler_var: float | None = None
         # post attention only (else None): the rule's row statistics (A2, m1) of its softmax
-        # rows (causal: per row length n = 1..L), for the Euler share and cross term
-        # (sigprop.rules.attention.euler_terms)
+        # rows (causal: per row length), for sigprop.rules.attention.euler_terms
         self.att_rows = None
-        # post attention (set by the backward pass): the share along the stream direction of
-        # the gradient handed below it, and per position (mean 1 over positions of g_z's
-        # variance) the skip-branch cross term per unit gradient variance
-        self.att_along: float | None = None
+        self.gains: UnitGains | None = None   # set by the backward pass
+        self.g_prof = None            # causal (backward): variance profile of the gradient entering the unit
+
+    # read-only views of the states and gains
+    x_log_var = property(lambda self: self.s_in.log_var, doc="log variance of the stream entering the unit")
+    x = property(lambda self: self.s_in.x, doc="the stream entering the unit, normalised")
+    x_prof = property(lambda self: self.s_in.prof, doc="causal: its variance profile over positions")
+    out_log_var = property(lambda self: self.s_out.log_var, doc="log variance of the stream after the unit")
+    out = property(lambda self: self.s_out.x, doc="the stream after the unit, normalised")
+    logit_var = property(lambda self: self.s_out.logit_var, doc="the unit's attention logit variance, or None")
+    z_log_var = property(lambda self: (self.s_sum or self.s_out).log_var, doc="log variance of the residual sum")
+    z = property(lambda self: (self.s_sum or self.s_out).x, doc="the residual sum, normalised")
+    z_prof = property(lambda self: (self.s_sum or self.s_out).prof, doc="causal: the sum's variance profile")
+    log_branch_gain = property(lambda self: self.gains.log_branch_gain if self.gains else -math.inf,
+                               doc="log of the branch path's backward gain (b^2 and an input norm included)")
+    branch_gain = property(lambda self: _exp(self.gains.log_branch_gain) if self.gains else None,
+                           doc="the branch path's backward gain")
+    z_gain = property(lambda self: self.gains.z_gain if self.gains else 1.0,
+                      doc="post: the norm's backward factor on the sum")
+    att_along = property(lambda self: self.gains.att_along if self.gains else None,
+                         doc="post attention: the share along the stream's direction below it")
 
     def __repr__(self) -> str:
         return f"SublayerRecord(layer={self.layer}, kind={self.kind!r}, post={self.post})"
@@ -187,6 +192,17 @@ class StreamPoint(NamedTuple):
     @property
     def gvar(self) -> float:
         return _exp(self.log_gvar)
+
+
+def _kept(s: StreamState) -> StreamState:
+    """A stream state without its position deviation (an L x L matrix), as records keep it."""
+    return s if s.dev is None else s._replace(dev=None)
+
+
+def _kept_grad(g: GradState) -> GradState:
+    """A gradient state without its covariance over positions (L x L), as ``backward``
+    returns it."""
+    return g if g.w is None else g._replace(w=None)
 
 
 def _clip_corr(c: float) -> float:
@@ -291,8 +307,8 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
 
     * post, x' = LN(z), z = a x + b F: the skip part a J^T g is orthogonal to 1 exactly and
       to the LN output y ~ (a x + b F); so x . J^T g = -(b/a) F . J^T g, whose share is
-      b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's);
-      the branch part F^T(..) is isotropic (1, 1).
+      b^2 v_F / a^2 of the skip part (v_F the branch output variance over the stream's;
+      rules.residual.post_norm_skip_share); the branch part F^T(..) is isotropic (1, 1).
       Exception: a branch positively homogeneous of degree 1 (``rec.euler_var`` 0) makes
       x' scale-invariant in x (z(s x) = s z(x), and LN(s z) = LN(z)), so by Euler's theorem
       x . g_x = z . J^T g = 0 exactly (up to O(eps / var z) from the LayerNorm's eps): no
@@ -316,22 +332,20 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       isotropic (1, 1), like post's general branch."""
     # the shares from logarithms (a and b may be far outside float range when squared)
     log_a2 = rec.log_a2
-    log_bg = rec.log_branch_gain
+    log_bg = rec.gains.log_branch_gain
     if log_a2 == -math.inf and log_bg == -math.inf:
         return (1.0, 1.0)
     skip = _share(log_a2, log_bg)                      # a^2 / (a^2 + branch gain)
     if rec.post:
         branch = _share(log_bg, log_a2)
-        bvar = float(rec.branch_out.var)
-        clipped = min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        if bvar > 0 and rec.b and log_a2 > -math.inf:   # b^2 v_F / a^2, v_F = bvar / stream var
-            leak = min(1.0, _exp(rec.log_b2 + math.log(bvar) - clipped - log_a2))
-        else:
-            leak = 0.0 if log_a2 > -math.inf else 1.0
-        if rec.att_along is not None:                   # attention: see _attention_euler
-            return (branch, rec.att_along)
+        clipped = min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
+        along = rec.gains.att_along
+        if along is not None:                           # attention: see _attention_euler
+            return (branch, along)
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
             return (branch, residual.post_norm_euler_share(log_a2, rec.log_b2, log_bg, clipped, rec.euler_var))
+        # the skip part's share along x (b^2 v_F / (a^2 v_x)), the branch part isotropic
+        leak = residual.post_norm_skip_share(log_a2, rec.log_b2, clipped, float(rec.branch_out.var))
         return (branch, skip * leak + branch)
     if rec.in_norm:
         return (skip * gen[0], skip * gen[1])
@@ -343,6 +357,10 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
 #: the norm rules' parameter for the upstream gradient's share along what their Jacobian
 #: removes (LayerNorm: the all-ones vector and the output; RMSNorm: the output)
 _GENERIC = {"layernorm": "g_generic", "rmsnorm": "g_generic_rms"}
+
+
+#: the norm rules' kappa of a normalised branch output (Predictor._out_norm_stats)
+_OUT_KAPPA = {"layernorm": layernorm.branch_output_kappa, "rmsnorm": rmsnorm.branch_output_kappa}
 
 
 def _generic_share(rule: str, gen: tuple[float, float]) -> float:
@@ -504,104 +522,107 @@ class Predictor:
     def _forward(self, records: list) -> None:
         m = self.model
         lv, x = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
-        # per-token variance statistics of the stream (norm params centred, kappa): the
-        # Gaussian input has (0, 1); a norm output (1, 0); branch outputs are taken as
-        # Gaussian (a norm on the branch output takes its own, _out_norm_stats); sums mix
-        # them (layernorm.combine_token_stats)
-        tok = blocks.GAUSSIAN_TOKENS
-        G, npos = self.grid, self.npos
-        prof = profile.flat(m.seq_len, G) if m.causal else None
-        # causal: the deviation over pairs of positions of the stream's normalised token
-        # covariance from its mean (zero diagonal; see profile, "forward")
-        dev = np.zeros((npos, npos)) if m.causal else None
-        self._end = (lv, x, tok, prof)
+        # the input: Gaussian per-token statistics; causal: a flat variance profile over
+        # positions and no deviation of its correlations from their mean
+        s = StreamState(lv, x, blocks.GAUSSIAN_TOKENS, profile.flat(m.seq_len, self.grid) if m.causal else None,
+                        np.zeros((self.npos, self.npos)) if m.causal else None)
+        kept = self._end = _kept(s)
         cols = blocks.columns(m)
         for l in range(m.n_layers):
             for unit in blocks.layer_units(m, l, cols):
                 self._at = l + 1
-                one = len(unit.branches) == 1
-                br0 = unit.branches[0]
-                b = br0.scale if one else 1.0
-                rec = SublayerRecord(l + 1, unit.label, unit.post_norm, unit.skip, b, self._log_sq(unit.skip),
-                                     self._log_sq(b), lv, x)
-                rec.in_norm = unit.in_norm
-                h = _real(lv, x)
-                self._stream_tok = tok
-                dev_in = dev
-                if unit.in_norm:
-                    ln = self._norm(tok)
-                    rec.pre_ops = [ln]
-                    ln.x = h
-                    h = get(ln.rule).fast(h, None, ln.params)[0]
-                    if dev is not None:
-                        # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
-                        c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)), G)
-                        h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
-                if one:
-                    got = self._branch(rec, br0, unit, h, dev_in)
-                    if got is None:
-                        return
-                    y, bcov = got
-                    rec.btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
-                else:
-                    rec.parts = []
-                    outs = []
-                    for br in unit.branches:
-                        part = BranchRecord(l + 1, br.kind, br.scale, self._log_sq(br.scale))
-                        got = self._branch(part, br, unit, h, dev_in)
-                        if got is None:
-                            return
-                        rec.parts.append(part)
-                        if part.logit_var is not None:
-                            rec.logit_var = part.logit_var
-                        outs.append(got)
-                    y, bcov = self._sum_branches(rec.parts, outs)
-                rec.branch_out = y
-                blv, bx = _normalise(y)
-                # log var of a x and of b y, and both in units of the larger
-                ref, v1, v2 = _weights(lv + rec.log_a2, blv + rec.log_b2)
-                zlv, z = _combine(ref, v1, x, rec.a, v2, bx, rec.b)
-                if zlv == -math.inf:
-                    raise DomainError(
-                        f"the residual stream vanishes in layer {l + 1}'s {unit.label} sublayer (skip scale {rec.a:g}, "
-                        f"and the branch adds {'nothing' if blv == -math.inf else 'nothing at branch scale 0'}): "
-                        "sigprop follows a stream of positive variance only")
-                if prof is not None:
-                    rec.x_prof = prof
-                    w1 = _exp_rel(lv + rec.log_a2, zlv)
-                    w2 = _exp_rel(blv + rec.log_b2, zlv)
-                    xcov = self._cov(x.corr, dev, prof)
-                    zcov = profile.mix(w1, xcov, w2, bcov)
-                    zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
-                    if unit.post_norm:
-                        rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * bcov.diagonal(), rec.btok, self.d, G)
-                    prof = zcov.diagonal().copy()
-                    rec.z_prof = prof
-                tok = _mix_tokens(tok, ref, v1, v2, rec.btok)
-                if unit.post_norm:
-                    rec.z_log_var, rec.z = zlv, z
-                    ln = self._norm(tok)
-                    rec.pre_ops = [ln]
-                    lv, x = _normalise(_fwd(ln, _real(zlv, z)))
-                    tok = blocks.NORM_TOKENS
-                    if prof is not None:
-                        # per position the norm divides by that position's std
-                        c_out, dev = profile.deviation(profile.normalise(zcov), G)
-                        x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
-                        prof = profile.flat(m.seq_len, G)
-                else:
-                    lv, x = zlv, z
-                    if dev is not None:
-                        _, dev = profile.deviation(zcov, G)
-                rec.out_log_var, rec.out = lv, x
+                got = self._unit(l + 1, unit, s, kept)
+                if got is None:
+                    return
+                rec, s = got
+                # the records keep the states without the position deviation (an L x L matrix)
+                kept = self._end = rec.s_out = s if s.dev is None else s._replace(dev=None)
                 records.append(rec)
-                self._end = (lv, x, tok, prof)
 
-    def _branch(self, rec, br, unit, h: Forward, dev_in):
+    def _unit(self, layer: int, unit, s: StreamState, kept: StreamState):
+        """One residual unit: (its record, the stream state after it) for the stream state
+        ``s`` entering it (``kept``: the same without its position deviation, for the record);
+        None where the softmax saturates (with ``stop_at_saturation``)."""
+        m, G = self.model, self.grid
+        lv, x, tok, prof, dev = s.log_var, s.x, s.tok, s.prof, s.dev
+        one = len(unit.branches) == 1
+        br0 = unit.branches[0]
+        b = br0.scale if one else 1.0
+        rec = SublayerRecord(layer, unit.label, unit.post_norm, unit.in_norm, unit.skip, b, self._log_sq(unit.skip),
+                             self._log_sq(b), kept)
+        h = _real(lv, x)
+        dev_in = dev
+        if unit.in_norm:
+            ln = self._norm(tok)
+            rec.pre_ops = [ln]
+            ln.x = h
+            h = get(ln.rule).fast(h, None, ln.params)[0]
+            if dev is not None:
+                # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
+                c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)), G)
+                h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
+        if one:
+            got = self._branch(rec, br0, unit, h, dev_in, tok)
+            if got is None:
+                return None
+            y, bcov, logit_var = got
+            rec.btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
+        else:
+            rec.parts = []
+            outs = []
+            logit_var = None
+            for br in unit.branches:
+                part = BranchRecord(layer, br.kind, br.scale, self._log_sq(br.scale))
+                got = self._branch(part, br, unit, h, dev_in, tok)
+                if got is None:
+                    return None
+                rec.parts.append(part)
+                if got[2] is not None:
+                    logit_var = got[2]
+                outs.append(got)
+            y, bcov = self._sum_branches(rec.parts, outs)
+        rec.branch_out = y
+        blv, bx = _normalise(y)
+        # log var of a x and of b y, and both in units of the larger
+        ref, v1, v2 = _weights(lv + rec.log_a2, blv + rec.log_b2)
+        zlv, z = _combine(ref, v1, x, rec.a, v2, bx, rec.b)
+        if zlv == -math.inf:
+            raise DomainError(
+                f"the residual stream vanishes in layer {layer}'s {unit.label} sublayer (skip scale {rec.a:g}, "
+                f"and the branch adds {'nothing' if blv == -math.inf else 'nothing at branch scale 0'}): "
+                "sigprop follows a stream of positive variance only")
+        if prof is not None:
+            w1 = _exp_rel(lv + rec.log_a2, zlv)
+            w2 = _exp_rel(blv + rec.log_b2, zlv)
+            xcov = self._cov(x.corr, dev, prof)
+            zcov = profile.mix(w1, xcov, w2, bcov)
+            zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
+            if unit.post_norm:
+                rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * bcov.diagonal(), rec.btok, self.d, G)
+            prof = zcov.diagonal().copy()
+        tok = _mix_tokens(tok, ref, v1, v2, rec.btok)
+        if not unit.post_norm:
+            if dev is not None:
+                _, dev = profile.deviation(zcov, G)
+            return rec, StreamState(zlv, z, tok, prof, dev, logit_var)
+        # the norm after the residual sum
+        rec.s_sum = StreamState(zlv, z, tok, prof, None, logit_var)
+        ln = self._norm(tok)
+        rec.pre_ops = [ln]
+        lv, x = _normalise(_fwd(ln, _real(zlv, z)))
+        if prof is not None:
+            # per position the norm divides by that position's std
+            c_out, dev = profile.deviation(profile.normalise(zcov), G)
+            x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
+            prof = profile.flat(m.seq_len, G)
+        return rec, StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
+
+    def _branch(self, rec, br, unit, h: Forward, dev_in, tok: tuple):
         """One branch of a unit at its input ``h`` (after the unit's input norm, before the
-        norm scale): the branch output (absolute units, before the branch scale) and, causal,
-        its normalised covariance over positions; None where the softmax saturates (with
-        ``stop_at_saturation``: ``self.saturation`` says where)."""
+        norm scale; ``tok``: the stream's per-token statistics): the branch output (absolute
+        units, before the branch scale), causal its normalised covariance over positions, and
+        its attention's logit variance (None without attention); None where the softmax
+        saturates (with ``stop_at_saturation``: ``self.saturation`` says where)."""
         m, G, npos = self.model, self.grid, self.npos
         kind, l, n = br.kind, br.layer, br.norm_scale
         if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and m.activation == "relu":
@@ -609,6 +630,7 @@ class Predictor:
             rec.euler_var = relu_ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
                                                float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
         chain, handle = self._chain(kind, l, unit.in_norm, n)
+        logit_var = None
         if kind == "attention":
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
             if self.stop_at_saturation:
@@ -617,7 +639,7 @@ class Predictor:
                     self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
                                               f"at layer {l + 1}")
                     return None
-            rec.logit_var = attention_logit_var(chain[-2][1], h_att)
+            logit_var = attention_logit_var(chain[-2][1], h_att)
         h_in = h
         if unit.post_norm and kind == "attention":
             rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
@@ -644,7 +666,7 @@ class Predictor:
             # the norm on the branch output, per position.  Forward: as for a Gaussian-like
             # signal (its output has a fixed norm); backward: with the per-token statistics
             # of the branch's hidden layer (_out_norm_stats)
-            kappa, rec.out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm)
+            kappa, rec.out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm, tok)
             on = self._norm(blocks.GAUSSIAN_TOKENS)
             y = _fwd(on, h) if h.var > 0 else h
             if kappa != 1.0:
@@ -657,9 +679,9 @@ class Predictor:
                 y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
                 bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
             h = y
-        return h, bcov
+        return h, bcov, logit_var
 
-    def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool) -> tuple[float, float]:
+    def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool, tok: tuple) -> tuple[float, float]:
         """A norm N on a branch output F = W h (W the output projection, h the branch's hidden
         layer of width w over iid units, F's per-token norm divided out): (kappa of F for the
         norm rule, the factor on the gradient variance at the branch input), first order in
@@ -669,8 +691,8 @@ class Predictor:
 
         * 1/rms(F)^2: given h, F is Gaussian over W (the norm rule at kappa 1); |h|^2 adds its
           relative variance v_B, and the Jacobian grows with it (relative covariance c_AB):
-          E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through
-          kappa = 1 + d v_B/2 (LayerNorm: (d - 1) v_B/2).
+          E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through its kappa
+          (the norm module's ``branch_output_kappa``: 1 + d v_B/2, LayerNorm (d - 1) v_B/2).
         * P removes the direction of F, which carries more than the isotropic 1/d of W J's
           energy: W^T W h ~ d h + (noise), so the extra share is |J^T h|^2/(A B), J^T h =
           sum_k h_k grad h_k: (1 + k_ab)/w from the units' own terms plus, along the input x,
@@ -720,25 +742,24 @@ class Predictor:
         if t is None or width is None:
             return 1.0, 1.0
         q = h.var + h.mean**2
-        dq = 0.0 if in_norm or not q > 0 else 2 * self._stream_tok[1] / d * (h.var / q) ** 2
+        dq = 0.0 if in_norm or not q > 0 else 2 * tok[1] / d * (h.var / q) ** 2
         # (first order: kept below a quarter, the norm's harmonic mean then stays positive)
         v_b = min(t.k_b / width + dq * t.beta_b**2, 0.25)
         c_ab = t.k_ab / width + dq * t.beta_a * t.beta_b
         removed = (1 + t.k_ab) / width + (0.0 if in_norm else t.beta_b**2 * t.b_over_a / d)
-        n_eff = d - 1 if m.norm == "layernorm" else d
-        return 1.0 + n_eff * v_b / 2, max(1.0 - c_ab - removed, 0.5)
+        return _OUT_KAPPA[m.norm](v_b, d), max(1.0 - c_ab - removed, 0.5)
 
     def _sum_branches(self, parts: list, outs: list):
         """The sum b_1 y_1 + b_2 y_2 + ... of a parallel block's branch outputs (independent:
         zero-mean weights of their own), in absolute units; causal: its normalised covariance
         over positions."""
         lvs = []
-        for part, (y, _) in zip(parts, outs):
+        for part, (y, _, _) in zip(parts, outs):
             v = float(y.var)
             lvs.append(math.log(v) + part.log_b2 if v > 0 and part.log_b2 > -math.inf else -math.inf)
         lv, xs = -math.inf, _NO_SIGNAL
         cov, w_acc = None, None
-        for part, (y, bcov), l_i in zip(parts, outs, lvs):
+        for part, (y, bcov, _), l_i in zip(parts, outs, lvs):
             _, yn = _normalise(y)
             if lv == -math.inf:
                 lv, xs = l_i, yn
@@ -884,96 +905,105 @@ class Predictor:
             h = _fwd(op, h)
         return h
 
-    def backward(self, records: list[SublayerRecord]) -> list[tuple[float, float]]:
-        """(log gradient variance, gradient corr) at the input of every sublayer, top down;
-        entry i is the gradient w.r.t. the stream entering record i."""
+    def backward(self, records: list[SublayerRecord]) -> list[GradState]:
+        """The gradient state (:class:`~sigprop.model.states.GradState`, without its
+        covariance over positions) at the input of every unit, top down; entry i is the
+        gradient w.r.t. the stream entering record i.  Sets every record's ``gains`` (and,
+        causal, ``g_prof``) and ``self.top_grad``, the gradient state after the last unit."""
         m = self.model
-        lg, gc = math.log(m.grad.var) if m.grad.var > 0 else -math.inf, m.grad.corr
-        # share of the gradient (w.r.t. the stream) along the all-ones vector and along the
-        # stream's own direction, relative to an isotropic gradient: a Post-LN LayerNorm's
-        # Jacobian removes exactly these, and its skip path hands down a gradient that is
-        # already nearly free of them (see _generic_below)
-        gen = (1.0, 1.0)
-        # causal: the gradient's covariance over positions, mean diagonal 1 (see profile)
-        G = self.grid
-        w = np.eye(self.npos) * (1 - gc) + gc if m.causal else None
+        gc = m.grad.corr
+        # the model's upstream gradient: isotropic (its shares along the all-ones vector and
+        # along the stream's own direction are 1, see _generic_below); causal, its covariance
+        # over positions has correlation gc off the diagonal (see profile)
+        g = GradState(math.log(m.grad.var) if m.grad.var > 0 else -math.inf, gc, (1.0, 1.0),
+                      np.eye(self.npos) * (1 - gc) + gc if m.causal else None)
         if m.final_norm:
-            # the model's final norm: the upstream gradient is given at its output
-            flv, fx, ftok, fprof = self._end
-            op = self._norm(ftok)
-            op.x = _real(flv, fx)
-            g = _bwd(op, Backward(1.0, gc))
-            kw = 1.0
-            if w is not None:
-                kw, kc, w = profile.layernorm_backward(w, fprof, *_gains(lambda q: _bwd(op, q)), grid=G)
-                g = Backward(g.var, g.corr * kc / kw)
-            lg = lg + math.log(g.var * kw) + self._ln_log_adjust(flv) if g.var > 0 else -math.inf
-            gc = g.corr
-            # its Jacobian leaves nothing along the stream's direction (LayerNorm: nor along 1)
-            gen = (0.0, 0.0) if m.norm == "layernorm" else (1.0, 0.0)
-        self.top_grad = (lg, gc)
+            g = self._final_norm_backward(self._end, g)
+        self.top_grad = _kept_grad(g)
         out = [None] * len(records)
         for i in range(len(records) - 1, -1, -1):
-            rec = records[i]
-            if rec.post:
-                # through the norm after the residual sum, then split into skip and branch
-                ln = rec.pre_ops[0]
-                ln.params = {**ln.params, _GENERIC[ln.rule]: _generic_share(ln.rule, gen)}   # a new dict (Rule.fast)
-                gb = _bwd(ln, Backward(1.0, gc))
-                kw = 1.0
-                if w is not None:
-                    kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)), grid=G)
-                    gb = Backward(gb.var, gb.corr * kc / kw)
-                rec.z_gain = gb.var * kw * math.exp(self._ln_log_adjust(rec.z_log_var))
-                lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(rec.z_log_var)
-                gc = gb.corr
-            # branch path: b * Out^T Dropout^T F^T (after an input norm: (n N)^T)
-            # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
-            if rec.parts is None:
-                g, u, ku, kc = self._branch_backward(rec, Backward(1.0 if rec.b else 0.0, gc), w)
-                lg_branch_extra = rec.log_b2 if rec.b else 0.0
-            else:
-                g, u, lg_branch_extra = self._parts_backward(rec.parts, gc, w)
-                ku = kc = 1.0
-            if rec.in_norm:
-                for op in reversed(rec.pre_ops):
-                    if w is not None:
-                        k, k2, u = profile.layernorm_backward(u, rec.x_prof, *_gains(lambda q: _bwd(op, q)), grid=G)
-                        ku, kc = ku * k, kc * k2
-                    g = _bwd(op, g)
-                lg_branch_extra += self._ln_log_adjust(rec.x_log_var)
-            if w is not None:
-                g = Backward(g.var * ku, g.corr * kc / ku)
-            # a zero gradient stays zero whatever the norm's factor (b = 0, or a zero stream)
-            rec.log_branch_gain = math.log(g.var) + lg_branch_extra if g.var > 0 else -math.inf
-            rec.branch_gain = _exp(rec.log_branch_gain)
-            cross = None
-            if rec.att_rows is not None and rec.b and math.isfinite(rec.log_branch_gain):
-                rec.att_along, cross = self._attention_euler(rec, gc, w, relative=True)
-            if w is not None:
-                log_a2 = rec.log_a2
-                w = profile.mix(_share(log_a2, rec.log_branch_gain), w, _share(rec.log_branch_gain, log_a2), u)
-            gen = _generic_below(rec, gen)
-            # skip path a, branch path g (relative to exp(lg)); independent: variances add
-            ref, v1, v2 = _weights(rec.log_a2, rec.log_branch_gain)
-            lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, g.corr), 1.0)
-            if rec.euler_var is not None and rec.b and lsum > -math.inf:
-                lsum += residual.post_norm_cross_log_factor(
-                    rec.log_b2, min(max(rec.x_log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT), lsum,
-                    float(rec.branch_out.var), rec.euler_var, self.d)
-            if cross is not None and lsum > -math.inf:
-                # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
-                c = max(float(np.mean(cross)) if G is None or w is None else G.mean(cross), -0.5)
-                if w is not None:
-                    dg = (w.diagonal() + cross) / (1.0 + c)
-                    w = w.copy()
-                    positions.set_diag(w, np.maximum(dg, 0.0))
-                lsum += math.log1p(c)
-            if w is not None:
-                rec.g_prof = w.diagonal().copy()
-            lg, gc = lg + lsum, gsum.corr
-            out[i] = (lg, gc)
+            g = self._unit_backward(records[i], g)
+            out[i] = g if g.w is None else g._replace(w=None)
         return out
+
+    def _final_norm_backward(self, s: StreamState, g: GradState) -> GradState:
+        """Through the model's final norm (at the stream state ``s`` after the last unit): the
+        upstream gradient ``g`` is given at its output."""
+        G, w = self.grid, g.w
+        op = self._norm(s.tok)
+        op.x = _real(s.log_var, s.x)
+        gb = _bwd(op, Backward(1.0, g.gcorr))
+        kw = 1.0
+        if w is not None:
+            kw, kc, w = profile.layernorm_backward(w, s.prof, *_gains(lambda q: _bwd(op, q)), grid=G)
+            gb = Backward(gb.var, gb.corr * kc / kw)
+        lg = g.log_gvar + math.log(gb.var * kw) + self._ln_log_adjust(s.log_var) if gb.var > 0 else -math.inf
+        # its Jacobian leaves nothing along the stream's direction (LayerNorm: nor along 1)
+        return GradState(lg, gb.corr, (0.0, 0.0) if self.model.norm == "layernorm" else (1.0, 0.0), w)
+
+    def _unit_backward(self, rec: SublayerRecord, g: GradState) -> GradState:
+        """One residual unit, top down: the gradient state w.r.t. the stream entering ``rec``
+        from the one after it (``g``); sets ``rec.gains`` (and, causal, ``rec.g_prof``)."""
+        G = self.grid
+        lg, gc, gen, w = g
+        z_gain = 1.0
+        if rec.post:
+            # through the norm after the residual sum, then split into skip and branch
+            zlv = rec.s_sum.log_var
+            ln = rec.pre_ops[0]
+            ln.params = {**ln.params, _GENERIC[ln.rule]: _generic_share(ln.rule, gen)}   # a new dict (Rule.fast)
+            gb = _bwd(ln, Backward(1.0, gc))
+            kw = 1.0
+            if w is not None:
+                kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)), grid=G)
+                gb = Backward(gb.var, gb.corr * kc / kw)
+            z_gain = gb.var * kw * math.exp(self._ln_log_adjust(zlv))
+            lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(zlv)
+            gc = gb.corr
+        # branch path: b * Out^T Dropout^T F^T (after an input norm: (n N)^T)
+        # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
+        if rec.parts is None:
+            gbr, u, ku, kc = self._branch_backward(rec, Backward(1.0 if rec.b else 0.0, gc), w)
+            lg_branch_extra = rec.log_b2 if rec.b else 0.0
+        else:
+            gbr, u, lg_branch_extra = self._parts_backward(rec.parts, gc, w)
+            ku = kc = 1.0
+        if rec.in_norm:
+            for op in reversed(rec.pre_ops):
+                if w is not None:
+                    k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, *_gains(lambda q: _bwd(op, q)), grid=G)
+                    ku, kc = ku * k, kc * k2
+                gbr = _bwd(op, gbr)
+            lg_branch_extra += self._ln_log_adjust(rec.s_in.log_var)
+        if w is not None:
+            gbr = Backward(gbr.var * ku, gbr.corr * kc / ku)
+        # a zero gradient stays zero whatever the norm's factor (b = 0, or a zero stream)
+        log_bg = math.log(gbr.var) + lg_branch_extra if gbr.var > 0 else -math.inf
+        along = cross = None
+        if rec.att_rows is not None and rec.b and math.isfinite(log_bg):
+            along, cross = self._attention_euler(rec, gc, w, relative=True, log_gain=log_bg)
+        rec.gains = UnitGains(log_bg, z_gain, along)
+        if w is not None:
+            w = profile.mix(_share(rec.log_a2, log_bg), w, _share(log_bg, rec.log_a2), u)
+        gen = _generic_below(rec, gen)
+        # skip path a, branch path g (relative to exp(lg)); independent: variances add
+        ref, v1, v2 = _weights(rec.log_a2, log_bg)
+        lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, gbr.corr), 1.0)
+        if rec.euler_var is not None and rec.b and lsum > -math.inf:
+            lsum += residual.post_norm_cross_log_factor(
+                rec.log_b2, min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT), lsum,
+                float(rec.branch_out.var), rec.euler_var, self.d)
+        if cross is not None and lsum > -math.inf:
+            # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
+            c = max(float(np.mean(cross)) if G is None or w is None else G.mean(cross), -0.5)
+            if w is not None:
+                dg = (w.diagonal() + cross) / (1.0 + c)
+                w = w.copy()
+                positions.set_diag(w, np.maximum(dg, 0.0))
+            lsum += math.log1p(c)
+        if w is not None:
+            rec.g_prof = w.diagonal().copy()
+        return GradState(lg + lsum, gsum.corr, gen, w)
 
     def _branch_backward(self, rec, g: Backward, w):
         """Through one branch's output norm and rule chain (table or op by op), top down, for
@@ -1044,19 +1074,21 @@ class Predictor:
         return v.reshape(2, -1) if params.get("causal") else v
 
     def _attention_euler(self, rec: SublayerRecord, rg: float, W: np.ndarray | None,
-                         relative: bool = False):
+                         relative: bool = False, log_gain: float | None = None):
         """Post-LN attention: (the share along the stream direction of the gradient handed
         below it, the skip-branch cross term per position), both per unit variance of the
         gradient below the norm (token correlation ``rg``; causal: covariance over positions
-        ``W``, mean diagonal 1); ``relative``: the cross term in units of a^2 + branch gain.
+        ``W``, mean diagonal 1); ``relative``: the cross term in units of a^2 + branch gain;
+        ``log_gain``: the log branch gain (default: the record's, after its backward pass).
         The maths: sigprop.rules.attention.euler_terms (the attention's part) and
         sigprop.rules.residual.post_norm_attention (the residual weights, the projection off
         the norm's input); here only the record's quantities are handed over."""
         params = self._chain("attention", rec.layer - 1, False, 1.0)[0][0][1]
-        x = _real(rec.x_log_var, rec.x)
+        x = _real(rec.s_in.log_var, rec.s_in.x)
         terms = attention.euler_terms(params, x, rec.att_rows, rg, W, self.grid, self.model.dropout.hidden)
         mean = self.grid.mean if W is not None and self.grid is not None else None
-        return residual.post_norm_attention(terms, x, rec.log_a2, rec.log_b2, rec.log_branch_gain,
+        return residual.post_norm_attention(terms, x, rec.log_a2, rec.log_b2,
+                                            rec.log_branch_gain if log_gain is None else log_gain,
                                             float(rec.branch_out.var), self.d, mean, relative)
 
     @staticmethod
@@ -1068,14 +1100,15 @@ class Predictor:
 
 
 def run_top(model, tables: TableCache | None = None):
-    """:func:`run`, and the gradient (log variance, corr) w.r.t. the stream after the last
-    sublayer: the model's upstream gradient, or below its final norm."""
+    """:func:`run`, and the gradient state (``GradState``: log variance, corr, ...) w.r.t. the
+    stream after the last sublayer: the model's upstream gradient, or below its final norm."""
     records, grads, _, top = _run(model, False, tables)
     return records, grads, top
 
 
 def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], list]:
-    """Forward and backward passes: the per-sublayer records and gradients.  The cyclic
+    """Forward and backward passes: the per-sublayer records and the gradient states entering
+    them (:meth:`Predictor.backward`).  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again."""
     records, grads, _, _ = _run(model, False, tables)
@@ -1130,22 +1163,28 @@ def predict(model, stop_at_saturation: bool = False, tables: TableCache | None =
 
 
 def _points(model, records, grads, top=None) -> list[StreamPoint]:
-    """``top``: the gradient w.r.t. the stream after the last record (below the final norm
-    where the model has one; None: the model's upstream gradient)."""
+    """The trace points from the records' stream states and the gradient states ``grads``
+    (entry i: entering record i); ``top``: the gradient state after the last record (below
+    the final norm where the model has one; None: the model's upstream gradient)."""
     m = model
     if top is None:
         top = (math.log(m.grad.var) if m.grad.var > 0 else -math.inf), m.grad.corr
     lv0, x0 = _normalise(Forward(m.input.mean, m.input.var, m.input.corr))
-    g_in = grads[0] if grads else top
-    pts = [StreamPoint(0, "input", lv0, m.input.mean, m.input.corr, g_in[0], g_in[1])]
+    # the input point: its mean is the model's own (not recomputed from the normalised state)
+    pts = [_point(0, "input", StreamState(lv0, x0, blocks.GAUSSIAN_TOKENS), grads[0] if grads else top,
+                  m.input.mean)]
+    n = len(records)
     for i, rec in enumerate(records):
         # gradient w.r.t. the stream *after* this sublayer = gradient entering the next one
-        if i + 1 < len(records):
-            lg, gc = grads[i + 1]
-        else:
-            lg, gc = top
-        mm = rec.out.mean   # in stream standard deviations: a zero mean stays 0 (never 0 x inf)
-        mean = mm * math.exp(rec.out_log_var / 2) if rec.out_log_var < 1400 \
-            else math.copysign(_exp(math.log(abs(mm)) + rec.out_log_var / 2), mm) if mm else 0.0
-        pts.append(StreamPoint(rec.layer, rec.kind, rec.out_log_var, mean, rec.out.corr, lg, gc, rec.logit_var))
+        pts.append(_point(rec.layer, rec.kind, rec.s_out, grads[i + 1] if i + 1 < n else top))
     return pts
+
+
+def _point(layer: int, name: str, s: StreamState, g, mean: float | None = None) -> StreamPoint:
+    """The trace point of stream state ``s`` with gradient state ``g`` (log variance, corr,
+    ...) at the same place; ``mean``: the stream's actual mean where it is known exactly."""
+    if mean is None:
+        mm, lv = s.x.mean, s.log_var   # the mean in stream stds: a zero mean stays 0 (never 0 x inf)
+        mean = mm * math.exp(lv / 2) if lv < 1400 \
+            else math.copysign(_exp(math.log(abs(mm)) + lv / 2), mm) if mm else 0.0
+    return StreamPoint(layer, name, s.log_var, mean, s.x.corr, g[0], g[1], s.logit_var)

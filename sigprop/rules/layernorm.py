@@ -177,3 +177,14 @@ class LayerNorm(Rule):
 
 
 register(LayerNorm())
+
+
+def branch_output_kappa(v_b, d):
+    """``kappa`` (the per-token variance dispersion this rule takes) of a branch output
+    F = W h normalised by a LayerNorm of width d, where h's per-token squared norm |h|^2 has
+    relative variance ``v_b`` across tokens: given h, F's d entries are iid Gaussian, so F's
+    centred per-token variance is |h|^2 times a chi-square of d - 1 degrees of freedom over d;
+    its relative variance is 2/(d - 1) + v_b to first order (the product term 2 v_b/(d - 1) is
+    dropped), i.e. 2 kappa/(d - 1) with kappa = 1 + (d - 1) v_b/2.  Gaussian h-norms (v_b = 0)
+    give kappa 1.  Plain arithmetic on floats or arrays."""
+    return 1.0 + (d - 1) * v_b / 2

@@ -147,3 +147,22 @@ def post_norm_attention(terms, x: Forward, log_a2: float, log_b2: float, log_gai
     b2_cross = b2_rel if relative else exp_or_inf(log_b2)
     cross = -2.0 * b2_cross * ((1.0 - pi) * terms.cross_shared + terms.cross_own) / (d * S2)
     return along, (np.asarray(cross, dtype=float) if np.ndim(cross) else float(cross))
+
+
+def post_norm_skip_share(log_a2: float, log_b2: float, log_vx: float, branch_var: float) -> float:
+    """Share along the stream's direction x of the skip path's part a J^T g of the gradient
+    below a Post-LN unit z = a x + b F, relative to an isotropic gradient: b^2 v_F / (a^2 v_x),
+    at most 1 (``branch_var`` v_F in absolute units, ``log_vx`` the log stream variance as its
+    user carries it; 0 without a branch, 1 without a skip).
+
+    The norm's Jacobian leaves J^T g orthogonal to its input z (LayerNorm: and to 1), so
+    x . J^T g = -(b/a) F . J^T g: the skip part's component along x is that of F scaled by
+    b/a, whose energy relative to |x|^2 is b^2 v_F / (a^2 v_x), assuming J^T g isotropic in
+    the complement of z (and 1).  First order in that ratio: the projection off z also removes
+    F's own component along z, which makes the exact share b^2 v_F / (a^2 v_x + b^2 v_F), so
+    this is high by a factor 1 + b^2 v_F / (a^2 v_x) (tests/test_postln_rules.py)."""
+    if log_a2 == -math.inf:
+        return 1.0
+    if branch_var > 0 and log_b2 > -math.inf:
+        return min(1.0, exp_or_inf(log_b2 + math.log(branch_var) - log_vx - log_a2))
+    return 0.0

@@ -117,3 +117,14 @@ class RMSNorm(Rule):
 
 
 register(RMSNorm())
+
+
+def branch_output_kappa(v_b, d):
+    """``kappa_rms`` (the relative variance of the per-token mean square in units of 2/d) of a
+    branch output F = W h normalised by an RMSNorm of width d, where h's per-token squared norm
+    |h|^2 has relative variance ``v_b`` across tokens: given h, F's d entries are iid Gaussian,
+    so F's per-token mean square is |h|^2 times a chi-square of d degrees of freedom over d;
+    its relative variance is 2/d + v_b to first order (the product term 2 v_b/d is dropped),
+    i.e. kappa_rms = 1 + d v_b/2.  Gaussian h-norms (v_b = 0) give 1.  Plain arithmetic on
+    floats or arrays."""
+    return 1.0 + d * v_b / 2
