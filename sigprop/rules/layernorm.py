@@ -218,7 +218,8 @@ class LayerNorm(Rule):
     def backward(self, m, x, g, p):
         s2e = _s2_eff(x, p)
         var = g.var * (p.d - 2 * p.g_generic) / (p.d * (s2e + p.eps))
-        var = var * token_slope_factor(p.g_slope, 2 * p.kappa / (p.d - 1), s2e, p.eps)
+        # a parameter set without the slope (rules.compose takes dicts as given): 0
+        var = var * token_slope_factor(getattr(p, "g_slope", 0), 2 * p.kappa / (p.d - 1), s2e, p.eps)
         # leading term -3q/(2n): -q/n from the removed directions (scales with g_generic),
         # -q/(2n) from the norm fluctuations (scales with kappa)
         weight = (2 * p.g_generic + p.kappa) / 3

@@ -126,7 +126,8 @@ class RMSNorm(Rule):
         Q, c0, vq, cq, cn, t = _terms(x, p)
         Qh = Q * (1 - vq)
         var = g.var * (p.d - p.g_generic_rms) / (p.d * (Qh + p.eps))
-        var = var * token_slope_factor(p.g_slope_rms, vq, Qh, p.eps)
+        # a parameter set without the slope (rules.compose takes dicts as given): 0
+        var = var * token_slope_factor(getattr(p, "g_slope_rms", 0), vq, Qh, p.eps)
         corr = g.corr * (1 - p.g_generic_rms * (1 - c0**2) / p.d - (vq - cq) / 4)
         return Backward(var, corr)
 
