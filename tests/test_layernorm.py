@@ -19,7 +19,7 @@ from sigprop.state import Backward, Forward
 from sigprop.symbols import symbol
 
 RULE = REGISTRY["layernorm"]
-S = {k: symbol(k) for k in ("x_mean", "x_var", "x_corr", "g_var", "g_corr", "d", "eps", "centred", "kappa", "g_generic")}
+S = {k: symbol(k) for k in ("x_mean", "x_var", "x_corr", "g_var", "g_corr", "d", "eps", "centred", "kappa", "g_generic", "g_slope")}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +64,7 @@ def test_large_width_limits_are_the_published_forms(expr):
 def test_gradient_variance_exact_inverse_chi_square(expr):
     # E|P - y y^T/d|-projected gradient|^2 = g2 (d-2) E[1/sigma^2], E[d/|z|^2] = d/(s2 (d-3))
     d, s2, g2 = S["d"], S["x_var"], S["g_var"]
-    gauss = {S["eps"]: 0, S["centred"]: 0, S["kappa"]: 1, S["g_generic"]: 1}
+    gauss = {S["eps"]: 0, S["centred"]: 0, S["kappa"]: 1, S["g_generic"]: 1, S["g_slope"]: 0}
     assert sp.simplify(expr["g_var"].subs(gauss) - g2 * (d - 2) / ((d - 3) * s2)) == 0
 
 
@@ -153,7 +153,8 @@ def test_numeric_equals_symbolic(expr, pt):
     subs = {S["x_mean"]: pt["x_mean"], symbol("x_std"): math.sqrt(pt["x_var"]),
             S["x_corr"]: pt["x_corr"], symbol("g_std"): math.sqrt(pt["g_var"]),
             S["g_corr"]: pt["g_corr"], S["d"]: pt["d"], S["eps"]: pt["eps"],
-            S["centred"]: pt["centred"], S["kappa"]: pt["kappa"], S["g_generic"]: pt["g_generic"]}
+            S["centred"]: pt["centred"], S["kappa"]: pt["kappa"], S["g_generic"]: pt["g_generic"],
+            S["g_slope"]: 0}
     num = {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr, "g_var": g.var, "g_corr": g.corr}
     for k, v in num.items():
         assert float(expr[k].subs(subs).evalf(30)) == pytest.approx(float(v), rel=1e-12, abs=1e-15)

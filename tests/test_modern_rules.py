@@ -139,7 +139,8 @@ def test_rmsnorm_zero_mean_is_layernorm_series_with_n_equal_d(rms_expr):
     gcorr = rms_expr["g_corr"].subs({S("x_mean"): 0, k: 1, S("g_generic_rms"): 1})
     assert sp.simplify(gcorr - S("g_corr") * (1 - 3 * (1 - r**2) / (2 * d))) == 0
     # exact inverse chi-square gradient gain at eps = 0: g2 (d-1)/(s2 (d-2))
-    gvar = rms_expr["g_var"].subs({S("x_mean"): 0, k: 1, S("g_generic_rms"): 1, S("eps"): 0})
+    gvar = rms_expr["g_var"].subs({S("x_mean"): 0, k: 1, S("g_generic_rms"): 1, S("eps"): 0,
+                                   S("g_slope_rms"): 0})
     assert sp.simplify(gvar - S("g_var") * (d - 1) / (S("x_var") * (d - 2))) == 0
 
 

@@ -447,6 +447,16 @@ class _Ctx:
         vk = p.d * sk2 * self.S2 + sbk2
         self.rk = (p.d * sk2 * self.c2 + sbk2) / _floor(m, vk)
         self.proj = 1 - (1 + is_ln) / p.d_head
+        # backward: each query's (key's) gradient is divided by its own squared scale, whose
+        # inverse averages to more than the inverse average (inverse chi-square with n = dh
+        # (LayerNorm dh - 1) degrees of freedom: E[1/rho^2] = 1/(rho_bar^2 (n - 2)/n)), eps
+        # included as for LayerNorm; two different tokens' scales, taken as independent,
+        # give E[1/rho]^2 = (1 + 3/(4n))^2 / rho_bar^2 to first order
+        n = p.d_head - is_ln
+        frac = _num(m, lambda t: m.maximum(t, 0.25), (n - 2) / n)
+        self.hq = (ln * vq + p.qk_eps) / (ln * vq * frac + p.qk_eps)
+        self.hk = (ln * vk + p.qk_eps) / (ln * vk * frac + p.qk_eps)
+        self.hc = (1 + 3 / (4 * n)) ** 2
         fq = ln / (ln * vq + p.qk_eps)
         fk = 1 / (ln * vk + p.qk_eps)
         return sq2 * fq, sk2 * fk, sbq2 * fq, sbk2 * fk
@@ -832,7 +842,9 @@ class Attention(Rule):
         "factor 1 + rk (1 + rk)/(2 dh) (checked by sampling, dh 32-128, rk 0-0.9) and a "
         "platykurtic logit (fourth cumulant -6 (1 - rk)^2 v^2/(dh + 2), exact at rk = 0) entering "
         "through one effective variance matched on log E e^{2z} - 2 log E e^z; the Jacobian's "
-        "projection as a 1/dh (LayerNorm 2/dh) loss of the query and key gradients.  Range: "
+        "projection as a 1/dh (LayerNorm 2/dh) loss of the query and key gradients, and their "
+        "division by each query's and key's own squared scale as its inverse-chi-square mean "
+        "(n/(n-2), n = dh or dh - 1; two tokens' scales independent in the cross-token terms).  Range: "
         "dh >= 32, logit variance ~1 (what the norm gives).  eps enters exactly in the scales.",
         "Rotary positions: the key-shared logit part left after a row's mean, a sum of dh/2 "
         "sinusoids in the key position with amplitudes fixed for the row, is treated as iid over "
@@ -1218,11 +1230,12 @@ def _backward_terms(m, c, p, g, st):
         key_c = c.kbL * key_c
         qry_c = c.kbL * qry_c
     # QK-norm: its Jacobian projects the query and key gradients off the normalised vector
-    # (and, LayerNorm, off the constant direction): 1/dh of a generic gradient each
+    # (and, LayerNorm, off the constant direction): 1/dh of a generic gradient each; and
+    # divides them by each query's and key's own scale (harmonic factors hq, hk, hc: _normed)
     qry, key, key_x, qry_c, key_c = _branch(
         m, c.norm, lambda: (qry, key, key_x, qry_c, key_c),
-        lambda: (c.proj * qry, c.proj * key / c.kfac, c.proj * key_x / c.kfac, c.proj * qry_c,
-                 c.proj * key_c / c.kfac))
+        lambda: (c.proj * c.hq * qry, c.proj * c.hk * key / c.kfac, c.proj * c.hk * key_x / c.kfac,
+                 c.proj * c.hc * qry_c, c.proj * c.hc * key_c / c.kfac))
     hk = p.n_heads * K0
     return {"val": hk * val, "val_x": hk * val_x, "qry": hk * qry, "key": hk * key,
             "key_x": hk * key_x, "val_c": hk * val_c, "qry_c": hk * qry_c, "key_c": hk * key_c}

@@ -33,6 +33,15 @@ u, v_t iid standard normal in n dimensions, so ``y_t = sqrt(d) a_t / |a_t|`` (ep
   s2_eff = s2 (d-3)/d; the output variance becomes s2_eff/(s2_eff + eps) and the gradient
   variance g2 (d-2)/(d (s2_eff + eps)).  The correlations are unchanged at first order in
   eps/s2 (the same factor multiplies covariance and variance).
+* an upstream gradient whose per-token mean square depends on the token's own input variance
+  s_t (in a stack of pre-norm residual units the gradient below any norm of a stream scales
+  as 1/s_t of that stream, and the stream's per-token variance persists from layer to
+  layer): with |g_t|^2 = G (1 + eta_t) and s_t = S (1 + e_t), E[|g_t|^2/(s_t + eps)] =
+  (G/(S + eps)) (1 + E[e^2] + ... - E[eta e] S/(S + eps)) to first order, so the gradient
+  variance is multiplied by 1 - lam Var(e) S/(S + eps), lam = cov(eta, e)/Var(e) the slope
+  of the gradient's relative per-token mean square on the input's relative per-token
+  variance (0 for a gradient independent of the input, -1 for one that scales as 1/s_t),
+  Var(e) = 2 kappa/(d-1).  :func:`token_slope_below` carries lam down a stack.
 """
 
 from sigprop import symbols
@@ -43,6 +52,7 @@ symbols.register("eps", r"\epsilon", nonnegative=True)
 symbols.register("centred", r"c_{\mathrm{LN}}", nonnegative=True)
 symbols.register("kappa", r"\kappa_{\mathrm{LN}}", nonnegative=True)
 symbols.register("g_generic", r"\gamma_{\mathrm{LN}}", nonnegative=True)
+symbols.register("g_slope", r"\lambda_{\mathrm{LN}}", real=True)
 
 
 def _n(p):
@@ -96,6 +106,37 @@ def combine_token_stats(a2v1, c1, k1, a2v2, c2, k2):
     return c, k
 
 
+def token_slope_factor(slope, rel_var, var, eps):
+    """Factor on a norm's gradient variance from an upstream gradient whose per-token mean
+    square has slope ``slope`` on the input's relative per-token variance (see the module
+    docstring): 1 - slope rel_var var/(var + eps), rel_var the relative variance of the
+    per-token variance (LayerNorm: 2 kappa/(d-1)), var the input's (harmonic) per-token
+    variance.  First order in rel_var.  Plain arithmetic or sympy."""
+    return 1 - slope * rel_var * var / (var + eps)
+
+
+def token_slope_below(slope_out, skip_share, branch_share, var_in, eps):
+    """One pre-norm residual unit x' = a x + b F(N(x)), top down: from the slope of the
+    gradient's relative per-token mean square on the stream's relative per-token variance at
+    the unit's output (``slope_out``; the value below a final norm of that stream is
+    -var/(var + eps) of it, 0 for a gradient given independently of the stream), return
+    (``slope_norm``, ``slope_in``): the slope the unit's input norm sees (its ``g_slope``
+    parameter, in units of the stream at the unit's input) and the slope at the unit's input.
+
+    ``skip_share`` = a^2 var_in / var_out, the skip path's share of the output's variance (the
+    per-token variance's deviation at the output is a^2 times the input's plus a part that
+    is independent of it: the branch sees its input through a norm); ``branch_share`` = the
+    branch gradient's share of the gradient at the unit's input, gain/(a^2 + gain), whose
+    per-token mean square scales as 1/(s_t + eps) of the input stream; ``var_in`` the input's
+    (harmonic) per-token variance.  To first order in the relative per-token variances:
+    slope_norm = slope_out skip_share, slope_in = slope_norm - branch_share var_in/(var_in + eps).
+    Exact in its linear regression structure; assumes the branch output's per-token variance and
+    the branch gradient's own per-token factor (the hidden units' and the weights' draws)
+    independent of the input's per-token variance."""
+    slope_norm = slope_out * skip_share
+    return slope_norm, slope_norm - branch_share * var_in / (var_in + eps)
+
+
 class LayerNorm(Rule):
     name = "layernorm"
     title = "LayerNorm (gain 1, bias 0)"
@@ -113,6 +154,10 @@ class LayerNorm(Rule):
               "LayerNorm Jacobian removes (the all-ones vector and the output itself), relative "
               "to a gradient independent of the input (1); 0 for a gradient already in this "
               "LayerNorm's tangent space", 1.0, lo=0.0, hi=1.0),
+        Param("g_slope", "slope of the upstream gradient's relative per-token mean square on the "
+              "input's relative per-token variance (0: a gradient independent of the input; -1: "
+              "one that scales as 1/s_t, as below another norm of the same stream); first order "
+              "in 2 kappa/(d-1)", 0.0),
     )
     assumptions = (
         "Per feature, two different tokens are jointly Gaussian with correlation r (a component "
@@ -146,6 +191,10 @@ class LayerNorm(Rule):
         "Gradient variance g2 (d-2)/(d (s2_eff + eps)): exact for eps -> 0 (inverse chi-square "
         "with d-1 degrees of freedom), first order in eps/s2 otherwise; the upstream gradient "
         "is independent of the input.",
+        "Upstream gradient with per-token slope g_slope on the input's per-token variance: the "
+        "gradient variance is multiplied by 1 - g_slope (2 kappa/(d-1)) s2_eff/(s2_eff + eps) "
+        "(first order in the relative per-token variance); the gradient correlation is left "
+        "unchanged (the cross-token covariance taken to scale with the variance).",
         "Gradient correlation rg [1 - 3q/(2n) - 3q(1+15r^2)/(8n^2) - 3q(5r^2-1)(35r^2-3)/(16n^3)]: "
         "large-n series (exact bivariate-chi moment plus a delta-method cos^2 term), "
         "truncation error O(n^-4) (about 1e-4 relative at d = 16).",
@@ -169,6 +218,8 @@ class LayerNorm(Rule):
     def backward(self, m, x, g, p):
         s2e = _s2_eff(x, p)
         var = g.var * (p.d - 2 * p.g_generic) / (p.d * (s2e + p.eps))
+        # a parameter set without the slope (rules.compose takes dicts as given): 0
+        var = var * token_slope_factor(getattr(p, "g_slope", 0), 2 * p.kappa / (p.d - 1), s2e, p.eps)
         # leading term -3q/(2n): -q/n from the removed directions (scales with g_generic),
         # -q/(2n) from the norm fluctuations (scales with kappa)
         weight = (2 * p.g_generic + p.kappa) / 3

@@ -42,10 +42,17 @@ Per-token statistics (as for LayerNorm): every finite-d term above except the re
 direction comes from the fluctuation of the per-token mean square; ``kappa_rms`` scales them
 (1 for a Gaussian input, 0 for an input whose per-token mean square is fixed, e.g. the
 output of another norm), and ``g_generic_rms`` the removed-direction terms (1 for a gradient
-independent of the input, 0 for one already orthogonal to the output).
+independent of the input, 0 for one already orthogonal to the output).  An upstream gradient
+whose per-token mean square has slope ``g_slope_rms`` on the input's relative per-token mean
+square multiplies the gradient variance by 1 - g_slope_rms vq Q_h/(Q_h + eps), as for
+LayerNorm (sigprop.rules.layernorm.token_slope_factor).
 """
 
+from sigprop import symbols
 from sigprop.rules.base import Param, Rule, register
+from sigprop.rules.layernorm import token_slope_factor
+
+symbols.register("g_slope_rms", r"\lambda_{\mathrm{RMS}}", real=True)
 from sigprop.state import Backward, Forward
 
 
@@ -74,6 +81,10 @@ class RMSNorm(Rule):
         Param("g_generic_rms", "share of the upstream gradient along the output direction the "
               "Jacobian removes, relative to a gradient independent of the input (1); 0 for a "
               "gradient already orthogonal to the output", 1.0, lo=0.0, hi=1.0),
+        Param("g_slope_rms", "slope of the upstream gradient's relative per-token mean square on "
+              "the input's relative per-token mean square (0: a gradient independent of the input; "
+              "-1: one that scales as 1/rho_t^2, as below another norm of the same stream); first "
+              "order in vq", 0.0),
     )
     assumptions = (
         "Per feature, two different tokens are jointly Gaussian with correlation r (a component "
@@ -89,6 +100,9 @@ class RMSNorm(Rule):
         "(inverse chi-square with d degrees of freedom), first order in vq otherwise; the "
         "upstream gradient is independent of the input.",
         "Gradient correlation rg (1 - g_generic (1 - c0^2)/d - (vq - cq)/4): first order in 1/d.",
+        "Upstream gradient with per-token slope g_slope_rms on the input's per-token mean square: "
+        "gradient variance times 1 - g_slope_rms vq Q_h/(Q_h + eps) (first order in vq), "
+        "correlation unchanged.",
         "kappa_rms scales every term from the fluctuation of the per-token mean square (exact "
         "at kappa 1, Gaussian input, and kappa 0, fixed norms; interpolated in between).",
         "Gain 1 (the initial value; Gemma's (1 + w) form is gain 1 at w = 0).",
@@ -112,6 +126,8 @@ class RMSNorm(Rule):
         Q, c0, vq, cq, cn, t = _terms(x, p)
         Qh = Q * (1 - vq)
         var = g.var * (p.d - p.g_generic_rms) / (p.d * (Qh + p.eps))
+        # a parameter set without the slope (rules.compose takes dicts as given): 0
+        var = var * token_slope_factor(getattr(p, "g_slope_rms", 0), vq, Qh, p.eps)
         corr = g.corr * (1 - p.g_generic_rms * (1 - c0**2) / p.d - (vq - cq) / 4)
         return Backward(var, corr)
 

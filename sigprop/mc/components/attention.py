@@ -508,8 +508,13 @@ SWEEP = SweepSpec(
                    "a 20x range of Q/K weight scales and a 10x range of input scales, d 128 and 512, "
                    "d_head 32 and 64, 32 and 128 tokens; bidirectional and causal; at the present sampling "
                    "(8x the published grid's budget, at least 8 weight draws), with per-point standard "
-                   "errors. The p99 is above 2% and above what noise alone gives (z p99 ~8.8): the rule's "
-                   "QK-normed logit statistics carry a bias at some points, not yet located."},
+                   "errors. The gradient: each query's and key's gradient is divided by its own squared "
+                   "scale, whose inverse averages n/(n - 2) times the inverse average (n = d_head, "
+                   "LayerNorm d_head - 1); with that factor (2026-11-25; before it the query and key "
+                   "paths were ~3% low at d_head 64) g var p50 / p90 / p99 went from 1.19 / 2.75 / 4.76 "
+                   "to 0.86 / 2.19 / 3.42 % and its z p99 from 8.8 to 7.2. The forward variance's p99 "
+                   "(3.48%, z p99 8.7) is above what noise alone gives: a bias in the QK-normed logit "
+                   "statistics at some points, not yet located."},
         "rope": {"published_forms": False, "grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up "
                  "to 0.9, 16, 64 and 256 tokens, logit variance up to ~4, without and with RMS QK-norm; "
                  "bidirectional and causal (d 256, 4 heads of 64); 120 points. Noise: the per-point standard "
@@ -544,6 +549,13 @@ SWEEP = SweepSpec(
                  "part's and the field's shared-key norm spreads are anti-correlated, which moves it by "
                  "~0.2% only). The same "
                  "measurements scored with the rule before its per-key variance, fourth-cumulant and "
-                 "pair-spread terms: x var 0.54 / 1.73 / 2.48, g var 1.02 / 2.87 / 7.20."},
+                 "pair-spread terms: x var 0.54 / 1.73 / 2.48, g var 1.02 / 2.87 / 7.20. "
+                 "The QK-norm backward's inverse-scale factor (n/(n - 2) on the query and key paths, "
+                 "2026-11-25; see the qknorm grid) moves this grid's g var from 0.76 / 2.11 / 5.91 "
+                 "(z 1.09 / 3.45 / 6.09) to 0.84 / 2.72 / 5.91 (z 1.19 / 5.21 / 10.07): its 57 QK-norm "
+                 "points' mean signed error (measured / predicted - 1) goes from -0.04% to -0.92%, the "
+                 "L 256 points with dropout from -2.8% .. -1.8% to -4.5% .. -3.9%: the opposite "
+                 "QK-norm term at long rows noted above, which the factor no longer hides (on the "
+                 "qknorm grid the mean goes from +0.91% to -0.43%)."},
     },
 )
