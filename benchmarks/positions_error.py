@@ -44,7 +44,9 @@ def run(model, exact_max, grid=None):
     prof = recs[0].g_prof
     L = model.seq_len
     idx = list(POS) + [L - 1]
-    if pr.grid is not None:
+    if pr.grid is not None and hasattr(pr.grid, "at"):
+        vals = [float(v) for v in pr.grid.at(prof, idx)]
+    elif pr.grid is not None:
         blk = [int(np.searchsorted(pr.grid.end, i, side="right")) for i in idx]
         vals = [float(prof[b]) for b in blk]
     else:

@@ -165,12 +165,13 @@ class RowsVarTable(tables.InterpTable):
         self._setup([(tables.TH_MIN, float(np.arccos(lo))), (u0, u0 + u_span, u_span)], key)
 
     def _compute(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
-        return np.stack([np.stack([self._flat(t, w) for w in u], axis=1) for t in th], axis=1)
+        return np.stack([np.stack([self._terms_at(t, w) for w in u], axis=1) for t in th], axis=1)
 
     def _floor(self, vals: np.ndarray) -> np.ndarray:
         return _quantity_floor(vals, self.L)
 
-    def _flat(self, th: float, u: float) -> np.ndarray:
+    def _terms_at(self, th: float, u: float) -> np.ndarray:
+        # (not ``_flat``: the base class keeps its coefficients under that name)
         return _row_values(_rows_direct(self.params, Forward(self.mean, float(np.exp(u)), float(np.cos(th))), self.n))
 
     def covers(self, x: Forward) -> bool:
