@@ -33,7 +33,7 @@ import functools
 import numpy as np
 
 #: sequences up to this length keep the exact position model (every position its own block)
-EXACT_MAX = 512
+EXACT_MAX = 64
 #: every position below P0 is its own block
 P0 = 128
 #: growth ratio of the blocks beyond P0
@@ -344,6 +344,21 @@ class NodeGrid:
         nb = self.size = len(x)
         self.pe = np.append(self.x[1:], L)            # panel p: positions x[p] .. pe[p] - 1
         self._moments: dict = {}
+        self._limits: dict = {}
+        # per panel, the sums of g(m) (u_m - u_p)^k over its positions (k < order), for the
+        # three factors g: 1, 1/n, 1/n^2 (one pass over the positions)
+        m = np.arange(L, dtype=float)
+        pan = np.repeat(np.arange(nb), self.pe - self.x)
+        d = np.log(m + 1.0) - self.u[pan]
+        gs = (np.ones(L), 1.0 / (m + 1.0), 1.0 / ((m + 1.0) * (m + 1.0)))
+        self._pw = []
+        for gm in gs:
+            cols, t = [], gm.copy()
+            for k in range(self.order):
+                cols.append(np.add.reduceat(t, self.x))
+                t *= d
+            self._pw.append(np.stack(cols, axis=1))
+        del m, pan, d, gs, t
         inv, inv2 = 1.0 / self.n, 1.0 / (self.n * self.n)
         # smooth sums (no kink): plain quadrature weights and suffix weights
         sm = [self._panels(_G_ONE, 0, nb - 1), self._panels(_G_H, 0, nb - 1), self._panels(_G_H2, 0, nb - 1)]
@@ -367,9 +382,9 @@ class NodeGrid:
         for i in range(nb):
             st, c = self._limit(i)
             self.E[i, st] = c
-        self.Pf = self._accumulate(sm[0], True, None)  # sum over the positions up to x_k
+        self.Pf = self._accumulate(sm[0][None], True, _G_ONE, False)[0]   # up to x_k
         self.imin = np.minimum.outer(np.arange(nb), np.arange(nb))
-        self._moments = {}
+        self._moments, self._pw = {}, None
         i = np.arange(nb)
         self.imax = np.maximum.outer(i, i)
         self._inv_nn = 1.0 / np.outer(self.n, self.n)
@@ -397,9 +412,13 @@ class NodeGrid:
             if a < b:
                 if k < 1:
                     raise ValueError("no nodes to interpolate a panel through")
-                m = np.arange(a, b, dtype=float)
+                # the basis in powers of (u - u_p): C = V^-1, V_tk = (u_t - u_p)^k
+                pw = self._pw[g][p, :k].copy()
+                if skip:
+                    pw[0] -= float(self._g(g, np.array([float(self.x[p])]))[0])
                 st = np.arange(start, start + k)
-                hit[st] = self._g(g, m) @ _lagrange(self.u[st], np.log(m + 1.0))
+                V = np.power.outer(self.u[st] - self.u[p], np.arange(k))
+                hit[st] = np.linalg.solve(V.T, pw)
             self._moments[key] = hit
         return hit
 
@@ -410,58 +429,62 @@ class NodeGrid:
         """T[i, l, :]: weights of the sum over j from x_l on (prefix: up to x_l) of X_ij g_j,
         j != x_i, for X smooth off the diagonal on either side of it; ``skip`` False: with the
         j = x_i term taken at the diagonal limit D_i of row i's off-diagonal values."""
-        nb = self.size
-        T = np.empty((nb, nb, nb))
+        nb, w = self.size, self.order + 1
+        P = np.repeat(self._panels(g, 0, nb - 1)[None], nb, axis=0)
         for i in range(nb):
             # node i stands for the limit of row i's off-diagonal values at the diagonal,
-            # D_i, itself extrapolated from one side (_limit): its weight is handed on
-            P = np.stack([self._moment(p, 0, i, g) if p < i else
-                          self._moment(p, i, nb - 1, g, 1 if p == i and skip else 0) for p in range(nb)])
-            Ti = self._accumulate(P, prefix, i if skip else None)
+            # D_i, itself extrapolated from one side (_limit): its weight is handed on.  Only
+            # the panels within ``order`` of i take stencils other than the free ones
+            for p in range(max(0, i - w), min(nb, i + w)):
+                P[i, p] = (self._moment(p, 0, i, g) if p < i else
+                           self._moment(p, i, nb - 1, g, 1 if p == i and skip else 0))
+        T = self._accumulate(P, prefix, g, skip)
+        for i in range(nb):
             st, c = self._limit(i)
-            Ti[:, st] += Ti[:, i:i + 1] * c[None, :]
-            Ti[:, i] = 0.0
-            T[i] = Ti
+            T[i][:, st] += T[i][:, i:i + 1] * c[None, :]
+            T[i][:, i] = 0.0
         return T
 
     def _limit(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """(nodes, coefficients) extrapolating row i's off-diagonal values to the diagonal,
         from the ``order`` nearest nodes below i (above i where there are fewer below)."""
-        nb, k = self.size, self.order
-        if i >= k or i >= nb - 1 - i:
-            st = np.arange(max(0, i - k), i)
-        else:
-            st = np.arange(i + 1, min(nb, i + 1 + k))
-        if len(st) == 0:
-            return st, np.zeros(0)
-        return st, _lagrange(self.u[st], self.u[i:i + 1])[0]
+        hit = self._limits.get(i)
+        if hit is None:
+            nb, k = self.size, self.order
+            if i >= k or i >= nb - 1 - i:
+                st = np.arange(max(0, i - k), i)
+            else:
+                st = np.arange(i + 1, min(nb, i + 1 + k))
+            c = _lagrange(self.u[st], self.u[i:i + 1])[0] if len(st) else np.zeros(0)
+            hit = self._limits[i] = (st, c)
+        return hit
 
     def _broken(self, g: int, prefix: bool) -> np.ndarray:
         """T[l, k, :]: weights of the sum over i from x_k on (prefix: up to x_k) of Z_i g_i for
         Z smooth on either side of node l and continuous with its derivative there."""
-        nb = self.size
-        T = np.empty((nb, nb, nb))
+        nb, w = self.size, self.order + 1
+        P = np.repeat(self._panels(g, 0, nb - 1)[None], nb, axis=0)
         for l in range(nb):
-            P = np.stack([self._moment(p, 0, l, g) if p < l else self._moment(p, l, nb - 1, g)
-                          for p in range(nb)])
-            T[l] = self._accumulate(P, prefix, None)
-        return T
+            for p in range(max(0, l - w), min(nb, l + w)):
+                P[l, p] = self._moment(p, 0, l, g) if p < l else self._moment(p, l, nb - 1, g)
+        return self._accumulate(P, prefix, g, False)
 
-    def _accumulate(self, P: np.ndarray, prefix: bool, kink) -> np.ndarray:
-        """Suffix sums of the panel weights P (from each node on), or prefix sums up to each
-        node: the panels before it and the node's own position (none at a kink node)."""
+    def _accumulate(self, P: np.ndarray, prefix: bool, g: int, skip: bool) -> np.ndarray:
+        """For panel weights P[r, p, :] (per row r): the suffix sums over the panels from each
+        node on, or the prefix sums up to each node: the panels before it and the node's own
+        position (not the row's own node where ``skip``)."""
         if not prefix:
-            return np.cumsum(P[::-1], axis=0)[::-1]
+            return np.cumsum(P[:, ::-1], axis=1)[:, ::-1].copy()
         nb = self.size
-        out = np.zeros((nb, nb))
-        out[1:] = np.cumsum(P[:-1], axis=0)
-        # the node's own position, the first of its panel: its nodal value (the stencils of a
-        # panel always hold its own node where that node is allowed)
-        own = P.diagonal().copy() * 0.0
-        for k in range(nb):
-            if k != kink:
-                own[k] = 1.0
-        out[np.arange(nb), np.arange(nb)] += own * self._g(_G_ONE, self.x.astype(float))
+        out = np.zeros_like(P)
+        np.cumsum(P[:, :-1], axis=1, out=out[:, 1:])
+        # the node's own position, the first of its panel: its nodal value (a panel's
+        # stencils always hold its own node where that node is allowed)
+        i = np.arange(nb)
+        own = np.broadcast_to(self._g(g, self.x.astype(float)), (len(P), nb)).copy()
+        if skip:
+            own[i, i] = 0.0
+        out[:, i, i] += own
         return out
 
     # -- means -------------------------------------------------------------------------
