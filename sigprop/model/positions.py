@@ -497,7 +497,7 @@ class NodeGrid:
 
     def mean_off(self, K: np.ndarray) -> float:
         """Mean over the L (L - 1) ordered pairs of distinct positions."""
-        return float(np.einsum("ij,ij->", K, self.Moff)) / self.pairs
+        return float(np.vdot(K, self.Moff)) / self.pairs
 
     # -- the uniform causal attention matrix U (U_ij = 1/n_i, j <= i) -------------------
     def suffix_h(self, y: np.ndarray) -> np.ndarray:
@@ -510,9 +510,7 @@ class NodeGrid:
 
     def right_of_diagonal(self, W: np.ndarray, f: np.ndarray) -> np.ndarray:
         """sum_{s > t} W_ts f_s for every node t."""
-        Y = W * f[None, :]
-        Y *= self.R
-        return Y.sum(axis=1)
+        return (W * self.R) @ f
 
     def _inner(self, X: np.ndarray) -> np.ndarray:
         """Z[i, l] = sum_{j >= x_l, j != x_i} X_ij / n_j."""
