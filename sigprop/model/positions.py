@@ -1,10 +1,21 @@
-"""A graded grid over the positions of a causal sequence, for long sequences.
+"""Position grids for long causal sequences.
 
 The causal position model (:mod:`sigprop.model.profile`) carries, per position, variance
-profiles and L x L covariance matrices over positions.  Beyond ``EXACT_MAX`` positions it
-carries them on a graded grid instead: every position below ``P0`` (where a causal attention
-concentrates the gradient, and where the row lengths differ most in relative terms), then
-blocks of positions growing geometrically by the ratio ``Q``.  Each block ``b`` covers the
+profiles and L x L covariance matrices over positions.  Beyond ``EXACT_MAX`` positions the
+predictor carries them on a :class:`NodeGrid` instead (:func:`grid_for`): values at a few dozen
+nodes in log position (every position below ``HEAD``, then nodes ``H_LOG`` apart in log row
+length), with product quadratures for the sums over positions that are exact for a piecewise
+polynomial of degree ``ORDER - 1`` through the nodes, sum the uniform causal weights 1/n
+exactly, and keep the diagonal's kink apart (see the class).  Its cost per sublayer and its
+memory do not grow with L beyond the logarithmic growth of the number of nodes (34 at L 256,
+52 at L 8192, 66 at L 131072).
+
+:class:`Grid`, the earlier block grid (every position below ``P0`` its own block, then blocks
+growing geometrically by ``Q``, each represented by one position and taken constant over it:
+first order in the block size, 214 blocks at L 8192), is kept for comparison
+(``benchmarks/positions_error.py --grids blocks:P0,Q``).  Its description:
+
+Each block ``b`` covers the
 positions ``start[b] .. end[b] - 1`` (``w[b]`` of them) and is represented by one position
 ``rep[b]`` (row length ``n[b] = rep[b] + 1``, the block's geometric-mean row length rounded);
 a quantity is taken constant over a block at its value at ``rep[b]``.  Sums over positions
@@ -16,12 +27,9 @@ there.  A matrix over positions becomes ``nb x nb``: off the diagonal the value 
 representative positions, on the diagonal the value at the representative position itself;
 pairs of distinct positions inside one block take the mean of the block's neighbouring
 off-diagonal entries (their value near the diagonal).  With every block a single position the
-formulas reduce to the exact sums (tested), and the number of blocks is
-``P0 + log(L / P0) / log(Q)`` (214 at L 8192, 271 at L 131072): the cost and memory of a
-causal prediction no longer grow with the sequence beyond that (a few arrays of length L are
-built once per grid, for the harmonic sums).
+formulas reduce to the exact sums (tested).
 
-The discretisation error against the exact position model is measured in the tests and in
+The discretisation errors against the exact position model are measured in the tests and in
 docs/validation.md ("Causal models at long context").
 """
 
@@ -32,11 +40,11 @@ import functools
 
 import numpy as np
 
-#: sequences up to this length keep the exact position model (every position its own block)
+#: sequences up to this length keep the exact position model (every position its own node)
 EXACT_MAX = 64
-#: every position below P0 is its own block
+#: the block grid (Grid, kept for comparison): every position below P0 is its own block
 P0 = 128
-#: growth ratio of the blocks beyond P0
+#: the block grid: growth ratio of the blocks beyond P0
 Q = 1.05
 
 
@@ -312,9 +320,11 @@ class NodeGrid:
     operations (two batched matrix-vector products for U^T X U).
 
     With every position a node (``head`` >= L) every weight is the exact sum's (tested).  The
-    number of nodes is ``head + ceil(log(L / head) / h)``: 34 at L 512, 48 at L 8192, 62 at L
-    131072.  The discretisation error against the exact position model is measured in the
-    tests and in docs/validation.md ("Causal models at long context")."""
+    number of nodes is about ``head + log(L / head) / h`` plus ``END_SPLIT`` (the last panel,
+    where a row's sums beyond the diagonal see few nodes, is split finer): 34 at L 256, 38 at
+    L 512, 52 at L 8192, 66 at L 131072.  The discretisation error against the exact
+    position model is measured in the tests and in docs/validation.md ("Causal models at long
+    context")."""
 
     kind = "nodes"
 
@@ -359,7 +369,6 @@ class NodeGrid:
                 t *= d
             self._pw.append(np.stack(cols, axis=1))
         del m, pan, d, gs, t
-        inv, inv2 = 1.0 / self.n, 1.0 / (self.n * self.n)
         # smooth sums (no kink): plain quadrature weights and suffix weights
         sm = [self._panels(_G_ONE, 0, nb - 1), self._panels(_G_H, 0, nb - 1), self._panels(_G_H2, 0, nb - 1)]
         self.q = sm[0].sum(axis=0)                     # sum over all positions
@@ -384,7 +393,7 @@ class NodeGrid:
             self.E[i, st] = c
         self.Pf = self._accumulate(sm[0][None], True, _G_ONE, False)[0]   # up to x_k
         self.imin = np.minimum.outer(np.arange(nb), np.arange(nb))
-        self._moments, self._pw = {}, None
+        self._moments, self._pw, self._limits = {}, None, {}
         i = np.arange(nb)
         self.imax = np.maximum.outer(i, i)
         self._inv_nn = 1.0 / np.outer(self.n, self.n)
@@ -392,7 +401,6 @@ class NodeGrid:
         np.fill_diagonal(M, 0.0)
         self._inv_nmax = M
         self._kpw = 1.0 - 1.0 / np.minimum.outer(self.n, self.n)
-        del inv, inv2
 
     # -- construction ------------------------------------------------------------------
     def _g(self, g: int, m: np.ndarray) -> np.ndarray:
