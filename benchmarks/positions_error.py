@@ -1,15 +1,16 @@
-"""Discretisation error of the graded position grid (sigprop.model.positions) against the exact
+"""Discretisation error of the position grids (sigprop.model.positions) against the exact
 position model, at sequence lengths where both are affordable.
 
 Usage: python benchmarks/positions_error.py [L ...] [--layers N ...] [--arch A ...]
-       [--init I] [--d-model D] [--grids P0,Q ...]
+       [--init I] [--d-model D] [--grids SPEC ...]
 
 For each (arch, layers, L): the relative error, worst over the trace points, of the forward
 variance, |error| of the forward correlation, the relative error of the gradient variance and
 |error| of the gradient correlation, and the relative error of the input gradient's position
-profile at positions 0, 1, 2, 10, 100, L-1 (the block holding that position on the grid).
-``--grids``: grids other than the default one (every position below P0 its own block, then
-blocks growing by Q), each against the same exact run."""
+profile at positions 0, 1, 2, 10, 100, L-1 (on the node grid interpolated to that position
+where it is not a node; on a block grid the block holding it).  ``--grids``: grids other than
+the default one (positions.NodeGrid(L)), each against the same exact run: ``nodes:HEAD,H,ORDER``
+(a NodeGrid) or ``blocks:P0,Q`` (the block grid positions.Grid)."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def run(model, exact_max, grid=None):
     prof = recs[0].g_prof
     L = model.seq_len
     idx = list(POS) + [L - 1]
-    if pr.grid is not None:
+    if pr.grid is not None and hasattr(pr.grid, "at"):
+        vals = [float(v) for v in pr.grid.at(prof, idx)]
+    elif pr.grid is not None:
         blk = [int(np.searchsorted(pr.grid.end, i, side="right")) for i in idx]
         vals = [float(prof[b]) for b in blk]
     else:
@@ -52,11 +55,21 @@ def run(model, exact_max, grid=None):
     return pts, vals, dt, (pr.grid.size if pr.grid is not None else L)
 
 
+def _grid(spec: str, L: int):
+    kind, _, args = spec.partition(":")
+    a = args.split(",")
+    if kind == "blocks":
+        return positions.Grid(L, int(a[0]), float(a[1]))
+    if kind == "nodes":
+        return positions.NodeGrid(L, int(a[0]), float(a[1]), int(a[2]) if len(a) > 2 else positions.ORDER)
+    raise SystemExit(f"unknown grid {spec!r} (nodes:HEAD,H,ORDER or blocks:P0,Q)")
+
+
 def compare(arch, layers, L, d=64, init=None, grids=(None,)):
     m = resolve(arch, init, n_layers=layers, causal=True, seq_len=L, d_model=d, n_heads=2, d_ff=4 * d)
     ex, pex, tex, _ = run(m, 10 ** 9)
     for spec in grids:
-        grid = None if spec is None else positions.Grid(L, spec[0], spec[1])
+        grid = None if spec is None else _grid(spec, L)
         yield _errors(m, arch, init, layers, L, ex, pex, tex, grid)
 
 
@@ -67,9 +80,9 @@ def _errors(m, arch, init, layers, L, ex, pex, tex, grid):
     gv = max(abs(math.exp(a.log_gvar - b.log_gvar) - 1) for a, b in zip(gr, ex))
     gc = max(abs(a.gcorr - b.gcorr) for a, b in zip(gr, ex))
     pe = [abs(a / b - 1) for a, b in zip(pgr, pex)]
-    p0, q = (positions.P0, positions.Q) if grid is None else (grid.p0, grid.q)
-    return dict(arch=arch, init=m.init if hasattr(m, "init") else init, layers=layers, L=L, p0=p0, q=q,
-                blocks=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
+    sig = list((grid if grid is not None else positions.NodeGrid(L)).signature())
+    return dict(arch=arch, init=m.init if hasattr(m, "init") else init, layers=layers, L=L, grid=sig,
+                nodes=nb, fwd_var=fv, fwd_corr=fc, grad_var=gv, grad_corr=gc,
                 profile_exact=pex, profile_err=pe, t_exact=tex, t_graded=tgr)
 
 
@@ -80,9 +93,10 @@ def main():
     ap.add_argument("--arch", nargs="*", default=["preln", "postln", "dslm", "lns"])
     ap.add_argument("--init", default=None)
     ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--grids", nargs="*", default=None, help="P0,Q pairs (default: the default grid)")
+    ap.add_argument("--grids", nargs="*", default=None,
+                    help="nodes:HEAD,H,ORDER or blocks:P0,Q (default: the default node grid)")
     a = ap.parse_args()
-    grids = [None] if not a.grids else [(int(g.split(",")[0]), float(g.split(",")[1])) for g in a.grids]
+    grids = [None] if not a.grids else a.grids
     for arch in a.arch:
         for layers in a.layers:
             for L in a.L:

@@ -150,11 +150,11 @@ def test_euler_terms_on_a_singleton_grid_equal_the_exact_sums():
     W = A @ A.T / L + 0.4
     W /= np.mean(np.diag(W))
     exact = attention.euler_terms(p, x, rows, 0.3, W, None, 0.1)
-    grid = positions.Grid(L, p0=L)
-    assert np.all(grid.n == np.arange(1.0, L + 1))
-    on_grid = attention.euler_terms(p, x, rows, 0.3, W, grid, 0.1)
-    for a_, b_ in zip(exact, on_grid):
-        assert np.allclose(a_, b_, rtol=1e-12, atol=0), (a_, b_)
+    for grid in (positions.Grid(L, p0=L), positions.NodeGrid(L, head=L)):
+        assert np.all(grid.n == np.arange(1.0, L + 1))
+        on_grid = attention.euler_terms(p, x, rows, 0.3, W, grid, 0.1)
+        for a_, b_ in zip(exact, on_grid):
+            assert np.allclose(a_, b_, rtol=1e-12, atol=0), (a_, b_)
 
 
 def test_euler_terms_scale_with_the_value_gain_and_the_split_collapses():

@@ -1,10 +1,21 @@
-"""A graded grid over the positions of a causal sequence, for long sequences.
+"""Position grids for long causal sequences.
 
 The causal position model (:mod:`sigprop.model.profile`) carries, per position, variance
-profiles and L x L covariance matrices over positions.  Beyond ``EXACT_MAX`` positions it
-carries them on a graded grid instead: every position below ``P0`` (where a causal attention
-concentrates the gradient, and where the row lengths differ most in relative terms), then
-blocks of positions growing geometrically by the ratio ``Q``.  Each block ``b`` covers the
+profiles and L x L covariance matrices over positions.  Beyond ``EXACT_MAX`` positions the
+predictor carries them on a :class:`NodeGrid` instead (:func:`grid_for`): values at a few dozen
+nodes in log position (every position below ``HEAD``, then nodes ``H_LOG`` apart in log row
+length), with product quadratures for the sums over positions that are exact for a piecewise
+polynomial of degree ``ORDER - 1`` through the nodes, sum the uniform causal weights 1/n
+exactly, and keep the diagonal's kink apart (see the class).  Its cost per sublayer and its
+memory do not grow with L beyond the logarithmic growth of the number of nodes (34 at L 256,
+52 at L 8192, 66 at L 131072).
+
+:class:`Grid`, the earlier block grid (every position below ``P0`` its own block, then blocks
+growing geometrically by ``Q``, each represented by one position and taken constant over it:
+first order in the block size, 214 blocks at L 8192), is kept for comparison
+(``benchmarks/positions_error.py --grids blocks:P0,Q``).  Its description:
+
+Each block ``b`` covers the
 positions ``start[b] .. end[b] - 1`` (``w[b]`` of them) and is represented by one position
 ``rep[b]`` (row length ``n[b] = rep[b] + 1``, the block's geometric-mean row length rounded);
 a quantity is taken constant over a block at its value at ``rep[b]``.  Sums over positions
@@ -16,12 +27,9 @@ there.  A matrix over positions becomes ``nb x nb``: off the diagonal the value 
 representative positions, on the diagonal the value at the representative position itself;
 pairs of distinct positions inside one block take the mean of the block's neighbouring
 off-diagonal entries (their value near the diagonal).  With every block a single position the
-formulas reduce to the exact sums (tested), and the number of blocks is
-``P0 + log(L / P0) / log(Q)`` (214 at L 8192, 271 at L 131072): the cost and memory of a
-causal prediction no longer grow with the sequence beyond that (a few arrays of length L are
-built once per grid, for the harmonic sums).
+formulas reduce to the exact sums (tested).
 
-The discretisation error against the exact position model is measured in the tests and in
+The discretisation errors against the exact position model are measured in the tests and in
 docs/validation.md ("Causal models at long context").
 """
 
@@ -32,11 +40,11 @@ import functools
 
 import numpy as np
 
-#: sequences up to this length keep the exact position model (every position its own block)
-EXACT_MAX = 512
-#: every position below P0 is its own block
+#: sequences up to this length keep the exact position model (every position its own node)
+EXACT_MAX = 64
+#: the block grid (Grid, kept for comparison): every position below P0 is its own block
 P0 = 128
-#: growth ratio of the blocks beyond P0
+#: the block grid: growth ratio of the blocks beyond P0
 Q = 1.05
 
 
@@ -258,6 +266,331 @@ class Grid:
         return ("graded", self.L, self.p0, self.q)
 
 
+# -- log-position nodes with kink-aware product quadrature ------------------------------------
+
+#: every position below HEAD is a node of the node grid
+HEAD = 16
+#: spacing of the node grid's nodes beyond the head, in log row length
+H_LOG = 0.2
+#: points of the local interpolation stencils (4: piecewise cubic in log row length)
+ORDER = 4
+#: the node grid's last panel split into this many, evenly in log row length
+END_SPLIT = 4
+
+_G_ONE, _G_H, _G_H2 = 0, 1, 2
+
+
+def _lagrange(U: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Lagrange basis of the nodes U evaluated at the points u: an array (len(u), len(U))."""
+    B = np.ones((len(u), len(U)))
+    for t in range(len(U)):
+        for s in range(len(U)):
+            if s != t:
+                B[:, t] *= (u - U[s]) / (U[t] - U[s])
+    return B
+
+
+class NodeGrid:
+    """Nodes over the positions of a length-``L`` causal sequence, for the causal position
+    model (the log-position node representation).
+
+    Nodes: every position below ``head``, then positions whose row lengths n = position + 1
+    are spaced evenly in log n (spacing at most ``h``) up to the last position L - 1.  A
+    profile is carried as its values at the nodes; a matrix over positions as its values at
+    pairs of nodes, off the diagonal the value of the pair of distinct positions, on the
+    diagonal the value at the node's position itself (the two differ: the diagonal is not
+    the limit of the off-diagonal entries).  Products and other pointwise maps act on the
+    nodal values.
+
+    Sums over positions are quadratures exact for the piecewise polynomial of degree
+    ``order - 1`` in u = log n through the nodes: panel p holds the positions from node p up to
+    the next node, its values interpolated through ``order`` consecutive nodes (centred on the
+    panel where possible), and the weights are the exact sums over the panel's integer
+    positions of the Lagrange basis times the known factor (1, 1/n or 1/n^2), computed once per
+    grid.  So the uniform causal weights are summed exactly and only the smooth factors are
+    interpolated.  A matrix's off-diagonal values, seen along one row i, are smooth on either
+    side of the diagonal but not across it (e.g. 1/n_max(i, j)): row i's sums take the panels
+    left of node i through nodes below i only and the panels right of it through nodes above
+    i only (extrapolating over the panels next to the diagonal), never the node i itself (the
+    i = j term is excluded, as in the exact sums; the diagonal is summed with its own weights).
+    The inner sum of a double sum (U^T X U, U X U^T) is smooth up to its first derivative
+    across its start or end node; the outer sum takes its panels on either side of that node
+    through the nodes on that side (the node included).  These weights are read-only arrays
+    of nb^3 entries (nb the number of nodes), and every kernel is a handful of dense small
+    operations (two batched matrix-vector products for U^T X U).
+
+    With every position a node (``head`` >= L) every weight is the exact sum's (tested).  The
+    number of nodes is about ``head + log(L / head) / h`` plus ``END_SPLIT`` (the last panel,
+    where a row's sums beyond the diagonal see few nodes, is split finer): 34 at L 256, 38 at
+    L 512, 52 at L 8192, 66 at L 131072.  The discretisation error against the exact
+    position model is measured in the tests and in docs/validation.md ("Causal models at long
+    context")."""
+
+    kind = "nodes"
+
+    def __init__(self, L: int, head: int = HEAD, h: float = H_LOG, order: int = ORDER):
+        L = int(L)
+        if L < 1:
+            raise ValueError("a causal sequence has at least one position")
+        self.L, self.head, self.h, self.order = L, max(1, min(int(head), L)), float(h), int(order)
+        x = list(range(self.head))
+        if L > self.head:
+            nh = float(self.head)
+            m = max(1, int(np.ceil(np.log(L / nh) / self.h - 1e-9)))
+            for v in np.rint(nh * (L / nh) ** (np.arange(1, m + 1) / m)).astype(np.int64):
+                if v - 1 > x[-1]:
+                    x.append(int(v) - 1)
+            x[-1] = L - 1
+            # near the end a row's sums beyond its diagonal see few nodes: the last panel is
+            # split into END_SPLIT, evenly in log n, and the last of those once more in two
+            for parts in (END_SPLIT, 2):
+                if len(x) > 1 and x[-1] - x[-2] > 1:
+                    a, b = np.log(x[-2] + 1.0), np.log(float(L))
+                    new = np.rint(np.exp(a + (b - a) * np.arange(1, parts) / parts)).astype(np.int64) - 1
+                    x = sorted(set(x) | {int(v) for v in new if x[-2] < v < L - 1})
+        self.x = np.asarray(x, dtype=np.int64)
+        self.n = self.x + 1.0
+        self.u = np.log(self.n)
+        nb = self.size = len(x)
+        self.pe = np.append(self.x[1:], L)            # panel p: positions x[p] .. pe[p] - 1
+        self._moments: dict = {}
+        self._limits: dict = {}
+        # per panel, the sums of g(m) (u_m - u_p)^k over its positions (k < order), for the
+        # three factors g: 1, 1/n, 1/n^2 (one pass over the positions)
+        m = np.arange(L, dtype=float)
+        pan = np.repeat(np.arange(nb), self.pe - self.x)
+        d = np.log(m + 1.0) - self.u[pan]
+        gs = (np.ones(L), 1.0 / (m + 1.0), 1.0 / ((m + 1.0) * (m + 1.0)))
+        self._pw = []
+        for gm in gs:
+            cols, t = [], gm.copy()
+            for k in range(self.order):
+                cols.append(np.add.reduceat(t, self.x))
+                t *= d
+            self._pw.append(np.stack(cols, axis=1))
+        del m, pan, d, gs, t
+        # smooth sums (no kink): plain quadrature weights and suffix weights
+        sm = [self._panels(_G_ONE, 0, nb - 1), self._panels(_G_H, 0, nb - 1), self._panels(_G_H2, 0, nb - 1)]
+        self.q = sm[0].sum(axis=0)                     # sum over all positions
+        self.S1, self.Sh, self.S2 = (np.cumsum(P[::-1], axis=0)[::-1].copy() for P in sm)
+        # row sums with the diagonal kink: T[i, l] = weights of sum_{j >= x_l, j != x_i} X_ij g_j
+        T1 = self._kinked(_G_ONE, prefix=False)
+        self.R = np.ascontiguousarray(T1[np.arange(nb), np.arange(nb)])       # sum over j > x_i
+        self.Moff = self.q[:, None] * T1[:, 0, :]      # w . K for the mean over ordered pairs
+        self.pairs = L * (L - 1.0)
+        del T1
+        # the double sums of U^T X U and U X U^T: the inner sums with the i = j term at the
+        # diagonal limit D_i (continuous in i across the outer sum's start), less the sums of
+        # D over the pairs i = j after (before) both nodes
+        self.Wh = self._kinked(_G_H, prefix=False, skip=False)
+        self.Vh = self._broken(_G_H, prefix=False)
+        self.Vh_diag = np.ascontiguousarray(self.Vh[np.arange(nb), np.arange(nb)])
+        self.Wp = self._kinked(_G_ONE, prefix=True, skip=False)
+        self.Vp = self._broken(_G_ONE, prefix=True)
+        self.E = np.zeros((nb, nb))                    # D = (X o E) 1
+        for i in range(nb):
+            st, c = self._limit(i)
+            self.E[i, st] = c
+        self.Pf = self._accumulate(sm[0][None], True, _G_ONE, False)[0]   # up to x_k
+        self.imin = np.minimum.outer(np.arange(nb), np.arange(nb))
+        self._moments, self._pw, self._limits = {}, None, {}
+        i = np.arange(nb)
+        self.imax = np.maximum.outer(i, i)
+        self._inv_nn = 1.0 / np.outer(self.n, self.n)
+        M = 1.0 / self.n[self.imax]
+        np.fill_diagonal(M, 0.0)
+        self._inv_nmax = M
+        self._kpw = 1.0 - 1.0 / np.minimum.outer(self.n, self.n)
+
+    # -- construction ------------------------------------------------------------------
+    def _g(self, g: int, m: np.ndarray) -> np.ndarray:
+        n = m + 1.0
+        return np.ones_like(n) if g == _G_ONE else (1.0 / n if g == _G_H else 1.0 / (n * n))
+
+    def _moment(self, p: int, lo: int, hi: int, g: int, skip: int = 0) -> np.ndarray:
+        """Weights over the nodes of the sum of g(m) f(m) over panel p's positions (its first
+        ``skip`` left out), f interpolated through nodes in lo..hi."""
+        a, b = int(self.x[p]) + skip, int(self.pe[p])
+        k = min(self.order, hi - lo + 1)
+        start = min(max(p - (self.order // 2 - 1), lo), hi - k + 1)
+        key = (p, start, k, g, skip)
+        hit = self._moments.get(key)
+        if hit is None:
+            hit = np.zeros(self.size)
+            if a < b:
+                if k < 1:
+                    raise ValueError("no nodes to interpolate a panel through")
+                # the basis in powers of (u - u_p): C = V^-1, V_tk = (u_t - u_p)^k
+                pw = self._pw[g][p, :k].copy()
+                if skip:
+                    pw[0] -= float(self._g(g, np.array([float(self.x[p])]))[0])
+                st = np.arange(start, start + k)
+                V = np.power.outer(self.u[st] - self.u[p], np.arange(k))
+                hit[st] = np.linalg.solve(V.T, pw)
+            self._moments[key] = hit
+        return hit
+
+    def _panels(self, g: int, lo: int, hi: int) -> np.ndarray:
+        return np.stack([self._moment(p, lo, hi, g) for p in range(self.size)])
+
+    def _kinked(self, g: int, prefix: bool, skip: bool = True) -> np.ndarray:
+        """T[i, l, :]: weights of the sum over j from x_l on (prefix: up to x_l) of X_ij g_j,
+        j != x_i, for X smooth off the diagonal on either side of it; ``skip`` False: with the
+        j = x_i term taken at the diagonal limit D_i of row i's off-diagonal values."""
+        nb, w = self.size, self.order + 1
+        P = np.repeat(self._panels(g, 0, nb - 1)[None], nb, axis=0)
+        for i in range(nb):
+            # node i stands for the limit of row i's off-diagonal values at the diagonal,
+            # D_i, itself extrapolated from one side (_limit): its weight is handed on.  Only
+            # the panels within ``order`` of i take stencils other than the free ones
+            for p in range(max(0, i - w), min(nb, i + w)):
+                P[i, p] = (self._moment(p, 0, i, g) if p < i else
+                           self._moment(p, i, nb - 1, g, 1 if p == i and skip else 0))
+        T = self._accumulate(P, prefix, g, skip)
+        for i in range(nb):
+            st, c = self._limit(i)
+            T[i][:, st] += T[i][:, i:i + 1] * c[None, :]
+            T[i][:, i] = 0.0
+        return T
+
+    def _limit(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(nodes, coefficients) extrapolating row i's off-diagonal values to the diagonal,
+        from the ``order`` nearest nodes below i (above i where there are fewer below)."""
+        hit = self._limits.get(i)
+        if hit is None:
+            nb, k = self.size, self.order
+            if i >= k or i >= nb - 1 - i:
+                st = np.arange(max(0, i - k), i)
+            else:
+                st = np.arange(i + 1, min(nb, i + 1 + k))
+            c = _lagrange(self.u[st], self.u[i:i + 1])[0] if len(st) else np.zeros(0)
+            hit = self._limits[i] = (st, c)
+        return hit
+
+    def _broken(self, g: int, prefix: bool) -> np.ndarray:
+        """T[l, k, :]: weights of the sum over i from x_k on (prefix: up to x_k) of Z_i g_i for
+        Z smooth on either side of node l and continuous with its derivative there."""
+        nb, w = self.size, self.order + 1
+        P = np.repeat(self._panels(g, 0, nb - 1)[None], nb, axis=0)
+        for l in range(nb):
+            for p in range(max(0, l - w), min(nb, l + w)):
+                P[l, p] = self._moment(p, 0, l, g) if p < l else self._moment(p, l, nb - 1, g)
+        return self._accumulate(P, prefix, g, False)
+
+    def _accumulate(self, P: np.ndarray, prefix: bool, g: int, skip: bool) -> np.ndarray:
+        """For panel weights P[r, p, :] (per row r): the suffix sums over the panels from each
+        node on, or the prefix sums up to each node: the panels before it and the node's own
+        position (not the row's own node where ``skip``)."""
+        if not prefix:
+            return np.cumsum(P[:, ::-1], axis=1)[:, ::-1].copy()
+        nb = self.size
+        out = np.zeros_like(P)
+        np.cumsum(P[:, :-1], axis=1, out=out[:, 1:])
+        # the node's own position, the first of its panel: its nodal value (a panel's
+        # stencils always hold its own node where that node is allowed)
+        i = np.arange(nb)
+        own = np.broadcast_to(self._g(g, self.x.astype(float)), (len(P), nb)).copy()
+        if skip:
+            own[i, i] = 0.0
+        out[:, i, i] += own
+        return out
+
+    # -- means -------------------------------------------------------------------------
+    def mean(self, f: np.ndarray) -> float:
+        """Mean over the positions of a quantity given at the nodes."""
+        return float(self.q @ f) / self.L
+
+    def mean_diag(self, K: np.ndarray) -> float:
+        return float(self.q @ K.diagonal()) / self.L
+
+    def mean_off(self, K: np.ndarray) -> float:
+        """Mean over the L (L - 1) ordered pairs of distinct positions."""
+        return float(np.vdot(K, self.Moff)) / self.pairs
+
+    # -- the uniform causal attention matrix U (U_ij = 1/n_i, j <= i) -------------------
+    def suffix_h(self, y: np.ndarray) -> np.ndarray:
+        """sum_{i >= k} y_i / n_i at each node k."""
+        return self.Sh @ y
+
+    def suffix(self, y: np.ndarray) -> np.ndarray:
+        """sum_{i >= k} y_i at each node k."""
+        return self.S1 @ y
+
+    def right_of_diagonal(self, W: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """sum_{s > t} W_ts f_s for every node t."""
+        return (W * self.R) @ f
+
+    def _inner(self, X: np.ndarray) -> np.ndarray:
+        """Z[i, l] = sum_{j >= x_l, j != x_i} X_ij / n_j."""
+        return np.matmul(self.Wh, X[:, :, None])[:, :, 0]
+
+    def _limit_values(self, X: np.ndarray) -> np.ndarray:
+        """D_i: the limit of row i's off-diagonal values at the diagonal."""
+        D = X * self.E
+        return D.sum(axis=1)
+
+    def UtXU(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
+        """U^T X U for a symmetric X whose diagonal is not read (the i = j terms are left out,
+        as for a zero diagonal)."""
+        Z = self._inner(X)
+        Y = np.matmul(self.Vh, np.ascontiguousarray(Z.T)[:, :, None])[:, :, 0]
+        Y += Y.T.copy()
+        Y *= 0.5
+        Y -= (self.S2 @ self._limit_values(X))[self.imax]
+        return Y
+
+    def UtXU_diag(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
+        """The diagonal of :meth:`UtXU` only."""
+        Z = self._inner(X)
+        Z = Z.T * self.Vh_diag
+        return Z.sum(axis=1) - self.S2 @ self._limit_values(X)
+
+    def UtDU(self, a: np.ndarray) -> np.ndarray:
+        """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
+        s = self.S2 @ a
+        step = s[1:] - s[:-1]
+        if np.all(step <= 0):
+            return np.fmin.outer(s, s)
+        if np.all(step >= 0):
+            return np.fmax.outer(s, s)
+        return s[self.imax]
+
+    def UXUt(self, X: np.ndarray) -> np.ndarray:
+        """U X U^T for a symmetric X whose diagonal is not read: (1 / n_i n_k) sum_{j <= i,
+        l <= k, j != l} X_jl."""
+        P = np.matmul(self.Wp, X[:, :, None])[:, :, 0]
+        Y = np.matmul(self.Vp, np.ascontiguousarray(P.T)[:, :, None])[:, :, 0]
+        Y += Y.T.copy()
+        Y *= 0.5
+        Y -= (self.Pf @ self._limit_values(X))[self.imin]
+        Y *= self._inv_nn
+        return Y
+
+    def inv_nmax(self) -> np.ndarray:
+        """1 / n_max(i, k) (U U^T) at the nodes, zero diagonal (shared: not to be changed)."""
+        return self._inv_nmax
+
+    def key_pair_weights(self) -> np.ndarray:
+        """1 - 1/min(n_i, n_i') at the nodes (shared: not to be changed)."""
+        return self._kpw
+
+    def at(self, f: np.ndarray, pos) -> np.ndarray:
+        """A profile given at the nodes, interpolated to the positions ``pos`` (a node's own
+        value there)."""
+        pos = np.atleast_1d(np.asarray(pos, dtype=np.int64))
+        out = np.empty(len(pos))
+        for c, m in enumerate(pos):
+            p = int(np.searchsorted(self.x, m, side="right")) - 1
+            k = min(self.order, self.size)
+            start = min(max(p - (self.order // 2 - 1), 0), self.size - k)
+            st = np.arange(start, start + k)
+            out[c] = float(_lagrange(self.u[st], np.log([m + 1.0]))[0] @ f[st])
+        return out
+
+    def signature(self) -> tuple:
+        return ("nodes", self.L, self.head, self.h, self.order)
+
+
 #: glibc's mallopt parameter for the free memory at the top of the heap that is kept
 _M_TRIM_THRESHOLD = -1
 _HEAP = {"kept": None}
@@ -290,8 +623,8 @@ def keep_heap(trim: int = 64 << 20) -> bool:
     return _HEAP["kept"]
 
 
-def grid_for(L: int, exact_max: int | None = None) -> Grid | None:
-    """The graded grid for a causal sequence of length L, or None where the exact position
+def grid_for(L: int, exact_max: int | None = None) -> NodeGrid | None:
+    """The node grid for a causal sequence of length L, or None where the exact position
     model is used (L <= ``exact_max``, default EXACT_MAX)."""
     lim = EXACT_MAX if exact_max is None else exact_max
     if int(L) <= lim:
@@ -300,11 +633,11 @@ def grid_for(L: int, exact_max: int | None = None) -> Grid | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _grid(L: int) -> Grid:
-    """``Grid(L)``, memoised: a grid is a function of L alone (P0 and Q are constants) and its
-    arrays are made read-only once built, so a grid shared by the predictions of one process
-    carries nothing from one to the next."""
-    g = Grid(L)
+def _grid(L: int) -> NodeGrid:
+    """``NodeGrid(L)``, memoised: a grid is a function of L alone (HEAD, H_LOG, ORDER are
+    constants) and its arrays are made read-only once built, so a grid shared by the
+    predictions of one process carries nothing from one to the next."""
+    g = NodeGrid(L)
     for a in vars(g).values():
         if isinstance(a, np.ndarray):
             a.flags.writeable = False

@@ -54,7 +54,7 @@ from sigprop.state import Backward, Forward
 
 
 def flat(L: int, grid=None) -> np.ndarray:
-    """A flat profile: over the L positions, or over the blocks of a graded ``grid``
+    """A flat profile: over the L positions, or over the nodes (blocks) of a position ``grid``
     (sigprop.model.positions)."""
     return np.ones(grid.size if grid is not None else int(L))
 
@@ -65,7 +65,7 @@ _SCALARS = ("cross", "cross_c", "qry_c", "cross_k")    # row-pair averages
 
 def _rows_direct(params: dict, x: Forward, n: np.ndarray | None = None) -> dict:
     """``Attention.rows`` at input ``x`` for every row length n = 1..L (or the row lengths
-    ``n`` given: a graded grid's representative ones), unit gradient variance (the per-row
+    ``n`` given: a position grid's nodes' row lengths), unit gradient variance (the per-row
     terms are linear in it, and independent of the gradient correlation)."""
     rule = get("attention")
     p = rule.param_values(params)
@@ -165,12 +165,13 @@ class RowsVarTable(tables.InterpTable):
         self._setup([(tables.TH_MIN, float(np.arccos(lo))), (u0, u0 + u_span, u_span)], key)
 
     def _compute(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
-        return np.stack([np.stack([self._flat(t, w) for w in u], axis=1) for t in th], axis=1)
+        return np.stack([np.stack([self._terms_at(t, w) for w in u], axis=1) for t in th], axis=1)
 
     def _floor(self, vals: np.ndarray) -> np.ndarray:
         return _quantity_floor(vals, self.L)
 
-    def _flat(self, th: float, u: float) -> np.ndarray:
+    def _terms_at(self, th: float, u: float) -> np.ndarray:
+        # (not ``_flat``: the base class keeps its coefficients under that name)
         return _row_values(_rows_direct(self.params, Forward(self.mean, float(np.exp(u)), float(np.cos(th))), self.n))
 
     def covers(self, x: Forward) -> bool:
@@ -198,8 +199,8 @@ def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dic
     predictor passes it when at least three layers share these parameters, as for its branch
     tables, so a table is never built for one use, and else the cache's ``untabulated`` view),
     else evaluated directly (memoised in the cache on the exact inputs, so a layer's forward
-    and backward share one evaluation).  With a graded ``grid`` the terms are evaluated at its
-    representative row lengths only.  ``var_range`` (v_lo, v_hi): the layers sharing these
+    and backward share one evaluation).  With a position ``grid`` the terms are evaluated at its
+    nodes' row lengths only.  ``var_range`` (v_lo, v_hi): the layers sharing these
     parameters see input variances in that range (LayerNorm Scaling), and a
     :class:`RowsVarTable` over it serves them all (a state outside it, or beyond the tables'
     correlation range, is evaluated directly)."""
@@ -376,7 +377,7 @@ _KFG: dict = {}
 
 
 def _flat_kernel_means_graded(grid) -> tuple[float, float, float]:
-    """:func:`_flat_kernel_means` on a graded grid (memoised per grid)."""
+    """:func:`_flat_kernel_means` on a position grid (memoised per grid)."""
     key = grid.signature()
     if key not in _KFG:
         Kf = grid.UtXU(_offdiag(np.ones((grid.size, grid.size))))
@@ -394,8 +395,8 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
 
 
 def _attention_cov_graded(r: dict, C: np.ndarray, grid) -> np.ndarray:
-    """:func:`_attention_cov` on a graded grid (sums over positions as weighted sums over
-    its blocks, sigprop.model.positions)."""
+    """:func:`_attention_cov` on a position grid (sums over positions as the grid's
+    quadratures, sigprop.model.positions)."""
     diag, a = _terms_graded(r, np.diag(C).copy(), grid)
     Co = _offdiag(C)
     K = grid.UtXU(Co)
@@ -404,7 +405,7 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid) -> np.ndarray:
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
     pairs = kv * np.diag(K) + kk * grid.UtXU_diag(Co * grid.key_pair_weights(), inplace=True)
     ko = float(r["cross_c"]) / kf_off
-    # (Co's diagonal is never read: the kernels take their within-block pairs' values, and
+    # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
     K *= ko
     Co *= float(r["qry_c"])
@@ -432,7 +433,7 @@ def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
 
 def mean_off(C: np.ndarray, grid=None) -> float:
     """Mean of the off-diagonal entries of a square matrix (of the pairs of distinct
-    positions, on a graded ``grid``)."""
+    positions, on a position ``grid``)."""
     if grid is not None:
         return grid.mean_off(C)
     L = len(C)
