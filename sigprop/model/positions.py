@@ -74,6 +74,17 @@ def cumsum_inplace(A: np.ndarray, axis: int = 0) -> np.ndarray:
     return np.cumsum(A, axis=axis, out=A)
 
 
+
+def _at_max_index(s: np.ndarray, imax: np.ndarray) -> np.ndarray:
+    """The matrix s[max(k, l)]: where s is monotone that is an outer minimum (non-increasing s)
+    or maximum (non-decreasing s), ~5x faster than the gather through the index matrix imax."""
+    step = s[1:] - s[:-1]
+    if np.all(step <= 0):
+        return np.fmin.outer(s, s)
+    if np.all(step >= 0):
+        return np.fmax.outer(s, s)
+    return s[imax]
+
 class Grid:
     """Blocks of positions of a length-``L`` causal sequence (see the module docstring)."""
 
@@ -227,12 +238,7 @@ class Grid:
         larger of s_k and s_l, an outer minimum (or maximum) instead of a gather through the
         index matrix (the same values, ~5x faster at 214 blocks)."""
         s = self._from_rep(a, self.h2, self.h2p)
-        step = s[1:] - s[:-1]
-        if np.all(step <= 0):
-            return np.fmin.outer(s, s)
-        if np.all(step >= 0):
-            return np.fmax.outer(s, s)
-        return s[self.imax]
+        return _at_max_index(s, self.imax)
 
     def UXUt(self, X: np.ndarray) -> np.ndarray:
         """U X U^T for a symmetric X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
@@ -548,12 +554,7 @@ class NodeGrid:
     def UtDU(self, a: np.ndarray) -> np.ndarray:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
         s = self.S2 @ a
-        step = s[1:] - s[:-1]
-        if np.all(step <= 0):
-            return np.fmin.outer(s, s)
-        if np.all(step >= 0):
-            return np.fmax.outer(s, s)
-        return s[self.imax]
+        return _at_max_index(s, self.imax)
 
     def UXUt(self, X: np.ndarray) -> np.ndarray:
         """U X U^T for a symmetric X whose diagonal is not read: (1 / n_i n_k) sum_{j <= i,
