@@ -74,7 +74,6 @@ def cumsum_inplace(A: np.ndarray, axis: int = 0) -> np.ndarray:
     return np.cumsum(A, axis=axis, out=A)
 
 
-
 def _at_max_index(s: np.ndarray, imax: np.ndarray) -> np.ndarray:
     """The matrix s[max(k, l)]: where s is monotone that is an outer minimum (non-increasing s)
     or maximum (non-decreasing s), ~5x faster than the gather through the index matrix imax."""
@@ -84,6 +83,7 @@ def _at_max_index(s: np.ndarray, imax: np.ndarray) -> np.ndarray:
     if np.all(step >= 0):
         return np.fmax.outer(s, s)
     return s[imax]
+
 
 class Grid:
     """Blocks of positions of a length-``L`` causal sequence (see the module docstring)."""
