@@ -172,11 +172,41 @@ def test_properties(name, state, dr):
     assert y.mean > 0 and 0 < y.var <= s2
     assert -1 - tol <= y.corr <= 1 + tol
     assert g.var >= 0 and abs(g.corr) <= abs(gr) + tol
-    # output correlation increases with input correlation
+    # output correlation increases with input correlation on r >= 0 (Price's theorem: the
+    # covariance's slope in r is s2 E[f'(x_i) f'(x_j)], a series in r with non-negative
+    # coefficients; for r < 0 it need not hold: test_gelu_correlation_not_monotone_near_minus_one)
+    r = abs(r)
+    y, _ = rule.evaluate(Forward(0.0, s2, r), Backward(gv, gr))
     r2 = min(1.0, r + dr)
     y2, g2 = rule.evaluate(Forward(0.0, s2, r2), Backward(gv, abs(gr)))
     _, g1 = rule.evaluate(Forward(0.0, s2, r), Backward(gv, abs(gr)))
     assert y2.corr >= y.corr - tol and g2.corr >= g1.corr - tol
+
+
+def test_gelu_correlation_not_monotone_near_minus_one():
+    """At r = -1 the slope of GeLU's output covariance in r is s2 E[f'(x) f'(-x)] (Price's
+    theorem), which is negative for a wide input (f' leaves [0, 1]): checked by Gauss-Hermite
+    quadrature independently of the rule, and the rule's correlation falls accordingly."""
+    s2 = 3.0
+    t, w = np.polynomial.hermite_e.hermegauss(160)
+    w = w / w.sum()
+    x = math.sqrt(s2) * t
+
+    def fprime(v):
+        Phi = 0.5 * (1 + np.array([math.erf(u / math.sqrt(2)) for u in v]))
+        return Phi + v * np.exp(-v * v / 2) / math.sqrt(2 * math.pi)
+
+    slope = s2 * float(np.sum(w * fprime(x) * fprime(-x)))
+    assert slope < 0
+    rule = get("gelu")
+    y0, _ = rule.evaluate(Forward(0.0, s2, -1.0), Backward(1.0, 0.0))
+    y1, _ = rule.evaluate(Forward(0.0, s2, -1.0 + 1e-6), Backward(1.0, 0.0))
+    cov0, cov1 = y0.corr * y0.var, y1.corr * y1.var
+    assert (cov1 - cov0) / 1e-6 == pytest.approx(slope, rel=0.02)
+    assert y1.corr < y0.corr
+    # the case hypothesis found: the correlation still falls at r = -1 + 0.00195
+    y2, _ = rule.evaluate(Forward(0.0, s2, -1.0 + 0.001953125), Backward(1.0, 0.0))
+    assert y2.corr < y0.corr
 
 
 @pytest.mark.parametrize("name", NAMES)
