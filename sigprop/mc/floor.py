@@ -225,7 +225,7 @@ def layouts_report(store: Path = OUT_LAYOUTS) -> str:
 MODERN_NOTES = """Run 2026-11-25 on 2 shared cores, seed 0: each preset's own init at 12, 48 and 96 layers
 and torch-default at 12 and 48 layers, 8 weight draws x batch 4; then (later the same day) the
 96-layer rows the matrix lacked: DSLM's own init, and torch-default for `llama`, `gpt2`,
-`bert`, `peri` and `lns`, 8 draws x batch 8 (the script's default; the table's last column
+`bert`, `peri`, `lns` and `dslm`, 8 draws x batch 8 (the script's default; the table's last column
 says each row's draws), and torch-default `olmo2` at 8 x 4. After the QK-norm backward's
 inverse chi-square factor (2026-11-25) the ten earlier `olmo2` rows (12 and 48 layers, and 96
 layers own init) were re-simulated on the same seed-0 draws (8 x 4) and re-judged: every 12-
