@@ -183,9 +183,7 @@ def logit_var(p: dict, x: Forward) -> float:
     their normalised second moments instead (RMSNorm v / (v + eps); LayerNorm, whose output
     lives in d_head - 1 dimensions, l v / (l v + eps) and the logit variance divided by
     l = 1 - 1/d_head).  Rotary positions rotate q and k orthogonally: no change."""
-    S2 = x.var + x.mean ** 2
-    vq = p["d"] * p["q_std"] ** 2 * S2 + p.get("q_bias_std", 0.0) ** 2
-    vk = p["d"] * p["k_std"] ** 2 * S2 + p.get("k_bias_std", 0.0) ** 2
+    vq, vk = qk_variances(p, x)
     norm = int(p.get("qk_norm", 0))
     if not norm:
         return float(vq * vk)
