@@ -1,5 +1,5 @@
 """The input gradient's position profile (variance at a position over the mean over positions)
-predicted on the graded grid against a seeded Monte Carlo, at positions 0, 1, 2, 10, 100, L-1.
+predicted (on the position node grid beyond 64 positions) against a seeded Monte Carlo, at positions 0, 1, 2, 10, 100, L-1.
 
     python benchmarks/causal_profile_mc.py [--arch dslm] [--layers 4] [--seq-len 1024]
         [--d-model 32] [--trials 8] [--batch 2] [--seed 0]
@@ -19,6 +19,32 @@ from sigprop.model.predict import Predictor
 from sigprop.model.presets import resolve
 
 
+def measure(arch: str, init: str | None, layers: int, L: int, d_model: int, trials: int, batch: int,
+            seed: int, positions: list[int] | None = None) -> dict:
+    """The predicted input-gradient profile at ``positions`` (default 0, 1, 2, 10, 100, L-1)
+    and the Monte Carlo's mean and standard error over ``trials`` (seeded)."""
+    m = resolve(arch, init, n_layers=layers, causal=True, seq_len=L, d_model=d_model, n_heads=2,
+                d_ff=4 * d_model, dropout=0.0)
+    pr = Predictor(m)
+    recs = pr.forward()
+    pr.backward(recs)
+    pos = positions if positions is not None else [0, 1, 2, 10, 100, L - 1]
+    prof = recs[0].g_prof
+    if pr.grid is not None:   # the node grid's profile, interpolated to each position
+        pred = [float(v) for v in pr.grid.at(prof, pos)]
+    else:
+        pred = [float(prof[i]) for i in pos]
+    rng = np.random.default_rng(seed)
+    per = []
+    for _ in range(trials):
+        v = input_gradient_profile(m, batch, rng)
+        per.append(v[pos] / v.mean())
+    per = np.array(per)
+    mc, se = per.mean(axis=0), per.std(axis=0, ddof=1) / np.sqrt(trials)
+    return dict(arch=arch, init=init, layers=layers, L=L, d_model=d_model, trials=trials, batch=batch,
+                seed=seed, positions=pos, predicted=pred, mc=mc.tolist(), se=se.tolist())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="dslm")
@@ -30,27 +56,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
-    L = a.seq_len
-    m = resolve(a.arch, a.init, n_layers=a.layers, causal=True, seq_len=L, d_model=a.d_model, n_heads=2,
-                d_ff=4 * a.d_model, dropout=0.0)
-    pr = Predictor(m)
-    recs = pr.forward()
-    pr.backward(recs)
-    pos = [0, 1, 2, 10, 100, L - 1]
-    prof = recs[0].g_prof
-    if pr.grid is not None:
-        pred = [float(prof[int(np.searchsorted(pr.grid.end, i, side="right"))]) for i in pos]
-    else:
-        pred = [float(prof[i]) for i in pos]
-    rng = np.random.default_rng(a.seed)
-    per = []
-    for _ in range(a.trials):
-        v = input_gradient_profile(m, a.batch, rng)
-        per.append(v[pos] / v.mean())
-    per = np.array(per)
-    mc, se = per.mean(axis=0), per.std(axis=0, ddof=1) / np.sqrt(a.trials)
-    print(json.dumps(dict(arch=a.arch, init=a.init, layers=a.layers, L=L, d_model=a.d_model, trials=a.trials,
-                          batch=a.batch, seed=a.seed, positions=pos, predicted=pred, mc=mc.tolist(), se=se.tolist())))
+    print(json.dumps(measure(a.arch, a.init, a.layers, a.seq_len, a.d_model, a.trials, a.batch, a.seed)))
 
 
 if __name__ == "__main__":
