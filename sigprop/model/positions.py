@@ -378,6 +378,11 @@ class NodeGrid:
             self._build()
         i = np.arange(nb)
         self.Vh_diag = np.ascontiguousarray(self.Vh[i, i])
+        # UtXU_diag as one matrix-vector product over the flattened X: entry (l, (i, j)) is
+        # Vh[l, l, i] Wh[i, l, j] (the double sum's weights) less S2[l, i] E[i, j] (the
+        # diagonal limits' pairs)
+        self._diag_op = (self.Vh_diag.T[:, :, None] * self.Wh).transpose(1, 0, 2).reshape(nb, nb * nb)
+        self._diag_op -= (self.S2[:, :, None] * self.E[None]).reshape(nb, nb * nb)
         self.imin = np.minimum.outer(i, i)
         self.imax = np.maximum.outer(i, i)
         self._inv_nn = 1.0 / np.outer(self.n, self.n)
@@ -571,9 +576,7 @@ class NodeGrid:
 
     def UtXU_diag(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
         """The diagonal of :meth:`UtXU` only."""
-        Z = self._inner(X)
-        Z = Z.T * self.Vh_diag
-        return Z.sum(axis=1) - self.S2 @ self._limit_values(X)
+        return self._diag_op @ X.ravel()
 
     def UtDU(self, a: np.ndarray) -> np.ndarray:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
