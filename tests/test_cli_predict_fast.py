@@ -61,3 +61,14 @@ def test_predict_json_does_not_import_typer():
             "sys.stderr.write(' '.join(m for m in ('typer', 'click', 'rich', 'sympy') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_fast_path_matches_typer_with_a_config_file(monkeypatch, capsys, tmp_path):
+    cfg = tmp_path / "m.toml"
+    cfg.write_text('layers = 2\narch = "postln"\ncausal = true\n')
+    for args in (["--config", str(cfg), "--json"], [f"--config={cfg}", "--layers", "3", "--json"],
+                 ["--config", str(tmp_path / "missing.toml"), "--json"]):
+        assert _predict.parse(args) is not None
+        fast = cli(capsys, "predict", *args)
+        assert fast == _typer_path(monkeypatch, capsys, "predict", *args)
+    assert fast[0] == 2 and fast[1] == ""
