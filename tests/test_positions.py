@@ -297,28 +297,3 @@ def test_node_grid_size_grows_with_log_L_and_is_shared_read_only():
     assert not g.Wh.flags.writeable and not g.Moff.flags.writeable
     with pytest.raises(ValueError):
         g.Wh[0, 0, 0] = 1.0
-
-
-def _grid_arrays(g):
-    return {k: v for k, v in vars(g).items() if isinstance(v, np.ndarray)}
-
-
-def test_node_grid_from_stored_operators_is_the_built_grid_bit_for_bit(tmp_path, monkeypatch):
-    built = positions.NodeGrid(1000)
-    assert not built.loaded
-    again = positions.NodeGrid(1000, operators=built.operators())
-    assert again.loaded
-    a, b = _grid_arrays(built), _grid_arrays(again)
-    assert a.keys() == b.keys() and {name for name, _ in positions.NodeGrid.OPERATORS} <= a.keys()
-    for k in a:
-        assert a[k].shape == b[k].shape and a[k].tobytes() == b[k].tobytes(), k
-    # operators of another grid (another length): built instead
-    other = positions.NodeGrid(1000, operators=positions.NodeGrid(300).operators())
-    assert not other.loaded and other.Wh.tobytes() == built.Wh.tobytes()
-    # through the table store: the first grid is built and kept, the next one loaded from it
-    monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
-    first = positions._grid.__wrapped__(1000)
-    second = positions._grid.__wrapped__(1000)
-    assert not first.loaded and second.loaded and len(list(tmp_path.iterdir())) == 1
-    for k, v in _grid_arrays(second).items():
-        assert v.tobytes() == a[k].tobytes() and not v.flags.writeable, k

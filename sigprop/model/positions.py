@@ -333,16 +333,8 @@ class NodeGrid:
     context")."""
 
     kind = "nodes"
-    #: the quadrature operators a grid builds (float64 arrays with 1, 2 or 3 axes of nb
-    #: entries): :meth:`operators` packs them in this order, ``operators=`` unpacks them
-    OPERATORS = (("q", 1), ("S1", 2), ("Sh", 2), ("S2", 2), ("R", 2), ("Moff", 2), ("Wh", 3), ("Vh", 3),
-                 ("Wp", 3), ("Vp", 3), ("E", 2), ("Pf", 2))
 
-    def __init__(self, L: int, head: int = HEAD, h: float = H_LOG, order: int = ORDER,
-                 operators: np.ndarray | None = None):
-        """``operators``: the vector :meth:`operators` returned for a grid of the same L, head,
-        h and order (e.g. kept in the table store), used instead of building them; one of
-        another length is ignored (``self.loaded`` says whether it was used)."""
+    def __init__(self, L: int, head: int = HEAD, h: float = H_LOG, order: int = ORDER):
         L = int(L)
         if L < 1:
             raise ValueError("a causal sequence has at least one position")
@@ -367,38 +359,6 @@ class NodeGrid:
         self.u = np.log(self.n)
         nb = self.size = len(x)
         self.pe = np.append(self.x[1:], L)            # panel p: positions x[p] .. pe[p] - 1
-        self.pairs = L * (L - 1.0)
-        self.loaded = operators is not None and operators.size == sum(nb ** k for _, k in self.OPERATORS)
-        if self.loaded:
-            at = 0
-            for name, k in self.OPERATORS:
-                setattr(self, name, operators[at:at + nb ** k].reshape((nb,) * k).copy())
-                at += nb ** k
-        else:
-            self._build()
-        i = np.arange(nb)
-        self.Vh_diag = np.ascontiguousarray(self.Vh[i, i])
-        # UtXU_diag as one matrix-vector product over the flattened X: entry (l, (i, j)) is
-        # Vh[l, l, i] Wh[i, l, j] (the double sum's weights) less S2[l, i] E[i, j] (the
-        # diagonal limits' pairs)
-        self._diag_op = (self.Vh_diag.T[:, :, None] * self.Wh).transpose(1, 0, 2).reshape(nb, nb * nb)
-        self._diag_op -= (self.S2[:, :, None] * self.E[None]).reshape(nb, nb * nb)
-        self.imin = np.minimum.outer(i, i)
-        self.imax = np.maximum.outer(i, i)
-        self._inv_nn = 1.0 / np.outer(self.n, self.n)
-        M = 1.0 / self.n[self.imax]
-        np.fill_diagonal(M, 0.0)
-        self._inv_nmax = M
-        self._kpw = 1.0 - 1.0 / np.minimum.outer(self.n, self.n)
-
-    def operators(self) -> np.ndarray:
-        """The quadrature operators (``OPERATORS``) as one float64 vector."""
-        return np.concatenate([getattr(self, name).ravel() for name, _ in self.OPERATORS])
-
-    # -- construction ------------------------------------------------------------------
-    def _build(self) -> None:
-        """The quadrature operators (``OPERATORS``) from the nodes."""
-        L, nb = self.L, self.size
         self._moments: dict = {}
         self._limits: dict = {}
         # per panel, the sums of g(m) (u_m - u_p)^k over its positions (k < order), for the
@@ -423,6 +383,7 @@ class NodeGrid:
         T1 = self._kinked(_G_ONE, prefix=False)
         self.R = np.ascontiguousarray(T1[np.arange(nb), np.arange(nb)])       # sum over j > x_i
         self.Moff = self.q[:, None] * T1[:, 0, :]      # w . K for the mean over ordered pairs
+        self.pairs = L * (L - 1.0)
         del T1
         # the double sums of U^T X U and U X U^T: the inner sums with the i = j term at the
         # diagonal limit D_i (continuous in i across the outer sum's start), less the sums of
@@ -436,8 +397,23 @@ class NodeGrid:
             st, c = self._limit(i)
             self.E[i, st] = c
         self.Pf = self._accumulate(sm[0][None], True, _G_ONE, False)[0]   # up to x_k
+        self.imin = np.minimum.outer(np.arange(nb), np.arange(nb))
         self._moments, self._pw, self._limits = {}, None, {}
+        i = np.arange(nb)
+        self.imax = np.maximum.outer(i, i)
+        self._inv_nn = 1.0 / np.outer(self.n, self.n)
+        M = 1.0 / self.n[self.imax]
+        np.fill_diagonal(M, 0.0)
+        self._inv_nmax = M
+        self._kpw = 1.0 - 1.0 / np.minimum.outer(self.n, self.n)
+        # UtXU_diag as one matrix-vector product over the flattened X: entry (l, (i, j)) is
+        # Vh[l, l, i] Wh[i, l, j] (the double sum's weights) less S2[l, i] E[i, j] (the
+        # diagonal limits' pairs)
+        vh_diag = self.Vh[i, i]
+        self._diag_op = (vh_diag.T[:, :, None] * self.Wh).transpose(1, 0, 2).reshape(nb, nb * nb)
+        self._diag_op -= (self.S2[:, :, None] * self.E[None]).reshape(nb, nb * nb)
 
+    # -- construction ------------------------------------------------------------------
     def _g(self, g: int, m: np.ndarray) -> np.ndarray:
         n = m + 1.0
         return np.ones_like(n) if g == _G_ONE else (1.0 / n if g == _G_H else 1.0 / (n * n))
@@ -664,15 +640,8 @@ def grid_for(L: int, exact_max: int | None = None) -> NodeGrid | None:
 def _grid(L: int) -> NodeGrid:
     """``NodeGrid(L)``, memoised: a grid is a function of L alone (HEAD, H_LOG, ORDER are
     constants) and its arrays are made read-only once built, so a grid shared by the
-    predictions of one process carries nothing from one to the next.  Its operators are kept
-    in the table store (:mod:`sigprop.model.store`; building them takes longer than a
-    768-layer prediction's position model at L 256), exactly as built."""
-    from sigprop.model import store
-
-    k = store.key("node-grid", L, HEAD, H_LOG, ORDER)
-    g = NodeGrid(L, operators=store.load(k))
-    if not g.loaded:
-        store.save(k, g.operators())
+    predictions of one process carries nothing from one to the next."""
+    g = NodeGrid(L)
     for a in vars(g).values():
         if isinstance(a, np.ndarray):
             a.flags.writeable = False
