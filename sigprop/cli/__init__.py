@@ -6,7 +6,9 @@ Exit codes: 0 success, 1 negative verdict, 2 bad input, 3 numerical failure.
 Start-up: ``main()`` imports only the module of the command being run (``sigprop predict``
 does not import the Monte Carlo, plotting or LaTeX commands, and typer builds one command
 instead of eight); anything else (``sigprop --help``, an unknown name) loads every command.
-``sigprop.cli.app`` is the full application.
+A plain ``sigprop predict`` line (model options, ``--every``, ``--json``, ``--symbolic``) does
+not import typer at all (:mod:`sigprop.cli._predict`).  ``sigprop.cli.app`` is the full
+application.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import gc
 import importlib
 import sys
 
-import typer
-
-from sigprop.cli._app import fail  # noqa: F401  (re-exported)
+from sigprop.cli import _report
+from sigprop.cli._report import fail  # noqa: F401  (re-exported)
 
 #: command name -> module (sigprop.cli.<module>) that registers it
 COMMANDS = {
@@ -71,10 +72,19 @@ def main(args: list[str] | None = None) -> None:
     """Run the command line ``args`` (default ``sys.argv[1:]``); ends with SystemExit carrying
     the exit code.  Bad input, whether click rejects it while parsing or sigprop while running,
     is one line on stderr and exit 2."""
-    from sigprop.cli import _app
-
     args = sys.argv[1:] if args is None else list(args)
     first = args[0] if args else None
+    if first == "predict":
+        from sigprop.cli import _predict
+
+        parsed = _predict.parse(args[1:])
+        if parsed is not None:
+            _report.PROG = "sigprop predict"
+            try:
+                code = _library_errors(_predict.run, **parsed)
+            finally:
+                _report.flush_notes()
+            raise SystemExit(code)
     if first != "predict":
         # the process entry (sigprop.__main__) paused the cyclic collector for start-up; the
         # other commands (Monte Carlo, sympy) may make reference cycles, so it runs again
@@ -85,36 +95,47 @@ def main(args: list[str] | None = None) -> None:
         # pages (~2 ms) than when their registration imported it
         import sigprop.model.presets  # noqa: F401
     app = load([first] if first in COMMANDS else None)
-    _app.PROG = "sigprop"
+    _report.PROG = "sigprop"
     try:
-        code = _run(app, args, _app)
+        code = _run(app, args)
     finally:
-        _app.flush_notes()
+        _report.flush_notes()
     raise SystemExit(code)
 
 
-def _run(app, args, _app) -> int:
-    """The exit code of the command line ``args``; bad input ends in :func:`fail`."""
+def _library_errors(fn, *args, **kwargs) -> int:
+    """The exit code of ``fn(*args, **kwargs)`` (its return value if an int, else 0); the
+    library's bad input (SigpropError) ends in :func:`fail` with exit 2, a numerical failure
+    with exit 3."""
     from sigprop.errors import SigpropError
 
-    cx = _click_exceptions()
     try:
-        code = app(args=args, prog_name="sigprop", standalone_mode=False)
-    except cx.NoArgsIsHelpError as e:       # `sigprop`, `sigprop export`: the help, on stdout
-        sys.stdout.write(e.format_message().rstrip("\n") + "\n")
-        code = 0
-    except cx.UsageError as e:              # unknown option or command, bad or missing value
-        _app.PROG, msg = _usage_line(e)
-        fail(msg, 2)
-    except cx.ClickException as e:
-        fail(" ".join(e.format_message().split()), e.exit_code)
-    except typer.Abort:
-        fail("aborted", 1)
+        code = fn(*args, **kwargs)
     except SigpropError as e:
         fail(str(e), 2)
     except FloatingPointError as e:
         fail(f"numerical failure: {e}", 3)
     return code if isinstance(code, int) else 0
+
+
+def _run(app, args) -> int:
+    """The exit code of the command line ``args``; bad input ends in :func:`fail`."""
+    import typer
+
+    cx = _click_exceptions()
+    try:
+        code = _library_errors(app, args=args, prog_name="sigprop", standalone_mode=False)
+    except cx.NoArgsIsHelpError as e:       # `sigprop`, `sigprop export`: the help, on stdout
+        sys.stdout.write(e.format_message().rstrip("\n") + "\n")
+        code = 0
+    except cx.UsageError as e:              # unknown option or command, bad or missing value
+        _report.PROG, msg = _usage_line(e)
+        fail(msg, 2)
+    except cx.ClickException as e:
+        fail(" ".join(e.format_message().split()), e.exit_code)
+    except typer.Abort:
+        fail("aborted", 1)
+    return code
 
 
 def console() -> None:

@@ -5,7 +5,8 @@ conventions every command shares:
   application and on every command (:class:`SigpropTyper` adds it to each command it
   registers);
 * bad input is one line on stderr, ``sigprop COMMAND: error: ...``, exit 2, nothing on stdout
-  (:func:`fail`; :func:`sigprop.cli.main` turns option-parsing errors into the same line);
+  (:func:`fail`, from :mod:`sigprop.cli._report`; :func:`sigprop.cli.main` turns
+  option-parsing errors into the same line);
 * an option renamed for consistency keeps its old spelling as a hidden, deprecated alias
   (:func:`renamed`): it still works, with a one-line note on stderr.
 """
@@ -19,11 +20,8 @@ import sys
 import typer
 
 from sigprop import __version__
-
-#: ``sigprop`` or ``sigprop COMMAND``: the prefix of error lines (set when a command runs)
-PROG = "sigprop"
-#: notes waiting for the end of the command (:func:`note`)
-NOTES: list[str] = []
+from sigprop.cli import _report
+from sigprop.cli._report import fail, flush_notes, note  # noqa: F401  (re-exported)
 
 
 def _current_context():
@@ -53,11 +51,10 @@ def _common(fn):
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        global PROG
         kwargs.pop("_version", None)
         ctx = _current_context()
         if ctx is not None:
-            PROG = ctx.command_path
+            _report.PROG = ctx.command_path
         return fn(*args, **kwargs)
 
     extra = [inspect.Parameter("_version", inspect.Parameter.KEYWORD_ONLY, default=_version_option(),
@@ -93,26 +90,6 @@ def _group(_version: bool = _version_option()) -> None:
     """Analytic signal propagation for deep transformers: moment rules, predictions and their
     Monte Carlo proof."""
     # (a callback keeps `sigprop` a command group when main() has loaded a single command)
-
-
-def fail(message: str, code: int = 2) -> None:
-    """One clear line on stderr (``sigprop COMMAND: error: message``), nothing on stdout, then
-    exit with ``code``."""
-    line = " ".join(str(message).split())      # one line, whatever the message holds
-    NOTES.clear()                               # bad input: the error line is all there is
-    sys.stderr.write(f"{PROG}: error: {line}\n")
-    raise SystemExit(code)
-
-
-def note(message: str) -> None:
-    """A one-line note for stderr (``sigprop COMMAND: note: message``), written when the
-    command ends (:func:`flush_notes`) unless it ends on bad input."""
-    NOTES.append(f"{PROG}: note: {message}\n")
-
-
-def flush_notes() -> None:
-    while NOTES:
-        sys.stderr.write(NOTES.pop(0))
 
 
 def renamed(ctx, new: str, value, old_flag: str, old_value, quiet: bool = False, use: str | None = None):

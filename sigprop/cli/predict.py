@@ -1,11 +1,12 @@
-"""`sigprop predict`: the per-sublayer trace of a whole model."""
+"""`sigprop predict`: the per-sublayer trace of a whole model (typer's registration; the work
+is :func:`sigprop.cli._predict.run`)."""
 
 from __future__ import annotations
 
 import typer
 
 from sigprop.cli._app import app
-from sigprop.cli._model_options import build_model, model_options
+from sigprop.cli._model_options import model_options
 
 
 @app.command("predict")
@@ -17,35 +18,6 @@ def predict_cmd(
     model_opts: dict = None,
 ) -> None:
     """Predict forward variance, token correlation, logit variance and gradient variance, layer by layer."""
-    model = build_model(model_opts, default_layers=24)
-    if symbolic:
-        from sigprop.model.symbolic import require_supported
+    from sigprop.cli._predict import run
 
-        require_supported(model)
-    from sigprop.model.predict import predict
-    from sigprop.model.trace import trace, trace_text
-
-    points = predict(model, stop_at_saturation=True)
-    # the derivation needs the whole model inside the rules' domain: a saturating softmax
-    # gives the trace up to there (symbolic: null), as without --symbolic
-    derivable = points.saturation_layer is None
-    if symbolic and not as_json and derivable:
-        from sigprop.cli._render_model import render_symbolic
-
-        render_symbolic(model)
-        return
-    if as_json:
-        extra = {"hf": model.notes["hf"]} if "hf" in model.notes else None
-        if symbolic:
-            from sigprop.model import symbolic as sym
-
-            extra = {**(extra or {}), "symbolic": sym.to_json(sym.derive(model)) if derivable else None}
-        print(trace_text(model, points, every, extra))
-        return
-    tr = trace(model, points, every)
-    from sigprop.cli._render_model import render_trace
-
-    if symbolic:
-        print(f"no closed forms: the softmax saturates at layer {points.saturation_layer}, outside the rules' "
-              "domain; the trace up to there:")
-    render_trace(model, tr)
+    run(model_opts, every, as_json, symbolic)

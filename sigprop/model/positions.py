@@ -390,7 +390,6 @@ class NodeGrid:
         # D over the pairs i = j after (before) both nodes
         self.Wh = self._kinked(_G_H, prefix=False, skip=False)
         self.Vh = self._broken(_G_H, prefix=False)
-        self.Vh_diag = np.ascontiguousarray(self.Vh[np.arange(nb), np.arange(nb)])
         self.Wp = self._kinked(_G_ONE, prefix=True, skip=False)
         self.Vp = self._broken(_G_ONE, prefix=True)
         self.E = np.zeros((nb, nb))                    # D = (X o E) 1
@@ -407,6 +406,12 @@ class NodeGrid:
         np.fill_diagonal(M, 0.0)
         self._inv_nmax = M
         self._kpw = 1.0 - 1.0 / np.minimum.outer(self.n, self.n)
+        # UtXU_diag as one matrix-vector product over the flattened X: entry (l, (i, j)) is
+        # Vh[l, l, i] Wh[i, l, j] (the double sum's weights) less S2[l, i] E[i, j] (the
+        # diagonal limits' pairs)
+        vh_diag = self.Vh[i, i]
+        self._diag_op = (vh_diag.T[:, :, None] * self.Wh).transpose(1, 0, 2).reshape(nb, nb * nb)
+        self._diag_op -= (self.S2[:, :, None] * self.E[None]).reshape(nb, nb * nb)
 
     # -- construction ------------------------------------------------------------------
     def _g(self, g: int, m: np.ndarray) -> np.ndarray:
@@ -547,9 +552,7 @@ class NodeGrid:
 
     def UtXU_diag(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
         """The diagonal of :meth:`UtXU` only."""
-        Z = self._inner(X)
-        Z = Z.T * self.Vh_diag
-        return Z.sum(axis=1) - self.S2 @ self._limit_values(X)
+        return self._diag_op @ X.ravel()
 
     def UtDU(self, a: np.ndarray) -> np.ndarray:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""

@@ -238,7 +238,7 @@ class Sublayers(_Frozen):
 
     def placements(self) -> set:
         """The placement names used."""
-        return {PLACEMENTS[int(c)] for c in np.unique(self.placement)}
+        return {PLACEMENTS[c] for c in set(self.placement.tolist())}
 
     def __repr__(self) -> str:
         return f"Sublayers({self.kind!r}, n_layers={self.n_layers})"
