@@ -237,14 +237,14 @@ def _het_tables():
     return _HET["t"]
 
 
-def _het_interp(table, ls, s, cols):
+def _het_interp(table, ls, s, cols=None):
     """Table rows interpolated in log s (cubic Lagrange through the four nearest variances,
     held within their range) at the variances ``s`` (any shape), on the u columns ``cols``: shape s.shape + (len(cols),)."""
     x = (np.log(np.clip(s, np.exp(ls[0]), np.exp(ls[-1]))) - ls[0]) / _HS_STEP
     i0 = np.clip(np.floor(x).astype(np.int64) - 1, 0, len(ls) - 4)
     t = (x - i0)[..., None]
     out = 0.0
-    nodes = [table[i0 + j][..., cols] for j in range(4)]
+    nodes = [table[i0 + j] if cols is None else table[i0 + j][..., cols] for j in range(4)]
     for j in range(4):
         c = 1.0
         for k in range(4):
@@ -282,17 +282,18 @@ def independent_row_moments(s, counts):
     hi = 8.5 * np.sqrt(smax) + 5.0 + 3.0
     cols = np.nonzero((u >= lo) & (u <= hi))[0]
     du = u[1] - u[0]
+    lphi, lchi1, lchi2 = (np.ascontiguousarray(t[:, cols]) for t in (lphi, lchi1, lchi2))
     e1 = np.zeros(s.shape)
     e2 = np.zeros(s.shape)
     for r in range(s.shape[0]):
         if not np.any(counts[r] != 0):
             continue
         sr = s[r]
-        lp = _het_interp(lphi, ls, sr, cols)                 # (k, u)
+        lp = _het_interp(lphi, ls, sr)                       # (k, u)
         lam = counts[r] @ lp                                  # sum over the row's keys
         rest = lam[None, :] - lp
-        e1[r] = np.exp(rest + _het_interp(lchi1, ls, sr, cols)).sum(axis=1) * du
-        e2[r] = np.exp(rest + _het_interp(lchi2, ls, sr, cols)).sum(axis=1) * du
+        e1[r] = np.exp(rest + _het_interp(lchi1, ls, sr)).sum(axis=1) * du
+        e2[r] = np.exp(rest + _het_interp(lchi2, ls, sr)).sum(axis=1) * du
     return e1, e2
 
 
