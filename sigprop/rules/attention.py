@@ -1044,8 +1044,8 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
         v_common = float(c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh))) if params.get("rope", 0.0) else 0.0
     if not v_tok > 0:
         return np.ones(rel.shape), np.ones(rel.shape)
-    e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     tot = counts.sum(axis=1, keepdims=True)
+    e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
     with np.errstate(divide="ignore", invalid="ignore"):
         w1 = np.where(h1 > 0, e1 / h1, 1.0)

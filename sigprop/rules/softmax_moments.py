@@ -237,10 +237,13 @@ def _het_tables():
     return _HET["t"]
 
 
-def _het_interp(table, ls, s, cols=None):
+def _het_interp(table, ls, s, cols=None, clip_lo=None):
     """Table rows interpolated in log s (cubic Lagrange through the four nearest variances,
-    held within their range) at the variances ``s`` (any shape), on the u columns ``cols``: shape s.shape + (len(cols),)."""
-    x = (np.log(np.clip(s, np.exp(ls[0]), np.exp(ls[-1]))) - ls[0]) / _HS_STEP
+    held within their range) at the variances ``s`` (any shape), on the u columns ``cols``:
+    shape s.shape + (len(cols),).  ``table`` may be a slice of the tables' variances (``ls``
+    its log variances); ``clip_lo``: the whole grid's lowest log variance, where s is clipped."""
+    lo = ls[0] if clip_lo is None else clip_lo
+    x = (np.log(np.clip(s, np.exp(lo), np.exp(_HS_HI))) - ls[0]) / _HS_STEP
     i0 = np.clip(np.floor(x).astype(np.int64) - 1, 0, len(ls) - 4)
     t = (x - i0)[..., None]
     out = 0.0
@@ -282,18 +285,26 @@ def independent_row_moments(s, counts):
     hi = 8.5 * np.sqrt(smax) + 5.0 + 3.0
     cols = np.nonzero((u >= lo) & (u <= hi))[0]
     du = u[1] - u[0]
-    lphi, lchi1, lchi2 = (np.ascontiguousarray(t[:, cols]) for t in (lphi, lchi1, lchi2))
+    # the factors at each distinct variance of the call, interpolated once
+    uniq, inv = np.unique(s, return_inverse=True)
+    inv = inv.reshape(s.shape)
+    lo_s, hi_s = max(0, int(np.searchsorted(ls, np.log(max(uniq[0], 1e-300))) - 2)), \
+        min(len(ls), int(np.searchsorted(ls, np.log(max(uniq[-1], 1e-300)))) + 3)
+    sub = slice(lo_s, hi_s) if hi_s - lo_s >= 4 else slice(0, len(ls))
+    facs = [_het_interp(np.ascontiguousarray(t[sub][:, cols]), ls[sub], uniq, None, ls[0])
+            for t in (lphi, lchi1, lchi2)]
+    lphi, lchi1, lchi2 = facs
     e1 = np.zeros(s.shape)
     e2 = np.zeros(s.shape)
     for r in range(s.shape[0]):
         if not np.any(counts[r] != 0):
             continue
-        sr = s[r]
-        lp = _het_interp(lphi, ls, sr)                       # (k, u)
+        ir = inv[r]
+        lp = lphi[ir]                                         # (k, u)
         lam = counts[r] @ lp                                  # sum over the row's keys
         rest = lam[None, :] - lp
-        e1[r] = np.exp(rest + _het_interp(lchi1, ls, sr)).sum(axis=1) * du
-        e2[r] = np.exp(rest + _het_interp(lchi2, ls, sr)).sum(axis=1) * du
+        e1[r] = np.exp(rest + lchi1[ir]).sum(axis=1) * du
+        e2[r] = np.exp(rest + lchi2[ir]).sum(axis=1) * du
     return e1, e2
 
 
