@@ -544,8 +544,11 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None):
         X = Co + Mk
         pu = grid.UtXU_diag(X)
         pw = np.array([grid.UtXU_diag(X * np.outer(w1[:, j], w1[:, j]))[j] for j in range(grid.size)])
-    f = np.where(plain != 0, wsum / np.where(plain != 0, plain, 1.0), 1.0)
-    rho2 = np.where(pu != 0, pw / np.where(pu != 0, pu, 1.0), 1.0)
+    # (a key no pair of rows attends to, the last one, has pu = 0 up to rounding: factor 1)
+    ok_f = np.abs(plain) > 1e-12 * np.max(np.abs(plain), initial=0.0)
+    ok_p = np.abs(pu) > 1e-12 * np.max(np.abs(pu), initial=0.0)
+    f = np.where(ok_f, wsum / np.where(ok_f, plain, 1.0), 1.0)
+    rho2 = np.where(ok_p, pw / np.where(ok_p, pu, 1.0), 1.0)
     return f, np.sqrt(np.clip(rho2, 0.0, 1e4)), wsum
 
 
