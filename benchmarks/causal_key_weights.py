@@ -5,7 +5,7 @@ against the mean over pairs, at every attention layer.
 
     python benchmarks/causal_key_weights.py [--arch preln] [--init normal] [--placement output]
         [--layers 48] [--d-model 256] [--heads 4] [--d-ff 1024] [--seq-len 128]
-        [--trials 4] [--batch 4] [--seed 0] [--every 6]
+        [--dropout 0] [--trials 4] [--batch 4] [--seed 0] [--every 6]
 
 Forward passes only, through `sigprop check`'s own sublayers (sigprop.mc.model): the weights are
 the softmax probabilities of the simulation itself (before attention dropout), averaged over the
@@ -25,7 +25,7 @@ import numpy as np
 from sigprop.mc import model as mcm
 from sigprop.mc.backend import Rng, as_rng, numpy_backend
 from sigprop.mc.sampling import correlated
-from sigprop.model.predict import predict
+from sigprop.model.predict import Predictor, predict
 from sigprop.model.presets import resolve
 
 KEYS = (0, 1, 2, 3)
@@ -87,6 +87,33 @@ def measure(m, trials: int, batch: int, seed: int):
     return weights, corr0, zvar
 
 
+def predicted_weights(m) -> list:
+    """Per attention layer, the prediction's n_i E[P_ij] for the keys in KEYS averaged over the
+    rows i >= L/2 (None where the layer has no per-key weights)."""
+    pr = Predictor(m)
+    recs = pr.forward()
+    L = m.seq_len
+    out = []
+    for rec in recs:
+        if rec.kind != "attention":
+            continue
+        kw = rec.key_w
+        if kw is None:
+            out.append(None)
+            continue
+        w1 = kw[0]
+        if pr.grid is None:
+            rows = np.arange(L // 2, L)
+            out.append([float(np.mean(w1[rows, j])) for j in KEYS])
+        else:
+            G = pr.grid
+            sel = G.x >= L // 2
+            wt = G.q[sel] / G.q[sel].sum()
+            col = [int(np.nonzero(G.x == j)[0][0]) for j in KEYS]
+            out.append([float(wt @ w1[sel, c]) for c in col])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--arch", default="preln")
@@ -97,6 +124,7 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--d-ff", type=int, default=1024)
     ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--trials", type=int, default=4)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
@@ -106,23 +134,25 @@ def main() -> None:
     L = a.seq_len
     kw = {} if a.placement in ("", "preset") else {"placement": a.placement}
     m = resolve(a.arch, a.init, n_layers=a.layers, d_model=a.d_model, n_heads=a.heads, d_ff=a.d_ff,
-                seq_len=L, dropout=0.0, causal=True, **kw)
+                seq_len=L, dropout=a.dropout, causal=True, **kw)
     weights, corr0, zvar = measure(m, a.trials, a.batch, a.seed)
-    lv = None
+    lv = pw = None
     if not a.no_predict:
         pts = predict(m)
         lv = [p.logit_var for p in pts if p.sublayer == "attention"]
+        pw = predicted_weights(m)
     se = lambda x: x.std(axis=0, ddof=1) / np.sqrt(a.trials)      # noqa: E731
     out = []
     for l in range(0, a.layers, a.every):
         out.append(dict(layer=l + 1, logit_var=None if lv is None else round(lv[l], 3),
                         key_weight=np.round(weights[:, l].mean(axis=0), 3).tolist(),
                         key_weight_se=np.round(se(weights[:, l]), 3).tolist(),
+                        pred_key_weight=None if pw is None or pw[l] is None else np.round(pw[l], 3).tolist(),
                         corr_pos0=round(float(corr0[:, l, 0].mean()), 3), corr_mean=round(float(corr0[:, l, 1].mean()), 3),
                         last_row_logit_var_key0=round(float(zvar[:, l, 0].mean()), 3),
                         last_row_logit_var_median=round(float(zvar[:, l, 1].mean()), 3)))
     print(json.dumps(dict(arch=a.arch, init=a.init, placement=a.placement, layers=a.layers, d_model=a.d_model,
-                          heads=a.heads, seq_len=L, trials=a.trials, batch=a.batch, seed=a.seed, keys=list(KEYS),
+                          heads=a.heads, seq_len=L, dropout=a.dropout, trials=a.trials, batch=a.batch, seed=a.seed, keys=list(KEYS),
                           rows=f"{L // 2}..{L - 1}")))
     for row in out:
         print(json.dumps(row))

@@ -91,12 +91,12 @@ class BranchRecord:
     (a parallel block), for the backward pass: the branch fields of :class:`SublayerRecord`."""
 
     __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
-                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows")
+                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows", "key_w")
 
     def __init__(self, layer: int, kind: str, b: float, log_b2: float):
         self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
         self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
-        self.out_ops = self.out_prof = self.euler_var = self.att_rows = None
+        self.out_ops = self.out_prof = self.euler_var = self.att_rows = self.key_w = None
         self.out_ratio = 1.0
 
 
@@ -114,7 +114,7 @@ class SublayerRecord:
 
     __slots__ = ("layer", "kind", "post", "in_norm", "a", "b", "log_a2", "log_b2", "s_in", "s_sum", "s_out",
                  "pre_ops", "branch_ops", "branch_out", "chain_table", "chain_x", "parts", "out_ops", "out_prof",
-                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof")
+                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof", "key_w")
 
     def __init__(self, layer: int, kind: str, post: bool, in_norm: bool, a: float, b: float, log_a2: float,
                  log_b2: float, s_in: StreamState):
@@ -147,6 +147,8 @@ class SublayerRecord:
         # post attention only (else None): the rule's row statistics (A2, m1) of its softmax
         # rows (causal: per row length), for sigprop.rules.attention.euler_terms
         self.att_rows = None
+        # causal attention: the per-key weights (profile.key_weights) of its input's position structure
+        self.key_w = None
         self.gains: UnitGains | None = None   # set by the backward pass
         self.g_prof = None            # causal (backward): variance profile of the gradient entering the unit
 
@@ -656,6 +658,8 @@ class Predictor:
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
             bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
+            if att is not None:
+                rec.key_w = profile.key_weights(att.params, att.x, dev_in, G)
             d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
             positions.set_diag(bcov, d)
@@ -1027,7 +1031,8 @@ class Predictor:
             for op in reversed(rec.branch_ops):
                 if w is not None:
                     if op.rule == "attention":
-                        k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G, op.var_range)
+                        k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G, op.var_range,
+                                                              rec.key_w)
                         ku, kc = ku * k, kc * k2
                     else:
                         u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))

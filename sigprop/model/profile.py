@@ -349,11 +349,14 @@ def _terms(r: dict, d: np.ndarray):
     return diag, a
 
 
-def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
+def _attention_cov(r: dict, C: np.ndarray, kw=None) -> np.ndarray:
     """The gradient covariance over positions at the attention input for covariance C at
-    its output (see the module docstring)."""
+    its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`)."""
     L = len(C)
     diag, a = _terms(r, np.diag(C).copy())
+    if kw is not None:
+        f, rho, wsum = _weighted(r, C, kw)
+        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     Co = _offdiag(C)
     K = _UtXU(Co)
     kf_diag, kf_off, kk_diag = _flat_kernel_means(L)
@@ -367,6 +370,10 @@ def _attention_cov(r: dict, C: np.ndarray) -> np.ndarray:
     K *= ko
     Co *= float(r["qry_c"])
     out = _UtDU(a)
+    if kw is not None:
+        pairs = pairs * rho * rho
+        K *= np.outer(rho, rho)
+        out *= np.sqrt(np.outer(f, f))
     out += K
     out += Co
     np.fill_diagonal(out, diag + pairs)
@@ -394,10 +401,13 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
     return diag, a
 
 
-def _attention_cov_graded(r: dict, C: np.ndarray, grid) -> np.ndarray:
+def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
     quadratures, sigprop.model.positions)."""
     diag, a = _terms_graded(r, np.diag(C).copy(), grid)
+    if kw is not None:
+        f, rho, wsum = _weighted(r, C, kw, grid)
+        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     Co = _offdiag(C)
     K = grid.UtXU(Co)
     kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
@@ -410,6 +420,10 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid) -> np.ndarray:
     K *= ko
     Co *= float(r["qry_c"])
     out = grid.UtDU(a)
+    if kw is not None:
+        pairs = pairs * rho * rho
+        K *= np.outer(rho, rho)
+        out *= np.sqrt(np.outer(f, f))
     out += K
     out += Co
     np.fill_diagonal(out, diag + pairs)
@@ -444,15 +458,112 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b != 0 and np.isfinite(a / b) else 1.0
 
 
+def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np.ndarray]:
+    """(rel, counts) for :func:`sigprop.rules.attention.key_weights`: per causal row i (a
+    position, or a node of ``grid``) and key j, the variance of key j's token-varying logit
+    in row i relative to the row logit variance, rel_ij = 1 + (mu_i - 2 m_ij) / (1 - r), for a
+    stream of mean token correlation r and deviation S (zero diagonal): m_ij the mean of
+    S_jk over the row's keys k != j, mu_i the mean of S over the row's pairs of keys; and how
+    many keys each entry stands for (1 on and below the diagonal, 0 above; on a grid, row i's
+    quadrature weights over the nodes for the sum over its keys 0..x_i, whose stencils may
+    reach nodes above x_i: there rel is held at its value at x_i).  Row 0 (one key) is 1."""
+    one_minus_r = max(1.0 - float(r), 1e-12)
+    if grid is None:
+        L = len(S)
+        n = np.arange(1.0, L + 1)
+        P = np.cumsum(S, axis=1)                  # P[j, i] = sum_{k <= i} S_jk (S_jj = 0)
+        counts = np.tril(np.ones((L, L)))
+        m = P.T / np.maximum(n - 1.0, 1.0)[:, None]          # m[i, j], valid for j <= i
+        mu = (m * counts).sum(axis=1) / n
+    else:
+        n = grid.n
+        nb = grid.size
+        D = grid._limit_values(S)
+        # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
+        # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
+        P = np.matmul(grid.Wp, S[:, :, None])[:, :, 0]
+        P -= D[:, None] * (np.arange(nb)[:, None] <= np.arange(nb)[None, :])
+        low = np.tril(np.ones((nb, nb)), 0).astype(bool)
+        m = P.T / np.maximum(n - 1.0, 1.0)[:, None]
+        m = np.where(low, m, np.diagonal(m)[:, None])       # held at x_i beyond the diagonal
+        counts = np.array(grid.Pf, dtype=float)
+        mu = (counts * m).sum(axis=1) / n
+    rel = 1.0 + (mu[:, None] - 2.0 * m) / one_minus_r
+    rel[0] = 1.0
+    if grid is None:
+        rel = np.where(counts > 0, rel, 1.0)
+    return rel, counts
+
+
+def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
+    """The causal attention's mean and second-moment key weights (w1, w2), each (rows, keys)
+    over the positions (or the nodes of ``grid``), for an attention input of mean-field state
+    ``x`` whose token correlations deviate from their mean by S (see
+    :func:`key_logit_scales` and :func:`sigprop.rules.attention.key_weights`); 1 everywhere
+    for S = 0."""
+    from sigprop.rules.attention import key_weights as _kw
+    rel, counts = key_logit_scales(S, float(x.corr), grid)
+    w1, w2 = _kw(params, x, rel, counts)
+    if grid is None:
+        low = counts > 0
+    else:
+        low = np.tril(np.ones(counts.shape), 0).astype(bool)
+        # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
+        # value at the key's own row
+        w1 = np.where(low, w1, np.diagonal(w1)[None, :])
+        w2 = np.where(low, w2, np.diagonal(w2)[None, :])
+        return w1, w2
+    return np.where(low, w1, 0.0), np.where(low, w2, 0.0)
+
+
+def _weighted(r: dict, C: np.ndarray, kw, grid=None):
+    """The per-key weights' factors on the attention's gradient kernels (see
+    :func:`_attention_cov`): per key j, (f_j, rho_j, diag_j): f the factor on the one-row
+    (value and key path) sum over the rows i >= j, rho that on the pair-of-rows sums, and the
+    weighted one-row sum itself."""
+    w1, w2 = kw
+    d = np.diag(C).copy()
+    spread = np.asarray(r["spread"], float)
+    Co = _offdiag(C)
+    if grid is None:
+        L = len(C)
+        n = np.arange(1.0, L + 1)
+        y = d * spread / n
+        plain = suffix(y, 0)
+        wsum = (w2 * y[:, None]).sum(axis=0)
+        A = w1 / n[:, None]
+        U = np.tril(np.ones((L, L))) / n[:, None]
+        Mk = Co * _key_pair_weights(L)
+        pw = np.einsum("ij,ik,kj->j", A, Co, A) + np.einsum("ij,ik,kj->j", A, Mk, A)
+        pu = np.einsum("ij,ik,kj->j", U, Co, U) + np.einsum("ij,ik,kj->j", U, Mk, U)
+    else:
+        y = d * spread
+        plain = grid.suffix_h(y)
+        wsum = np.einsum("jl,lj->j", grid.Sh, w2 * y[:, None])
+        Mk = Co * grid.key_pair_weights()
+        X = Co + Mk
+        pu = grid.UtXU_diag(X)
+        pw = np.array([grid.UtXU_diag(X * np.outer(w1[:, j], w1[:, j]))[j] for j in range(grid.size)])
+    # (a key no pair of rows attends to, the last one, has pu = 0 up to rounding: factor 1)
+    ok_f = np.abs(plain) > 1e-12 * np.max(np.abs(plain), initial=0.0)
+    ok_p = np.abs(pu) > 1e-12 * np.max(np.abs(pu), initial=0.0)
+    f = np.where(ok_f, wsum / np.where(ok_f, plain, 1.0), 1.0)
+    rho2 = np.where(ok_p, pw / np.where(ok_p, pu, 1.0), 1.0)
+    return f, np.sqrt(np.clip(rho2, 0.0, 1e4)), wsum
+
+
 def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
-                       table=None, grid=None, var_range=None) -> tuple[float, float, np.ndarray]:
+                       table=None, grid=None, var_range=None, kw=None) -> tuple[float, float, np.ndarray]:
     """(variance and covariance factors over the flat-profile rule values, normalised
     covariance at the attention input) for an upstream gradient covariance over positions C
     (mean diagonal 1; attention parameters and input state; g: the gradient state reaching
-    the attention op, whose correlation defines the flat reference)."""
+    the attention op, whose correlation defines the flat reference).  ``kw``: the per-key
+    weights (w1, w2) of :func:`key_weights` (None: exchangeable keys), which weight the one-row
+    and pair-of-rows sums over the rows attending to each key; the flat reference keeps
+    exchangeable keys, so the factors carry what the weights change."""
     if grid is not None:
         r = rows(params, x, table, grid, var_range)
-        o = _attention_cov_graded(r, C, grid)
+        o = _attention_cov_graded(r, C, grid, kw)
         t = grid.mean_diag(o)
         t1, off1 = _flat_stats_graded(r, grid, float(g.corr))
         if not (t > 0 and t1 > 0):
@@ -460,7 +571,7 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
         return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
     r = rows(params, x, table, None, var_range)
     L = len(C)
-    o = _attention_cov(r, C)
+    o = _attention_cov(r, C, kw)
     t = np.trace(o) / L
     t1, off1 = _flat_stats(r, L, float(g.corr))
     if not (t > 0 and t1 > 0):

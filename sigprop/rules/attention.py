@@ -1001,6 +1001,58 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
 
 
 
+#: the smallest per-key logit variance, relative to the row's, that :func:`key_weights` uses
+#: (the first-order scales of a strongly structured stream could fall below 0)
+KEY_REL_MIN = 0.02
+
+
+def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
+    """Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys),
+    w1 = n_i E[P_ij] (the mean attention weight of key j in row i over the uniform 1/n_i) and
+    w2 = E[P_ij^2] over the exchangeable row's E[P^2] = A2(n_i)/n_i.  Both are 1 for
+    exchangeable keys, which the rule's statistics assume.
+
+    ``rel[i, j]``: the variance of key j's token-varying logit in row i relative to the row's
+    mean row logit variance (the rule's v at input ``x``): for a stream whose token
+    correlation is r + S_jk over pairs of positions (S the deviation from the mean r), the
+    logits of a row have covariance v (I + S / (1 - r)) up to parts shared by the row; an
+    additive fit S_jk ~ mu_i + b_j + b_k over the row's key pairs, whose additive parts are
+    shifts the softmax ignores, leaves independent logits with variances
+    v (1 + (mu_i - 2 m_ij) / (1 - r)), m_ij the mean of S_jk over the row's other keys and
+    mu_i its mean over the row's pairs (exact for two keys and for a constant S; the caller,
+    sigprop.model.profile.key_logit_scales, computes it).  ``counts[i, j]``: how many keys of
+    row i the entry stands for (1 for every key of the row; a position grid's quadrature
+    weights on its nodes).
+
+    The moments are those of independent Gaussian logits with these variances
+    (:func:`sigprop.rules.softmax_moments.independent_row_moments`), each over the same rows
+    with every key at the row's own variance, so S = 0 gives exactly 1.  Assumptions: the
+    row logit variance at its mean (the rule averages its statistics over the row-to-row law;
+    here only the ratios are taken); QK-norm and rotary positions: the token-varying part
+    (the rule's s_mean) carries the per-key scales, the rotary key-shared part
+    vsh (1 - kbar(L)) stays common to every key."""
+    from sigprop.backend import numeric as m
+    from sigprop.rules.softmax_moments import independent_row_moments
+    rel = np.maximum(np.asarray(rel, dtype=float), KEY_REL_MIN)
+    counts = np.asarray(counts, dtype=float)
+    if not params.get("qk_norm", 0) and not params.get("rope", 0.0):
+        v_tok, v_common = mean_row_logit_var(params, x), 0.0
+    else:
+        c = _Ctx(m, Forward(float(x.mean), float(x.var), float(x.corr)), _RULE.param_values(params),
+                 rope=bool(params.get("rope", 0.0)), check=False)
+        v_tok = float(c.s_mean)
+        v_common = float(c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh))) if params.get("rope", 0.0) else 0.0
+    if not v_tok > 0:
+        return np.ones(rel.shape), np.ones(rel.shape)
+    tot = counts.sum(axis=1, keepdims=True)
+    e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
+    h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w1 = np.where(h1 > 0, e1 / h1, 1.0)
+        w2 = np.where(h2 > 0, e2 / h2, 1.0)
+    return w1, w2
+
+
 def value_gain(p: dict) -> float:
     """The value path's gain d v_std^2 H d_head o_std^2 (floats; ``p`` the rule's parameters as
     a dict): the variance of one feature of W_o W_v x (all heads, no biases) per unit second

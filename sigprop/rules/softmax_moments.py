@@ -182,3 +182,139 @@ def softmax_expect_sums(m, v, L, combos, truncate=False):
     vals = m.integrate_smoothed(outer, inner, v, args=(L, *coefs), window=(lo, hi))
     return [const + (vals[j] if any(jj == j for jj, _, _, _ in integral_terms) else 0)
             for j, const in enumerate(consts)]
+
+
+# -- rows of independent logits with their own variances ------------------------------------
+#
+# The identity above does not need the keys to be identically distributed: for independent
+# logits e_k ~ N(0, s_k),
+#
+#     E[P_j^a] = (1/Gamma(a)) int_R chi_a(u; s_j) prod_{k != j} phi(u; s_k) du,
+#     chi_a(u; s) = E[G_a(u + e)], e ~ N(0, s),  phi = chi_0,
+#
+# so one row costs one sum of log phi over its keys per u node, and every key's moment is
+# then one integral.  chi_a(u; s) is the Gaussian smoothing of the fixed function G_a, i.e.
+# a convolution: it is computed once, by FFT on a fine w grid, for a log-spaced grid of
+# variances s, and interpolated in log s (log chi and log phi, cubic).  Used for a causal
+# row whose keys' logits have different variances (the first positions of a causal stream:
+# sigprop.rules.attention.key_weights).
+
+#: the variance grid of the tables: log s from _HS_LO to _HS_HI in steps of _HS_STEP
+_HS_LO, _HS_HI, _HS_STEP = float(np.log(1e-6)), float(np.log(300.0)), 0.05
+#: the w grid of the convolution (step, ends) and the u grid kept (every _HU_EVERY-th w node
+#: within [_HU_LO, _HU_HI]); the left end is far enough out that the periodic wrap of the
+#: step G_0 (1 on the left, 0 on the right) stays 10 standard deviations (s <= 300) away
+_HW_STEP, _HW_LO, _HW_HI = 0.05, -540.0, 280.0
+_HU_LO, _HU_HI, _HU_EVERY = -300.0, 60.0, 2
+_HET: dict = {}
+
+
+def _het_tables():
+    """(u grid, log-variance grid, log phi, log chi_1, log chi_2) as arrays (s, u): the
+    smoothed factors of the identity above for every tabulated variance (memoised: a pure
+    function of the module's constants; the arrays are read-only)."""
+    if "t" in _HET:
+        return _HET["t"]
+    w = np.arange(_HW_LO, _HW_HI + _HW_STEP / 2, _HW_STEP)
+    nfft = 1 << int(np.ceil(np.log2(2 * len(w))))
+    ew = np.exp(w)
+    base = np.exp(-ew)
+    G = [base, base * ew, base * ew * ew]
+    F = [np.fft.rfft(g, nfft) for g in G]
+    k = 2 * np.pi * np.fft.rfftfreq(nfft, _HW_STEP)
+    ls = np.arange(_HS_LO, _HS_HI + _HS_STEP / 2, _HS_STEP)
+    keep = np.nonzero((w >= _HU_LO - 1e-9) & (w <= _HU_HI + 1e-9))[0][::_HU_EVERY]
+    u = w[keep]
+    out = np.empty((3, len(ls), len(u)))
+    for i, s in enumerate(np.exp(ls)):
+        kern = np.exp(-0.5 * s * k * k)
+        for a in range(3):
+            c = np.fft.irfft(F[a] * kern, nfft)[keep]
+            out[a, i] = np.log(np.maximum(c, 1e-300))
+    for arr in (u, ls, out):
+        arr.flags.writeable = False
+    _HET["t"] = (u, ls, out[0], out[1], out[2])
+    return _HET["t"]
+
+
+def _het_interp(table, ls, s, cols=None, clip_lo=None):
+    """Table rows interpolated in log s (cubic Lagrange through the four nearest variances,
+    held within their range) at the variances ``s`` (any shape), on the u columns ``cols``:
+    shape s.shape + (len(cols),).  ``table`` may be a slice of the tables' variances (``ls``
+    its log variances); ``clip_lo``: the whole grid's lowest log variance, where s is clipped."""
+    lo = ls[0] if clip_lo is None else clip_lo
+    x = (np.log(np.clip(s, np.exp(lo), np.exp(_HS_HI))) - ls[0]) / _HS_STEP
+    i0 = np.clip(np.floor(x).astype(np.int64) - 1, 0, len(ls) - 4)
+    t = (x - i0)[..., None]
+    out = 0.0
+    nodes = [table[i0 + j] if cols is None else table[i0 + j][..., cols] for j in range(4)]
+    for j in range(4):
+        c = 1.0
+        for k in range(4):
+            if k != j:
+                c = c * (t - k) / (j - k)
+        out = out + c * nodes[j]
+    # where a factor underflows (its log clipped at log 1e-300) the cubic would overshoot:
+    # keep the result within the four nodes' range
+    return np.clip(out, np.minimum.reduce(nodes), np.maximum.reduce(nodes))
+
+
+def independent_row_moments(s, counts):
+    """E[P_j] and E[P_j^2] for rows of independent Gaussian logits with their own variances.
+
+    ``s``: (R, K) logit variances (row r holds keys of variance s[r, k]); ``counts``: (R, K)
+    how many keys of row r have variance s[r, k] (real weights are allowed, negative ones
+    too: a quadrature over the row's positions).  Returns two (R, K) arrays: the first and
+    second moments of the softmax weight of one key of variance s[r, k] in row r (the row's
+    other keys as ``counts`` says, less that key itself; for an entry of count 0, a key of that
+    variance in addition to the row's).  The
+    shared part of a row's logits cancels in the softmax and is not part of ``s``.
+
+    Numeric only; variances are clipped to [1e-6, 300] (the tables' range); relative accuracy
+    ~1e-4 (cubic interpolation in log s, steps 0.05; trapezoid in u at step 0.1 on a
+    window that grows with the largest variance)."""
+    s = np.asarray(s, dtype=float)
+    counts = np.asarray(counts, dtype=float)
+    if s.ndim != 2 or s.shape != counts.shape:
+        raise ValueError("independent_row_moments: s and counts must be (rows, keys) arrays of one shape")
+    u, ls, lphi, lchi1, lchi2 = _het_tables()
+    smax = float(np.max(np.where(counts != 0, s, 0.0), initial=1e-6))
+    smax = min(max(smax, 1e-6), 300.0)
+    nmax = float(np.max(counts.sum(axis=1), initial=1.0))
+    lo = -np.log(max(nmax, 1.0)) - smax / 2 - 3 * np.sqrt(smax) - 40.0
+    hi = 8.5 * np.sqrt(smax) + 5.0 + 3.0
+    cols = np.nonzero((u >= lo) & (u <= hi))[0]
+    du = u[1] - u[0]
+    # the factors at each distinct variance of the call, interpolated once
+    uniq, inv = np.unique(s, return_inverse=True)
+    inv = inv.reshape(s.shape)
+    lo_s, hi_s = max(0, int(np.searchsorted(ls, np.log(max(uniq[0], 1e-300))) - 2)), \
+        min(len(ls), int(np.searchsorted(ls, np.log(max(uniq[-1], 1e-300)))) + 3)
+    sub = slice(lo_s, hi_s) if hi_s - lo_s >= 4 else slice(0, len(ls))
+    facs = [_het_interp(np.ascontiguousarray(t[sub][:, cols]), ls[sub], uniq, None, ls[0])
+            for t in (lphi, lchi1, lchi2)]
+    lphi, lchi1, lchi2 = facs
+    e1 = np.zeros(s.shape)
+    e2 = np.zeros(s.shape)
+    for r in range(s.shape[0]):
+        if not np.any(counts[r] != 0):
+            continue
+        ir = inv[r]
+        lp = lphi[ir]                                         # (k, u)
+        lam = counts[r] @ lp                                  # sum over the row's keys
+        rest = lam[None, :] - lp
+        e1[r] = np.exp(rest + lchi1[ir]).sum(axis=1) * du
+        e2[r] = np.exp(rest + lchi2[ir]).sum(axis=1) * du
+    return e1, e2
+
+
+def distinguished_key_moments(n, v, w):
+    """(E[P_0], E[P_0^2]) of key 0 in a row of n keys whose logits are independent, key 0's
+    N(0, v + w) and the other n - 1 keys' N(0, v) (arrays broadcast together; n >= 1; numeric
+    only, as :func:`independent_row_moments`).  w = 0 gives the exchangeable row's 1/n and
+    E[sum_j P_j^2]/n."""
+    n, v, w = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (n, v, w)))
+    s = np.stack([v.ravel() + w.ravel(), v.ravel()], axis=1)
+    c = np.stack([np.ones(n.size), n.ravel() - 1.0], axis=1)
+    e1, e2 = independent_row_moments(s, c)
+    return e1[:, 0].reshape(n.shape), e2[:, 0].reshape(n.shape)

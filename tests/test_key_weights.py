@@ -1,0 +1,176 @@
+"""Causal rows whose keys' logits have variances of their own (the first positions of a causal
+stream stay less correlated with the others): the softmax moments of independent logits with
+per-key variances (sigprop.rules.softmax_moments.independent_row_moments), the per-key logit
+scales from the stream's pair-correlation deviation S (sigprop.model.profile.key_logit_scales)
+and the key weights (sigprop.rules.attention.key_weights).  Expected values come from sampled
+softmax rows (seeded NumPy) or from the exchangeable rule's exact integrals, never from the code
+under test."""
+
+import math
+
+import numpy as np
+import pytest
+
+from sigprop.backend import numeric
+from sigprop.model import profile
+from sigprop.model.positions import grid_for
+from sigprop.rules.attention import key_weights
+from sigprop.rules.softmax_moments import (distinguished_key_moments, independent_row_moments,
+                                           softmax_expect)
+from sigprop.state import Backward, Forward
+
+
+def _softmax_rows(z):
+    z = z - z.max(axis=1, keepdims=True)
+    P = np.exp(z)
+    return P / P.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("n,v", [(1, 1.0), (2, 1e-4), (8, 0.5), (64, 2.0), (64, 20.0), (1000, 80.0)])
+def test_equal_variances_give_the_exchangeable_row(n, v):
+    """Every key at the same variance: E[P] = 1/n and the exchangeable row's E[P_1^2] (its
+    exact integral, softmax_expect)."""
+    e1, e2 = distinguished_key_moments(n, v, 0.0)
+    a2 = float(softmax_expect(numeric, v, n, ((2, 0),)))
+    assert abs(float(e1) * n - 1) < 1e-5
+    assert abs(float(e2) / a2 - 1) < 1e-5
+
+
+def test_row_weights_sum_to_one():
+    rng = np.random.default_rng(1)
+    s = rng.uniform(0.1, 6.0, size=(3, 12))
+    e1, _ = independent_row_moments(s, np.ones_like(s))
+    assert np.allclose(e1.sum(axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("n,v,w", [(32, 1.0, 3.0), (16, 0.3, 1.5), (128, 0.7, 3.5)])
+def test_distinguished_key_against_sampled_rows(n, v, w):
+    """Key 0's logit N(0, v + w), the other n - 1 keys' N(0, v), independent: n E[P_0] and
+    E[P_0^2] against 40000 sampled rows (seed 0), within 4 standard errors; the exchangeable
+    value (n E[P_0] = 1, what the rule assumes) is rejected by the same samples."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((40000, n)) * math.sqrt(v)
+    z[:, 0] *= math.sqrt((v + w) / v)
+    P0 = _softmax_rows(z)[:, 0]
+    e1, e2 = distinguished_key_moments(n, v, w)
+    m1, s1 = n * P0.mean(), n * P0.std() / math.sqrt(len(P0))
+    m2, s2 = (P0**2).mean(), (P0**2).std() / math.sqrt(len(P0))
+    assert abs(float(e1) * n - m1) < 4 * s1, (float(e1) * n, m1, s1)
+    assert abs(float(e2) - m2) < 4 * s2, (float(e2), m2, s2)
+    assert abs(m1 - 1) > 10 * s1
+
+
+def _stream(L):
+    """The normalised covariance over positions of a causal-like stream: position i averages
+    the iid parts of positions 0..i (so the first positions share the least with the rest),
+    plus a shared part and an own part: (mean correlation r, deviation S, the matrix)."""
+    B = np.tril(np.ones((L, L))) / np.sqrt(np.arange(1, L + 1))[:, None] * 0.6
+    K = B @ B.T + 0.5 * np.eye(L) + 1.0
+    C = K / np.sqrt(np.outer(np.diag(K), np.diag(K)))
+    r, S = profile.deviation(C)
+    return r, S, C
+
+
+def _params(L, v, r, d=64, dh=16):
+    """Attention parameters whose mean row logit variance at a unit-variance zero-mean input of
+    correlation r is v: (1 - r) d^2 sq^2 sk^2 = v."""
+    s = (v / (1 - r)) ** 0.25
+    return dict(d=d, n_heads=1, d_head=dh, L=L, q_std=s / math.sqrt(d), k_std=s / math.sqrt(d),
+                v_std=1 / math.sqrt(d), o_std=1 / math.sqrt(dh), p=0.0, causal=1)
+
+
+@pytest.mark.parametrize("v", [0.7, 1.5])
+def test_key_weights_against_sampled_correlated_rows(v):
+    """Rows of a causal attention over a stream whose positions are correlated r + S_jk: row
+    i's logits are N(0, v/(1 - r) C[:n, :n]) (a fixed query norm: the row logit variance at
+    its mean).  The predicted n_i E[P_ij] (w1) and E[P_ij^2] (w2 times the exchangeable
+    E[P^2]) against 30000 sampled rows per row (seed 0): within 4 standard errors plus 3%
+    (w1) and 6% (E[P^2]) for the additive fit of S; the exchangeable rule's 1 is rejected at
+    key 0 of the last row."""
+    L = 24
+    r, S, C = _stream(L)
+    x = Forward(0.0, 1.0, r)
+    p = _params(L, v, r)
+    w1, w2 = profile.key_weights(p, x, S)
+    rng = np.random.default_rng(0)
+    for i in (11, L - 1):
+        n = i + 1
+        z = rng.multivariate_normal(np.zeros(n), v / (1 - r) * C[:n, :n], size=30000)
+        P = _softmax_rows(z)
+        a2 = float(softmax_expect(numeric, v, n, ((2, 0),)))     # E[P_1^2], one key
+        for j in (0, 1, 2, n - 1):
+            m1, s1 = n * P[:, j].mean(), n * P[:, j].std() / math.sqrt(len(P))
+            m2, s2 = (P[:, j]**2).mean(), (P[:, j]**2).std() / math.sqrt(len(P))
+            assert abs(w1[i, j] - m1) < 4 * s1 + 0.03 * m1, (i, j, w1[i, j], m1, s1)
+            assert abs(w2[i, j] * a2 - m2) < 4 * s2 + 0.06 * m2, (i, j, w2[i, j] * a2, m2, s2)
+        if i == L - 1:
+            assert n * P[:, 0].mean() - 1 > 0.1
+
+
+@pytest.mark.parametrize("L", [24, 128])
+def test_zero_deviation_is_exact(L):
+    """S = 0 (exchangeable keys): the weights are exactly 1 and the attention's gradient
+    kernels are those without them (exact positions and the node grid)."""
+    grid = grid_for(L)
+    nb = L if grid is None else grid.size
+    r = 0.6
+    p = _params(L, 2.0, r)
+    x = Forward(0.0, 1.0, r)
+    w1, w2 = profile.key_weights(p, x, np.zeros((nb, nb)), grid)
+    low = np.tril(np.ones((nb, nb)), 0).astype(bool)
+    assert np.all(np.abs(w1[low] - 1) < 1e-12) and np.all(np.abs(w2[low] - 1) < 1e-12)
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((nb, nb)) * 0.1
+    C = 0.8 * np.eye(nb) + 0.2 + (A + A.T) / 2
+    np.fill_diagonal(C, 1.0)
+    g = Backward(1.0, 0.2)
+    ref = profile.attention_backward(p, x, g, C, None, grid)
+    got = profile.attention_backward(p, x, g, C, None, grid, kw=(w1, w2))
+    assert abs(got[0] / ref[0] - 1) < 1e-12 and abs(got[1] / ref[1] - 1) < 1e-12
+    assert np.max(np.abs(got[2] - ref[2])) < 1e-12 * np.max(np.abs(ref[2]))
+
+
+def test_key_logit_scales_on_the_node_grid():
+    """The node grid's per-key scales (row and key at nodes, the row sums as the grid's
+    quadratures) against the exact ones at the same positions, L 256."""
+    L = 256
+    r, S, _ = _stream(L)
+    grid = grid_for(L)
+    ix = grid.x
+    Sg = S[np.ix_(ix, ix)]
+    rel_g, counts = profile.key_logit_scales(Sg, r, grid)
+    rel, _ = profile.key_logit_scales(S, r)
+    ref = rel[np.ix_(ix, ix)]
+    low = np.tril(np.ones(rel_g.shape), 0).astype(bool)
+    assert np.max(np.abs(rel_g - ref)[low]) < 2e-3 * np.max(np.abs(ref[low] - 1))
+    # the quadrature weights of row i count its n_i keys
+    assert np.allclose(counts.sum(axis=1), grid.n, rtol=1e-9)
+
+
+def test_node_grid_with_every_position_a_node_is_the_exact_model():
+    """With every position a node the grid's quadratures are the exact sums: the per-key
+    weights and the weighted attention kernels on such a grid equal the exact position
+    model's (L 40, a structured deviation, logit variance 3)."""
+    from sigprop.model.positions import NodeGrid
+    L = 40
+    r, S, _ = _stream(L)
+    grid = NodeGrid(L, head=L)
+    p = _params(L, 3.0, r)
+    x = Forward(0.0, 1.0, r)
+    kw_e = profile.key_weights(p, x, S)
+    kw_g = profile.key_weights(p, x, S, grid)
+    low = np.tril(np.ones((L, L)), 0).astype(bool)
+    for a, b in zip(kw_e, kw_g):
+        assert np.max(np.abs(a - b)[low]) < 1e-9
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((L, L)) * 0.05
+    C = 0.7 * np.eye(L) + 0.3 + (A + A.T) / 2
+    np.fill_diagonal(C, 1.0 + np.linspace(2.0, 0.0, L))
+    C /= np.mean(np.diag(C))
+    g = Backward(1.0, 0.3)
+    e = profile.attention_backward(p, x, g, C, None, None, kw=kw_e)
+    gg = profile.attention_backward(p, x, g, C, None, grid, kw=kw_g)
+    assert abs(e[0] / gg[0] - 1) < 1e-9 and abs(e[1] / gg[1] - 1) < 1e-9
+    assert np.max(np.abs(e[2] - gg[2])) < 1e-9 * np.max(np.abs(e[2]))
+    # and the weights matter here: against exchangeable keys the variance factor moves
+    assert abs(e[0] / profile.attention_backward(p, x, g, C, None, None)[0] - 1) > 0.01
