@@ -1049,26 +1049,14 @@ def _series_coefs(s0: float, n: np.ndarray):
     the common variance ``s0``: for E[P_j] and E[P_j^2], (f0, A, B, A2, C, B2, E), each an array
     over the rows.  Computed at nodes _KEY_COEF_STEP apart in log s (memoised per node and row
     lengths: consecutive layers of a deep model share them) and interpolated in log s0 (cubic
-    Lagrange through the four nearest nodes)."""
+    Lagrange through the four nearest nodes); shape (2, 7, rows)."""
     x = math.log(max(s0, 1e-300)) / _KEY_COEF_STEP
     k0 = int(math.floor(x)) - 1
     t = x - k0
     key = np.ascontiguousarray(n, dtype=float).tobytes()
-    nodes = [_series_coefs_at(k0 + j, key) for j in range(4)]
-    out = []
-    for a in range(2):
-        coefs = []
-        for c in range(7):
-            v = 0.0
-            for j in range(4):
-                w = 1.0
-                for q in range(4):
-                    if q != j:
-                        w *= (t - q) / (j - q)
-                v = v + w * nodes[j][a][c]
-            coefs.append(v)
-        out.append(coefs)
-    return out
+    nodes = np.stack([_series_coefs_at(k0 + j, key) for j in range(4)])     # (4, 2, 7, rows)
+    w = [math.prod((t - q) / (j - q) for q in range(4) if q != j) for j in range(4)]
+    return np.tensordot(np.array(w), nodes, axes=1)                            # (2, 7, rows)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1098,11 +1086,10 @@ def _series_coefs_at(k: int, nkey: bytes):
         B2 = (f[3] - 2 * f0 + f[4]) / h**2
         C = (f[5] - f[6] - f[7] + f[8]) / (4 * h * h)
         E = (f[9] - f[10] - f[11] + f[12]) / (4 * h * h)
-        cs = (f0, A, B, A2, C, B2, E)
-        for c in cs:
-            c.flags.writeable = False
-        out.append(cs)
-    return tuple(out)
+        out.append(np.stack((f0, A, B, A2, C, B2, E)))
+    out = np.stack(out)
+    out.flags.writeable = False
+    return out
 
 
 def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
