@@ -122,6 +122,8 @@ pair correlation.  Causal rows: the same at each row length n.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -1004,6 +1006,90 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
 #: the smallest per-key logit variance, relative to the row's, that :func:`key_weights` uses
 #: (the first-order scales of a strongly structured stream could fall below 0)
 KEY_REL_MIN = 0.02
+#: :func:`key_weights` expands the moments to second order in the keys' variance offsets
+#: where the largest offset (in units of logit variance) is at most this
+KEY_SERIES_MAX = 0.1
+#: the relative step of the finite differences in :func:`_key_weights_series`
+_KEY_FD_STEP = 0.1
+
+
+def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
+    """:func:`key_weights` to second order in the per-key variance offsets ``dv`` (rows, keys)
+    about the common row variance ``s0``.  By exchangeability, a moment of key j's weight in a
+    row of n keys (n = the row's counts' sum) expands as
+
+        h + A x_j + B R1 + A2 x_j^2/2 + C x_j R1 + B2 R2/2 + E (R1^2 - R2)/2,
+
+    x_j = dv_j, R1 = D1 - x_j and R2 = D2 - x_j^2 the sums of the other keys' offsets and
+    squared offsets (D1, D2 over the whole row, each key times its count), with one set of
+    coefficients per row length: the first and second derivatives in key j's own variance and
+    another key's, and the mixed ones (j and another; two others), from :func:`_series_coefs`:
+    the cost does not grow with the number of keys.  The
+    error is third order in the offsets."""
+    n = counts.sum(axis=1)
+    D1 = (counts * dv).sum(axis=1)[:, None]
+    D2 = (counts * dv * dv).sum(axis=1)[:, None]
+    R1, R2 = D1 - dv, D2 - dv * dv
+    many = (n > 1.0 + 1e-9)[:, None]
+    out = []
+    for f0, A, B, A2, C, B2, E in _series_coefs(s0, n):
+        f0, A, B, A2, C, B2, E = (c[:, None] for c in (f0, A, B, A2, C, B2, E))
+        m = f0 + A * dv + B * R1 + A2 * dv * dv / 2 + C * dv * R1 + B2 * R2 / 2 + E * (R1 * R1 - R2) / 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out.append(np.where(many & (f0 > 0), m / f0, 1.0))
+    return out[0], out[1]
+
+
+#: the log-variance step of the nodes at which :func:`_series_coefs` evaluates its coefficients
+_KEY_COEF_STEP = 0.05
+
+
+def _series_coefs(s0: float, n: np.ndarray):
+    """The coefficients of :func:`_key_weights_series` for rows of lengths ``n`` (an array) at
+    the common variance ``s0``: for E[P_j] and E[P_j^2], (f0, A, B, A2, C, B2, E), each an array
+    over the rows.  Computed at nodes _KEY_COEF_STEP apart in log s (memoised per node and row
+    lengths: consecutive layers of a deep model share them) and interpolated in log s0 (cubic
+    Lagrange through the four nearest nodes); shape (2, 7, rows)."""
+    x = math.log(max(s0, 1e-300)) / _KEY_COEF_STEP
+    k0 = int(math.floor(x)) - 1
+    t = x - k0
+    key = np.ascontiguousarray(n, dtype=float).tobytes()
+    nodes = np.stack([_series_coefs_at(k0 + j, key) for j in range(4)])     # (4, 2, 7, rows)
+    w = [math.prod((t - q) / (j - q) for q in range(4) if q != j) for j in range(4)]
+    return np.tensordot(np.array(w), nodes, axes=1)                            # (2, 7, rows)
+
+
+@functools.lru_cache(maxsize=4096)
+def _series_coefs_at(k: int, nkey: bytes):
+    """:func:`_series_coefs` at the node s = exp(k _KEY_COEF_STEP) for the row lengths packed in
+    ``nkey``: finite differences (relative step _KEY_FD_STEP) of the independent-row moments on
+    four-class rows [j, k, l, the other n - 3] (shorter rows: the classes they have), all in
+    one call."""
+    from sigprop.rules.softmax_moments import independent_row_moments
+    n = np.frombuffer(nkey, dtype=float)
+    s0 = math.exp(k * _KEY_COEF_STEP)
+    R = len(n)
+    h = _KEY_FD_STEP * s0
+    pts = [(0, 0, 0), (1, 0, 0), (-1, 0, 0), (0, 1, 0), (0, -1, 0), (1, 1, 0), (1, -1, 0), (-1, 1, 0),
+           (-1, -1, 0), (0, 1, 1), (0, 1, -1), (0, -1, 1), (0, -1, -1)]
+    S = np.concatenate([np.stack([np.full(R, s0 + h * p[0]), np.full(R, s0 + h * p[1]),
+                                  np.full(R, s0 + h * p[2]), np.full(R, s0)], axis=1) for p in pts])
+    Cn = np.tile(np.stack([np.ones(R), np.clip(n - 1.0, 0.0, 1.0), np.clip(n - 2.0, 0.0, 1.0),
+                           np.maximum(n - 3.0, 0.0)], axis=1), (len(pts), 1))
+    out = []
+    for e in independent_row_moments(S, Cn):
+        f = e[:, 0].reshape(len(pts), R)
+        f0 = f[0]
+        A = (f[1] - f[2]) / (2 * h)
+        B = (f[3] - f[4]) / (2 * h)
+        A2 = (f[1] - 2 * f0 + f[2]) / h**2
+        B2 = (f[3] - 2 * f0 + f[4]) / h**2
+        C = (f[5] - f[6] - f[7] + f[8]) / (4 * h * h)
+        E = (f[9] - f[10] - f[11] + f[12]) / (4 * h * h)
+        out.append(np.stack((f0, A, B, A2, C, B2, E)))
+    out = np.stack(out)
+    out.flags.writeable = False
+    return out
 
 
 def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
@@ -1045,6 +1131,8 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
     if not v_tok > 0:
         return np.ones(rel.shape), np.ones(rel.shape)
     tot = counts.sum(axis=1, keepdims=True)
+    if v_tok * float(np.max(np.abs(rel - 1.0), initial=0.0)) <= KEY_SERIES_MAX:
+        return _key_weights_series(v_tok * (rel - 1.0), counts, v_tok + v_common)
     e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
     with np.errstate(divide="ignore", invalid="ignore"):

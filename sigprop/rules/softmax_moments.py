@@ -207,14 +207,47 @@ _HS_LO, _HS_HI, _HS_STEP = float(np.log(1e-6)), float(np.log(300.0)), 0.05
 _HW_STEP, _HW_LO, _HW_HI = 0.05, -540.0, 280.0
 _HU_LO, _HU_HI, _HU_EVERY = -300.0, 60.0, 2
 _HET: dict = {}
+#: the (row, key, u) entries :func:`independent_row_moments` evaluates in one array operation
+_ROW_BLOCK = 1 << 18
 
 
-def _het_tables():
+def _het_base():
+    """(u grid, log-variance grid, w-grid FFTs of G_0..G_2, their frequencies, nfft, kept w
+    indices): what every row of the tables is computed from (memoised)."""
+    if "base" not in _HET:
+        w = np.arange(_HW_LO, _HW_HI + _HW_STEP / 2, _HW_STEP)
+        nfft = 1 << int(np.ceil(np.log2(2 * len(w))))
+        ew = np.exp(w)
+        base = np.exp(-ew)
+        F = [np.fft.rfft(g, nfft) for g in (base, base * ew, base * ew * ew)]
+        k = 2 * np.pi * np.fft.rfftfreq(nfft, _HW_STEP)
+        ls = np.arange(_HS_LO, _HS_HI + _HS_STEP / 2, _HS_STEP)
+        keep = np.nonzero((w >= _HU_LO - 1e-9) & (w <= _HU_HI + 1e-9))[0][::_HU_EVERY]
+        u = w[keep]
+        for arr in (u, ls):
+            arr.flags.writeable = False
+        _HET["base"] = (u, ls, F, k, nfft, keep)
+        _HET["rows"] = np.full((3, len(ls), len(u)), np.nan)
+        _HET["done"] = np.zeros(len(ls), dtype=bool)
+    return _HET["base"]
+
+
+def _het_tables(sub: slice | None = None):
     """(u grid, log-variance grid, log phi, log chi_1, log chi_2) as arrays (s, u): the
-    smoothed factors of the identity above for every tabulated variance (memoised: a pure
-    function of the module's constants; the arrays are read-only)."""
-    if "t" in _HET:
-        return _HET["t"]
+    smoothed factors of the identity above for the tabulated variances ``sub`` (a slice of the
+    variance grid; all by default), each variance's row computed by FFT the first time it is
+    asked for (memoised: a pure function of the module's constants)."""
+    u, ls, F, k, nfft, keep = _het_base()
+    sub = slice(0, len(ls)) if sub is None else sub
+    rows, done = _HET["rows"], _HET["done"]
+    todo = np.arange(len(ls))[sub][~done[sub]]
+    for i in todo:
+        kern = np.exp(-0.5 * math.exp(ls[i]) * k * k)
+        for a in range(3):
+            c = np.fft.irfft(F[a] * kern, nfft)[keep]
+            rows[a, i] = np.log(np.maximum(c, 1e-300))
+        done[i] = True
+    return u, ls, rows[0], rows[1], rows[2]
     w = np.arange(_HW_LO, _HW_HI + _HW_STEP / 2, _HW_STEP)
     nfft = 1 << int(np.ceil(np.log2(2 * len(w))))
     ew = np.exp(w)
@@ -277,7 +310,7 @@ def independent_row_moments(s, counts):
     counts = np.asarray(counts, dtype=float)
     if s.ndim != 2 or s.shape != counts.shape:
         raise ValueError("independent_row_moments: s and counts must be (rows, keys) arrays of one shape")
-    u, ls, lphi, lchi1, lchi2 = _het_tables()
+    u, ls = _het_base()[:2]
     smax = float(np.max(np.where(counts != 0, s, 0.0), initial=1e-6))
     smax = min(max(smax, 1e-6), 300.0)
     nmax = float(np.max(counts.sum(axis=1), initial=1.0))
@@ -291,20 +324,23 @@ def independent_row_moments(s, counts):
     lo_s, hi_s = max(0, int(np.searchsorted(ls, np.log(max(uniq[0], 1e-300))) - 2)), \
         min(len(ls), int(np.searchsorted(ls, np.log(max(uniq[-1], 1e-300)))) + 3)
     sub = slice(lo_s, hi_s) if hi_s - lo_s >= 4 else slice(0, len(ls))
+    lphi, lchi1, lchi2 = _het_tables(sub)[2:]
     facs = [_het_interp(np.ascontiguousarray(t[sub][:, cols]), ls[sub], uniq, None, ls[0])
             for t in (lphi, lchi1, lchi2)]
     lphi, lchi1, lchi2 = facs
     e1 = np.zeros(s.shape)
     e2 = np.zeros(s.shape)
-    for r in range(s.shape[0]):
-        if not np.any(counts[r] != 0):
-            continue
-        ir = inv[r]
-        lp = lphi[ir]                                         # (k, u)
-        lam = counts[r] @ lp                                  # sum over the row's keys
-        rest = lam[None, :] - lp
-        e1[r] = np.exp(rest + lchi1[ir]).sum(axis=1) * du
-        e2[r] = np.exp(rest + lchi2[ir]).sum(axis=1) * du
+    live = np.nonzero(np.any(counts != 0, axis=1))[0]
+    # rows in blocks of about _ROW_BLOCK (key, u) entries: one array operation per block
+    step = max(1, _ROW_BLOCK // max(1, s.shape[1] * len(cols)))
+    for b in range(0, len(live), step):
+        rr = live[b:b + step]
+        ir = inv[rr]                                          # (rows, k)
+        lp = lphi[ir]                                         # (rows, k, u)
+        lam = np.einsum("rk,rku->ru", counts[rr], lp)         # sum over each row's keys
+        rest = lam[:, None, :] - lp
+        e1[rr] = np.exp(rest + lchi1[ir]).sum(axis=2) * du
+        e2[rr] = np.exp(rest + lchi2[ir]).sum(axis=2) * du
     return e1, e2
 
 
