@@ -297,3 +297,16 @@ def test_node_grid_size_grows_with_log_L_and_is_shared_read_only():
     assert not g.Wh.flags.writeable and not g.Moff.flags.writeable
     with pytest.raises(ValueError):
         g.Wh[0, 0, 0] = 1.0
+
+
+def test_utxu_diag_weighted_is_the_diagonal_of_each_weighted_product():
+    from sigprop.model.positions import NodeGrid
+
+    rng = np.random.default_rng(3)
+    g = NodeGrid(300)
+    nb = g.size
+    X = rng.standard_normal((nb, nb))
+    X = X + X.T
+    W = 1 + 0.3 * rng.standard_normal((nb, nb))
+    want = np.array([g.UtXU_diag(X * np.outer(W[:, j], W[:, j]))[j] for j in range(nb)])
+    np.testing.assert_allclose(g.UtXU_diag_weighted(X, W), want, rtol=1e-11, atol=1e-13 * np.abs(want).max())

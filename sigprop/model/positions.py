@@ -554,6 +554,14 @@ class NodeGrid:
         """The diagonal of :meth:`UtXU` only."""
         return self._diag_op @ X.ravel()
 
+    def UtXU_diag_weighted(self, X: np.ndarray, W: np.ndarray) -> np.ndarray:
+        """Entry j of the diagonal of U^T (X o w_j w_j^T) U for every j, w_j = W[:, j] (a
+        weight per row for each column j): one contraction of the diagonal's operator."""
+        nb = self.size
+        op = self._diag_op.reshape(nb, nb, nb)
+        M = np.matmul(op * X, W.T[:, :, None])[:, :, 0]        # M[j, i] = sum_k op[j, i, k] X[i, k] W[k, j]
+        return (M * W.T).sum(axis=1)
+
     def UtDU(self, a: np.ndarray) -> np.ndarray:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
         s = self.S2 @ a

@@ -543,7 +543,7 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None):
         Mk = Co * grid.key_pair_weights()
         X = Co + Mk
         pu = grid.UtXU_diag(X)
-        pw = np.array([grid.UtXU_diag(X * np.outer(w1[:, j], w1[:, j]))[j] for j in range(grid.size)])
+        pw = grid.UtXU_diag_weighted(X, w1)
     # (a key no pair of rows attends to, the last one, has pu = 0 up to rounding: factor 1)
     ok_f = np.abs(plain) > 1e-12 * np.max(np.abs(plain), initial=0.0)
     ok_p = np.abs(pu) > 1e-12 * np.max(np.abs(pu), initial=0.0)

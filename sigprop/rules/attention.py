@@ -1009,6 +1009,9 @@ KEY_REL_MIN = 0.02
 #: :func:`key_weights` expands the moments to second order in the keys' variance offsets
 #: where the largest offset (in units of logit variance) is at most this
 KEY_SERIES_MAX = 0.1
+#: below this largest offset the weights are 1 (exchangeable keys): they would differ from 1 by
+#: about half of it, below the accuracy of the statistics tables (1e-4)
+KEY_EXCHANGEABLE_MAX = 1e-5
 #: the relative step of the finite differences in :func:`_key_weights_series`
 _KEY_FD_STEP = 0.1
 
@@ -1041,7 +1044,7 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
 
 
 #: the log-variance step of the nodes at which :func:`_series_coefs` evaluates its coefficients
-_KEY_COEF_STEP = 0.05
+_KEY_COEF_STEP = 0.2
 
 
 def _series_coefs(s0: float, n: np.ndarray):
@@ -1131,7 +1134,10 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
     if not v_tok > 0:
         return np.ones(rel.shape), np.ones(rel.shape)
     tot = counts.sum(axis=1, keepdims=True)
-    if v_tok * float(np.max(np.abs(rel - 1.0), initial=0.0)) <= KEY_SERIES_MAX:
+    offset = v_tok * float(np.max(np.abs(rel - 1.0), initial=0.0))
+    if offset <= KEY_EXCHANGEABLE_MAX:
+        return np.ones(rel.shape), np.ones(rel.shape)
+    if offset <= KEY_SERIES_MAX:
         return _key_weights_series(v_tok * (rel - 1.0), counts, v_tok + v_common)
     e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
