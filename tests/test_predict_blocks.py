@@ -96,14 +96,18 @@ def test_final_norm_backward():
     gradient is the LayerNorm's backward at the stream's variance s2, about g2 / (s2 + eps)
     less the removed directions and the per-token variance's spread (between (d - 3)/d and
     1 of it).  Below, a Pre-LN stack's backward is linear in the gradient's variance (token
-    correlation 0 here): every point's gradient scales by that same factor."""
+    correlation 0 here): every point's gradient scales by that same factor, up to the per-token
+    slope the final norm starts (GradState.slope), which raises the gradient below by O(1/d)
+    per FFN norm and never lowers it."""
     m = _base(n=2)
     plain, fin = predict(m), predict(m.replace(final_norm=True))
     assert [p.var for p in fin] == [p.var for p in plain]      # forward points: the stream
     s2 = plain[-1].var
     k = fin[-1].gvar / plain[-1].gvar
     assert (m.d_model - 3) / m.d_model / s2 < k < (m.d_model + 3) / m.d_model / s2
-    assert [p.gvar / q.gvar for p, q in zip(fin, plain)] == pytest.approx([k] * len(fin), rel=1e-9)
+    ratios = [p.gvar / q.gvar / k for p, q in zip(fin, plain)]
+    assert ratios == pytest.approx([1.0] * len(fin), rel=1e-3)
+    assert all(r >= 1 - 1e-12 for r in ratios) and ratios[-1] == 1.0
 
 
 def test_rmsnorm_model_close_to_layernorm_for_a_zero_mean_stream():

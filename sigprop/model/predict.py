@@ -360,6 +360,33 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
 #: removes (LayerNorm: the all-ones vector and the output; RMSNorm: the output)
 _GENERIC = {"layernorm": "g_generic", "rmsnorm": "g_generic_rms"}
 
+#: the norm rules' parameter for the slope of the upstream gradient's relative per-token mean
+#: square on the input's relative per-token variance (rules.layernorm.token_slope_below)
+_SLOPE = {"layernorm": "g_slope", "rmsnorm": "g_slope_rms"}
+
+
+def _eps_share(log_var: float, eps: float) -> float:
+    """v/(v + eps) for a stream of log variance ``log_var`` (clipped to float range)."""
+    v = math.exp(min(max(log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT))
+    return v / (v + eps)
+
+
+def _plain_pre(rec: SublayerRecord) -> bool:
+    """A pre-norm unit with one branch and no other norm (after the sum, on the branch
+    output): the units through which the per-token gradient slope is carried."""
+    return rec.in_norm and not rec.post and rec.parts is None and rec.out_ops is None
+
+
+def _slope_at_norm(rec: SublayerRecord, slope: float) -> float:
+    """The slope (GradState.slope) the input norm of ``rec`` sees, from the slope at its output:
+    times the skip path's share a^2 v_in / v_out of the output's variance
+    (rules.layernorm.token_slope_below); 0 for a unit other than :func:`_plain_pre`'s (not
+    carried there)."""
+    if not slope or not _plain_pre(rec):
+        return 0.0
+    lx = rec.log_a2 + rec.x_log_var - rec.out_log_var
+    return 0.0 if math.isnan(lx) else slope * math.exp(min(0.0, lx))
+
 
 #: the norm rules' kappa of a normalised branch output (Predictor._out_norm_stats)
 _OUT_KAPPA = {"layernorm": layernorm.branch_output_kappa, "rmsnorm": rmsnorm.branch_output_kappa}
@@ -942,14 +969,16 @@ class Predictor:
             kw, kc, w = profile.layernorm_backward(w, s.prof, *_gains(lambda q: _bwd(op, q)), grid=G)
             gb = Backward(gb.var, gb.corr * kc / kw)
         lg = g.log_gvar + math.log(gb.var * kw) + self._ln_log_adjust(s.log_var) if gb.var > 0 else -math.inf
-        # its Jacobian leaves nothing along the stream's direction (LayerNorm: nor along 1)
-        return GradState(lg, gb.corr, (0.0, 0.0) if self.model.norm == "layernorm" else (1.0, 0.0), w)
+        # its Jacobian leaves nothing along the stream's direction (LayerNorm: nor along 1);
+        # below it a token's gradient scales as 1/(s_t + eps): slope -v/(v + eps)
+        slope = -_eps_share(s.log_var, self.model.norm_eps)
+        return GradState(lg, gb.corr, (0.0, 0.0) if self.model.norm == "layernorm" else (1.0, 0.0), w, slope)
 
     def _unit_backward(self, rec: SublayerRecord, g: GradState) -> GradState:
         """One residual unit, top down: the gradient state w.r.t. the stream entering ``rec``
         from the one after it (``g``); sets ``rec.gains`` (and, causal, ``rec.g_prof``)."""
         G = self.grid
-        lg, gc, gen, w = g
+        lg, gc, gen, w, slope = g
         z_gain = 1.0
         if rec.post:
             # through the norm after the residual sum, then split into skip and branch
@@ -972,6 +1001,11 @@ class Predictor:
         else:
             gbr, u, lg_branch_extra = self._parts_backward(rec.parts, gc, w)
             ku = kc = 1.0
+        slope_norm = _slope_at_norm(rec, slope)
+        if slope_norm and rec.kind == "ffn" and rec.pre_ops[0].rule in _SLOPE:
+            # the FFN's norm (attention mixes the tokens' gradients: its norm is left at 0)
+            op = rec.pre_ops[0]
+            op.params = {**op.params, _SLOPE[op.rule]: slope_norm}      # a new dict (Rule.fast)
         if rec.in_norm:
             for op in reversed(rec.pre_ops):
                 if w is not None:
@@ -990,6 +1024,9 @@ class Predictor:
         if w is not None:
             w = profile.mix(_share(rec.log_a2, log_bg), w, _share(log_bg, rec.log_a2), u)
         gen = _generic_below(rec, gen)
+        # below the unit: the skip part keeps slope_norm, the branch part scales as 1/(s_t + eps)
+        if math.isfinite(log_bg) and _plain_pre(rec):
+            slope_norm -= _share(log_bg, rec.log_a2) * _eps_share(rec.s_in.log_var, self.model.norm_eps)
         # skip path a, branch path g (relative to exp(lg)); independent: variances add
         ref, v1, v2 = _weights(rec.log_a2, log_bg)
         lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, gbr.corr), 1.0)
@@ -1007,7 +1044,7 @@ class Predictor:
             lsum += math.log1p(c)
         if w is not None:
             rec.g_prof = w.diagonal().copy()
-        return GradState(lg + lsum, gsum.corr, gen, w)
+        return GradState(lg + lsum, gsum.corr, gen, w, slope_norm)
 
     def _branch_backward(self, rec, g: Backward, w):
         """Through one branch's output norm and rule chain (table or op by op), top down, for

@@ -21,7 +21,9 @@ Which code writes which field:
 * ``log_gvar``, ``gcorr``: the rules' ``backward`` (norms, branch chains; the residual rule for
   the sum of the skip and branch gradients); ``gen``: the predictor's share split
   (``predict._generic_below``, with ``rules.residual``'s Post-LN shares), read by the norm
-  rules as ``g_generic`` / ``g_generic_rms``; ``w`` (causal): ``model.profile``.
+  rules as ``g_generic`` / ``g_generic_rms``; ``w`` (causal): ``model.profile``; ``slope``:
+  ``rules.layernorm.token_slope_below`` down a pre-norm unit (the final norm's backward sets
+  its start), read by the norm rules as ``g_slope`` / ``g_slope_rms``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class GradState(NamedTuple):
     gen: tuple = (1.0, 1.0)       # its shares along the all-ones vector and along the stream's
                                   # direction, relative to an isotropic gradient
     w: object = None              # causal: its covariance over positions (mean diagonal 1)
+    slope: float = 0.0            # slope of its relative per-token mean square on the stream's
+                                  # relative per-token variance here (0: independent of it)
 
 
 class UnitGains(NamedTuple):
