@@ -377,15 +377,14 @@ def _plain_pre(rec: SublayerRecord) -> bool:
     return rec.in_norm and not rec.post and rec.parts is None and rec.out_ops is None
 
 
-def _slope_at_norm(rec: SublayerRecord, slope: float) -> float:
-    """The slope (GradState.slope) the input norm of ``rec`` sees, from the slope at its output:
-    times the skip path's share a^2 v_in / v_out of the output's variance
-    (rules.layernorm.token_slope_below); 0 for a unit other than :func:`_plain_pre`'s (not
-    carried there)."""
-    if not slope or not _plain_pre(rec):
+def _skip_share(rec: SublayerRecord) -> float:
+    """The skip path's share a^2 v_in / v_out of a :func:`_plain_pre` unit's output variance (at
+    most 1), the ``skip_share`` of rules.layernorm.token_slope_below; 0 for other units (the
+    slope is not carried through them)."""
+    if not _plain_pre(rec):
         return 0.0
     lx = rec.log_a2 + rec.x_log_var - rec.out_log_var
-    return 0.0 if math.isnan(lx) else slope * math.exp(min(0.0, lx))
+    return 0.0 if math.isnan(lx) else math.exp(min(0.0, lx))
 
 
 #: the norm rules' kappa of a normalised branch output (Predictor._out_norm_stats)
@@ -1001,7 +1000,10 @@ class Predictor:
         else:
             gbr, u, lg_branch_extra = self._parts_backward(rec.parts, gc, w)
             ku = kc = 1.0
-        slope_norm = _slope_at_norm(rec, slope)
+        # the slope the unit's input norm sees (rules.layernorm.token_slope_below; it does not
+        # depend on the branch's share, known only below)
+        skip = _skip_share(rec) if slope else 0.0
+        slope_norm = layernorm.token_slope_below(slope, skip, 0.0, 1.0, 0.0)[0]
         if slope_norm and rec.kind == "ffn" and rec.pre_ops[0].rule in _SLOPE:
             # the FFN's norm (attention mixes the tokens' gradients: its norm is left at 0)
             op = rec.pre_ops[0]
@@ -1025,8 +1027,11 @@ class Predictor:
             w = profile.mix(_share(rec.log_a2, log_bg), w, _share(log_bg, rec.log_a2), u)
         gen = _generic_below(rec, gen)
         # below the unit: the skip part keeps slope_norm, the branch part scales as 1/(s_t + eps)
+        slope_in = slope_norm
         if math.isfinite(log_bg) and _plain_pre(rec):
-            slope_norm -= _share(log_bg, rec.log_a2) * _eps_share(rec.s_in.log_var, self.model.norm_eps)
+            v_in = math.exp(min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT))
+            slope_in = layernorm.token_slope_below(slope, skip, _share(log_bg, rec.log_a2), v_in,
+                                                   self.model.norm_eps)[1]
         # skip path a, branch path g (relative to exp(lg)); independent: variances add
         ref, v1, v2 = _weights(rec.log_a2, log_bg)
         lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, gbr.corr), 1.0)
@@ -1044,7 +1049,7 @@ class Predictor:
             lsum += math.log1p(c)
         if w is not None:
             rec.g_prof = w.diagonal().copy()
-        return GradState(lg + lsum, gsum.corr, gen, w, slope_norm)
+        return GradState(lg + lsum, gsum.corr, gen, w, slope_in)
 
     def _branch_backward(self, rec, g: Backward, w):
         """Through one branch's output norm and rule chain (table or op by op), top down, for
