@@ -533,9 +533,9 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None):
         wsum = (w2 * y[:, None]).sum(axis=0)
         A = w1 / n[:, None]
         U = np.tril(np.ones((L, L))) / n[:, None]
-        Mk = Co * _key_pair_weights(L)
-        pw = np.einsum("ij,ik,kj->j", A, Co, A) + np.einsum("ij,ik,kj->j", A, Mk, A)
-        pu = np.einsum("ij,ik,kj->j", U, Co, U) + np.einsum("ij,ik,kj->j", U, Mk, U)
+        X = Co * (1.0 + _key_pair_weights(L))
+        pw = np.einsum("ij,ik,kj->j", A, X, A)
+        pu = np.einsum("ij,ik,kj->j", U, X, U)
     else:
         y = d * spread
         plain = grid.suffix_h(y)

@@ -1058,8 +1058,8 @@ def _series_coefs(s0: float, n: np.ndarray):
     t = x - k0
     key = np.ascontiguousarray(n, dtype=float).tobytes()
     nodes = np.stack([_series_coefs_at(k0 + j, key) for j in range(4)])     # (4, 2, 7, rows)
-    w = [math.prod((t - q) / (j - q) for q in range(4) if q != j) for j in range(4)]
-    return np.tensordot(np.array(w), nodes, axes=1)                            # (2, 7, rows)
+    from sigprop.rules.softmax_moments import cubic_weights
+    return np.tensordot(np.array(cubic_weights(t)), nodes, axes=1)             # (2, 7, rows)
 
 
 @functools.lru_cache(maxsize=4096)

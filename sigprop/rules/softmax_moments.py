@@ -248,26 +248,11 @@ def _het_tables(sub: slice | None = None):
             rows[a, i] = np.log(np.maximum(c, 1e-300))
         done[i] = True
     return u, ls, rows[0], rows[1], rows[2]
-    w = np.arange(_HW_LO, _HW_HI + _HW_STEP / 2, _HW_STEP)
-    nfft = 1 << int(np.ceil(np.log2(2 * len(w))))
-    ew = np.exp(w)
-    base = np.exp(-ew)
-    G = [base, base * ew, base * ew * ew]
-    F = [np.fft.rfft(g, nfft) for g in G]
-    k = 2 * np.pi * np.fft.rfftfreq(nfft, _HW_STEP)
-    ls = np.arange(_HS_LO, _HS_HI + _HS_STEP / 2, _HS_STEP)
-    keep = np.nonzero((w >= _HU_LO - 1e-9) & (w <= _HU_HI + 1e-9))[0][::_HU_EVERY]
-    u = w[keep]
-    out = np.empty((3, len(ls), len(u)))
-    for i, s in enumerate(np.exp(ls)):
-        kern = np.exp(-0.5 * s * k * k)
-        for a in range(3):
-            c = np.fft.irfft(F[a] * kern, nfft)[keep]
-            out[a, i] = np.log(np.maximum(c, 1e-300))
-    for arr in (u, ls, out):
-        arr.flags.writeable = False
-    _HET["t"] = (u, ls, out[0], out[1], out[2])
-    return _HET["t"]
+
+
+def cubic_weights(t):
+    """The four cubic Lagrange weights at t (a number or an array) through nodes 0, 1, 2, 3."""
+    return [math.prod((t - q) / (j - q) for q in range(4) if q != j) for j in range(4)]
 
 
 def _het_interp(table, ls, s, cols=None, clip_lo=None):
@@ -279,14 +264,8 @@ def _het_interp(table, ls, s, cols=None, clip_lo=None):
     x = (np.log(np.clip(s, np.exp(lo), np.exp(_HS_HI))) - ls[0]) / _HS_STEP
     i0 = np.clip(np.floor(x).astype(np.int64) - 1, 0, len(ls) - 4)
     t = (x - i0)[..., None]
-    out = 0.0
     nodes = [table[i0 + j] if cols is None else table[i0 + j][..., cols] for j in range(4)]
-    for j in range(4):
-        c = 1.0
-        for k in range(4):
-            if k != j:
-                c = c * (t - k) / (j - k)
-        out = out + c * nodes[j]
+    out = sum(c * nd for c, nd in zip(cubic_weights(t), nodes))
     # where a factor underflows (its log clipped at log 1e-300) the cubic would overshoot:
     # keep the result within the four nodes' range
     return np.clip(out, np.minimum.reduce(nodes), np.maximum.reduce(nodes))
