@@ -838,7 +838,12 @@ class Predictor:
                      - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
             return slope * dev
         mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
-        vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
+        if isinstance(rec.chain_table, tables.Table):
+            # the seven table rows in one product: var * corr = var * (cov / var) (0 where var <= 0)
+            tr = rec.chain_table.rows_at((mid + half * _PAIR_T).tolist(), h.var)
+            vals = np.where(tr[1] > 0, tr[1] * (tr[2] / tr[1]), 0.0 * tr[1])
+        else:
+            vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
         # the interpolating polynomial (degree 6 through the 7 nodes) in the power basis of
         # the mapped variable t = (r - mid) / half, within [-1, 1], evaluated in place by
         # Horner's rule (a few passes over the matrix and no temporaries)

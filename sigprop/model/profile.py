@@ -43,6 +43,8 @@ them over positions:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from sigprop.backend import numeric
@@ -393,27 +395,34 @@ def _flat_kernel_means_graded(grid) -> tuple[float, float, float]:
     return _KFG[key]
 
 
+def _pair_terms(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The one-row covariance term of :func:`_terms_graded` (``a``) alone."""
+    return np.where(n > 1, d * np.asarray(r["same_c"], float) * n / np.maximum(n - 1, 1), 0.0)
+
+
 def _terms_graded(r: dict, d: np.ndarray, grid):
     n = grid.n
-    spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
+    spread, local = (np.asarray(r[k], float) for k in ("spread", "local"))
     diag = grid.suffix_h(d * spread) + d * local
-    a = np.where(n > 1, d * same_c * n / np.maximum(n - 1, 1), 0.0)
-    return diag, a
+    return diag, _pair_terms(r, d, n)
 
 
 def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
     quadratures, sigprop.model.positions)."""
-    diag, a = _terms_graded(r, np.diag(C).copy(), grid)
-    if kw is not None:
-        f, rho, wsum = _weighted(r, C, kw, grid)
-        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     Co = _offdiag(C)
+    Mk = Co * grid.key_pair_weights()
+    if kw is None:
+        diag, a = _terms_graded(r, np.diag(C).copy(), grid)
+    else:
+        a = _pair_terms(r, np.diag(C).copy(), grid.n)
+        f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk))
+        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     K = grid.UtXU(Co)
     kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
-    pairs = kv * np.diag(K) + kk * grid.UtXU_diag(Co * grid.key_pair_weights(), inplace=True)
+    pairs = kv * np.diag(K) + kk * grid.UtXU_diag(Mk, inplace=True)
     ko = float(r["cross_c"]) / kf_off
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
@@ -458,6 +467,19 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b != 0 and np.isfinite(a / b) else 1.0
 
 
+_LOWER: dict = {}
+
+
+def _lower(nb: int) -> np.ndarray:
+    """The boolean lower triangle (diagonal included) of an nb x nb matrix (memoised,
+    read-only)."""
+    low = _LOWER.get(nb)
+    if low is None:
+        low = _LOWER[nb] = np.tril(np.ones((nb, nb), dtype=bool), 0)
+        low.flags.writeable = False
+    return low
+
+
 def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np.ndarray]:
     """(rel, counts) for :func:`sigprop.rules.attention.key_weights`: per causal row i (a
     position, or a node of ``grid``) and key j, the variance of key j's token-varying logit
@@ -466,7 +488,8 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
     S_jk over the row's keys k != j, mu_i the mean of S over the row's pairs of keys; and how
     many keys each entry stands for (1 on and below the diagonal, 0 above; on a grid, row i's
     quadrature weights over the nodes for the sum over its keys 0..x_i, whose stencils may
-    reach nodes above x_i: there rel is held at its value at x_i).  Row 0 (one key) is 1."""
+    reach nodes above x_i: there rel is held at its value at x_i; the grid's own read-only
+    array).  Row 0 (one key) is 1."""
     one_minus_r = max(1.0 - float(r), 1e-12)
     if grid is None:
         L = len(S)
@@ -478,21 +501,41 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
     else:
         n = grid.n
         nb = grid.size
+        low = _lower(nb)
         D = grid._limit_values(S)
         # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
         # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
         P = np.matmul(grid.Wp, S[:, :, None])[:, :, 0]
-        P -= D[:, None] * (np.arange(nb)[:, None] <= np.arange(nb)[None, :])
-        low = np.tril(np.ones((nb, nb)), 0).astype(bool)
+        P -= D[:, None] * low.T
         m = P.T / np.maximum(n - 1.0, 1.0)[:, None]
         m = np.where(low, m, np.diagonal(m)[:, None])       # held at x_i beyond the diagonal
-        counts = np.array(grid.Pf, dtype=float)
+        counts = grid.Pf
         mu = (counts * m).sum(axis=1) / n
     rel = 1.0 + (mu[:, None] - 2.0 * m) / one_minus_r
     rel[0] = 1.0
     if grid is None:
         rel = np.where(counts > 0, rel, 1.0)
     return rel, counts
+
+
+@functools.lru_cache(maxsize=4096)
+def _stored_series_coefs(k: int, nkey: bytes) -> np.ndarray:
+    """The per-key weights' series coefficients at log-variance node k for the row lengths
+    packed in ``nkey`` (sigprop.rules.attention._series_coefs_at) through the on-disk table
+    store: computed once (~10 ms a node: smoothing tables by FFT and finite differences of
+    the independent-row moments), then loaded, the same float64 numbers.  Memoised per
+    process; read-only."""
+    from sigprop.rules import attention
+    rows = len(nkey) // 8
+    skey = store.key("keyseries", k, nkey)
+    arr = store.load(skey)
+    if arr is not None and arr.size == 14 * rows:
+        out = arr.reshape(2, 7, rows)
+    else:
+        out = np.array(attention._series_coefs_at(k, nkey))
+        store.save(skey, out.ravel())
+    out.flags.writeable = False
+    return out
 
 
 def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
@@ -503,11 +546,11 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
     for S = 0."""
     from sigprop.rules.attention import key_weights as _kw
     rel, counts = key_logit_scales(S, float(x.corr), grid)
-    w1, w2 = _kw(params, x, rel, counts)
+    w1, w2 = _kw(params, x, rel, counts, _stored_series_coefs)
     if grid is None:
         low = counts > 0
     else:
-        low = np.tril(np.ones(counts.shape), 0).astype(bool)
+        low = _lower(counts.shape[0])
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
         w1 = np.where(low, w1, np.diagonal(w1)[None, :])
@@ -516,15 +559,16 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
     return np.where(low, w1, 0.0), np.where(low, w2, 0.0)
 
 
-def _weighted(r: dict, C: np.ndarray, kw, grid=None):
+def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):
     """The per-key weights' factors on the attention's gradient kernels (see
     :func:`_attention_cov`): per key j, (f_j, rho_j, diag_j): f the factor on the one-row
     (value and key path) sum over the rows i >= j, rho that on the pair-of-rows sums, and the
-    weighted one-row sum itself."""
+    weighted one-row sum itself.  ``off``: on a grid, (C off the diagonal, the same times the
+    key pair weights) where the caller has them."""
     w1, w2 = kw
     d = np.diag(C).copy()
     spread = np.asarray(r["spread"], float)
-    Co = _offdiag(C)
+    Co = _offdiag(C) if off is None else off[0]
     if grid is None:
         L = len(C)
         n = np.arange(1.0, L + 1)
@@ -540,7 +584,7 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None):
         y = d * spread
         plain = grid.suffix_h(y)
         wsum = np.einsum("jl,lj->j", grid.Sh, w2 * y[:, None])
-        Mk = Co * grid.key_pair_weights()
+        Mk = Co * grid.key_pair_weights() if off is None else off[1]
         X = Co + Mk
         pu = grid.UtXU_diag(X)
         pw = grid.UtXU_diag_weighted(X, w1)

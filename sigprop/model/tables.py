@@ -584,6 +584,25 @@ class Table(_ChainTable):
         variance derivative together, the combination in plain floats)."""
         return self._row_at(self.x_of(x.corr), float(x.var))
 
+    def rows_at(self, corrs, var: float) -> np.ndarray:
+        """:meth:`row` at several input correlations ``corrs`` (one mean and variance ``var``)
+        at once: an array (k, len(corrs)), column c the row at corrs[c] (one matrix product
+        for all of them; the same numbers up to its rounding)."""
+        x0, span = self._x0[0], self._span[0]
+        phi = []
+        for c in corrs:
+            s = 2.0 * (self.x_of(c) - x0) / span - 1.0
+            phi.append(math.acos(1.0 if s > 1.0 else -1.0 if s < -1.0 else s))
+        basis = np.cos(np.multiply.outer(self._j[0], phi))
+        var = float(var)
+        if var == self.var:
+            return self.coef @ basis
+        if self.dvals is None:
+            self._derivative()
+        r = self._stacked @ basis
+        k = len(r) // 2
+        return r[:k] + (var - self.var) * r[k:]
+
     def _row_at(self, th: float, var: float) -> list:
         basis = self._basis(0, th)
         if var == self.var:

@@ -1016,7 +1016,7 @@ KEY_EXCHANGEABLE_MAX = 1e-5
 _KEY_FD_STEP = 0.1
 
 
-def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
+def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coefs=None):
     """:func:`key_weights` to second order in the per-key variance offsets ``dv`` (rows, keys)
     about the common row variance ``s0``.  By exchangeability, a moment of key j's weight in a
     row of n keys (n = the row's counts' sum) expands as
@@ -1028,18 +1028,24 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
     coefficients per row length: the first and second derivatives in key j's own variance and
     another key's, and the mixed ones (j and another; two others), from :func:`_series_coefs`:
     the cost does not grow with the number of keys.  The
-    error is third order in the offsets."""
+    error is third order in the offsets.  Evaluated as a quadratic in x_j with per-row
+    coefficients (R1 and R2 substituted), divided by h; rows of one key (and h <= 0) give 1."""
     n = counts.sum(axis=1)
-    D1 = (counts * dv).sum(axis=1)[:, None]
-    D2 = (counts * dv * dv).sum(axis=1)[:, None]
-    R1, R2 = D1 - dv, D2 - dv * dv
-    many = (n > 1.0 + 1e-9)[:, None]
-    out = []
-    for f0, A, B, A2, C, B2, E in _series_coefs(s0, n):
-        f0, A, B, A2, C, B2, E = (c[:, None] for c in (f0, A, B, A2, C, B2, E))
-        m = f0 + A * dv + B * R1 + A2 * dv * dv / 2 + C * dv * R1 + B2 * R2 / 2 + E * (R1 * R1 - R2) / 2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out.append(np.where(many & (f0 > 0), m / f0, 1.0))
+    cd = counts * dv
+    D1 = cd.sum(axis=1)
+    cd *= dv
+    D2 = cd.sum(axis=1)
+    f0, A, B, A2, C, B2, E = np.moveaxis(_series_coefs(s0, n, node_coefs), 1, 0)   # each (2, rows)
+    # the series as a quadratic in x_j per row (R1, R2 substituted), over f0
+    ok = (n > 1.0 + 1e-9) & (f0 > 0)
+    inv = ok / np.where(ok, f0, 1.0)
+    c0 = np.where(ok, (f0 + B * D1 + B2 * D2 / 2 + E * (D1 * D1 - D2) / 2) * inv, 1.0)
+    c1 = np.where(ok, (A - B + (C - E) * D1) * inv, 0.0)
+    c2 = np.where(ok, (A2 / 2 - C - B2 / 2 + E) * inv, 0.0)
+    out = c2[:, :, None] * dv
+    out += c1[:, :, None]
+    out *= dv
+    out += c0[:, :, None]
     return out[0], out[1]
 
 
@@ -1047,19 +1053,31 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
 _KEY_COEF_STEP = 0.2
 
 
-def _series_coefs(s0: float, n: np.ndarray):
+def _series_coefs(s0: float, n: np.ndarray, node_coefs=None):
     """The coefficients of :func:`_key_weights_series` for rows of lengths ``n`` (an array) at
     the common variance ``s0``: for E[P_j] and E[P_j^2], (f0, A, B, A2, C, B2, E), each an array
     over the rows.  Computed at nodes _KEY_COEF_STEP apart in log s (memoised per node and row
     lengths: consecutive layers of a deep model share them) and interpolated in log s0 (cubic
-    Lagrange through the four nearest nodes); shape (2, 7, rows)."""
+    Lagrange through the four nearest nodes); shape (2, 7, rows).  ``node_coefs(k, nkey)``: the
+    coefficients at node k (default :func:`_series_coefs_at`; the same numbers, e.g. kept on
+    disk)."""
     x = math.log(max(s0, 1e-300)) / _KEY_COEF_STEP
     k0 = int(math.floor(x)) - 1
     t = x - k0
     key = np.ascontiguousarray(n, dtype=float).tobytes()
-    nodes = np.stack([_series_coefs_at(k0 + j, key) for j in range(4)])     # (4, 2, 7, rows)
+    at = _series_coefs_at if node_coefs is None else node_coefs
+    nodes = _SERIES_NODES.get((k0, key, at))
+    if nodes is None:
+        if len(_SERIES_NODES) > 64:
+            _SERIES_NODES.clear()
+        nodes = _SERIES_NODES[(k0, key, at)] = np.stack([at(k0 + j, key) for j in range(4)])   # (4, 2, 7, rows)
     from sigprop.rules.softmax_moments import cubic_weights
     return np.tensordot(np.array(cubic_weights(t)), nodes, axes=1)             # (2, 7, rows)
+
+
+#: the four nodes' coefficients of :func:`_series_coefs`, stacked, per (first node, row
+#: lengths, source of the node coefficients)
+_SERIES_NODES: dict = {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1095,7 +1113,7 @@ def _series_coefs_at(k: int, nkey: bytes):
     return out
 
 
-def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
+def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
     """Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys),
     w1 = n_i E[P_ij] (the mean attention weight of key j in row i over the uniform 1/n_i) and
     w2 = E[P_ij^2] over the exchangeable row's E[P^2] = A2(n_i)/n_i.  Both are 1 for
@@ -1119,7 +1137,8 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
     row logit variance at its mean (the rule averages its statistics over the row-to-row law;
     here only the ratios are taken); QK-norm and rotary positions: the token-varying part
     (the rule's s_mean) carries the per-key scales, the rotary key-shared part
-    vsh (1 - kbar(L)) stays common to every key."""
+    vsh (1 - kbar(L)) stays common to every key.  ``node_coefs``: where the series
+    coefficients at their log-variance nodes come from (:func:`_series_coefs`)."""
     from sigprop.backend import numeric as m
     from sigprop.rules.softmax_moments import independent_row_moments
     rel = np.maximum(np.asarray(rel, dtype=float), KEY_REL_MIN)
@@ -1133,12 +1152,14 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
         v_common = float(c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh))) if params.get("rope", 0.0) else 0.0
     if not v_tok > 0:
         return np.ones(rel.shape), np.ones(rel.shape)
-    tot = counts.sum(axis=1, keepdims=True)
-    offset = v_tok * float(np.max(np.abs(rel - 1.0), initial=0.0))
+    rel1 = rel - 1.0
+    offset = v_tok * (float(np.abs(rel1).max()) if rel1.size else 0.0)
     if offset <= KEY_EXCHANGEABLE_MAX:
         return np.ones(rel.shape), np.ones(rel.shape)
     if offset <= KEY_SERIES_MAX:
-        return _key_weights_series(v_tok * (rel - 1.0), counts, v_tok + v_common)
+        rel1 *= v_tok
+        return _key_weights_series(rel1, counts, v_tok + v_common, node_coefs)
+    tot = counts.sum(axis=1, keepdims=True)
     e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
     with np.errstate(divide="ignore", invalid="ignore"):
