@@ -1035,32 +1035,41 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coef
     D1 = cd.sum(axis=1)
     cd *= dv
     D2 = cd.sum(axis=1)
-    f0, A, B, A2, C, B2, E = np.moveaxis(_series_coefs(s0, n, node_coefs), 1, 0)   # each (2, rows)
-    # the series as a quadratic in x_j per row (R1, R2 substituted), over f0
-    ok = (n > 1.0 + 1e-9) & (f0 > 0)
-    inv = ok / np.where(ok, f0, 1.0)
-    c0 = np.where(ok, (f0 + B * D1 + B2 * D2 / 2 + E * (D1 * D1 - D2) / 2) * inv, 1.0)
-    c1 = np.where(ok, (A - B + (C - E) * D1) * inv, 0.0)
-    c2 = np.where(ok, (A2 / 2 - C - B2 / 2 + E) * inv, 0.0)
-    out = c2[:, :, None] * dv
-    out += c1[:, :, None]
+    q = _series_coefs(s0, n, node_coefs)                                   # (2, 7, rows)
+    c = np.stack([q[:, 0] + D1 * (q[:, 1] + D1 * q[:, 3]) + D2 * q[:, 2], q[:, 4] + q[:, 5] * D1, q[:, 6]])
+    ok = (n > 1.0 + 1e-9) & (q[:, 0] > 0)
+    c *= ok / np.where(ok, q[:, 0], 1.0)
+    c = np.where(ok, c, _NO_SERIES)                                          # (3, 2, rows)
+    out = c[2][:, :, None] * dv
+    out += c[1][:, :, None]
     out *= dv
-    out += c0[:, :, None]
+    out += c[0][:, :, None]
     return out[0], out[1]
 
 
+#: the quadratic's coefficients (1, 0, 0) of a row that keeps the weights at 1
+_NO_SERIES = np.array([1.0, 0.0, 0.0])[:, None, None]
 #: the log-variance step of the nodes at which :func:`_series_coefs` evaluates its coefficients
 _KEY_COEF_STEP = 0.2
 
 
+def _quadratic(c: np.ndarray) -> np.ndarray:
+    """The series' coefficients (f0, A, B, A2, C, B2, E) (axis -2) as those of the quadratic
+    in x_j of :func:`_key_weights_series`: the moment is q0 + q1 D1 + q2 D2 + q3 D1^2
+    + (q4 + q5 D1) x_j + q6 x_j^2 with (q0 .. q6) = (f0, B, (B2 - E)/2, E/2, A - B, C - E,
+    A2/2 - C - B2/2 + E) (R1 = D1 - x_j and R2 = D2 - x_j^2 substituted)."""
+    f0, A, B, A2, C, B2, E = np.moveaxis(c, -2, 0)
+    return np.stack([f0, B, (B2 - E) / 2, E / 2, A - B, C - E, A2 / 2 - C - B2 / 2 + E], axis=-2)
+
+
 def _series_coefs(s0: float, n: np.ndarray, node_coefs=None):
     """The coefficients of :func:`_key_weights_series` for rows of lengths ``n`` (an array) at
-    the common variance ``s0``: for E[P_j] and E[P_j^2], (f0, A, B, A2, C, B2, E), each an array
-    over the rows.  Computed at nodes _KEY_COEF_STEP apart in log s (memoised per node and row
-    lengths: consecutive layers of a deep model share them) and interpolated in log s0 (cubic
-    Lagrange through the four nearest nodes); shape (2, 7, rows).  ``node_coefs(k, nkey)``: the
-    coefficients at node k (default :func:`_series_coefs_at`; the same numbers, e.g. kept on
-    disk)."""
+    the common variance ``s0``: for E[P_j] and E[P_j^2], the quadratic's (q0 .. q6)
+    (:func:`_quadratic`), each an array over the rows.  Computed at nodes _KEY_COEF_STEP apart
+    in log s (memoised per node and row lengths: consecutive layers of a deep model share them)
+    and interpolated in log s0 (cubic Lagrange through the four nearest nodes); shape (2, 7,
+    rows).  ``node_coefs(k, nkey)``: the series coefficients (f0, A, B, A2, C, B2, E) at node k
+    (default :func:`_series_coefs_at`; the same numbers, e.g. kept on disk)."""
     x = math.log(max(s0, 1e-300)) / _KEY_COEF_STEP
     k0 = int(math.floor(x)) - 1
     t = x - k0
@@ -1070,13 +1079,14 @@ def _series_coefs(s0: float, n: np.ndarray, node_coefs=None):
     if nodes is None:
         if len(_SERIES_NODES) > 64:
             _SERIES_NODES.clear()
-        nodes = _SERIES_NODES[(k0, key, at)] = np.stack([at(k0 + j, key) for j in range(4)])   # (4, 2, 7, rows)
+        nodes = np.stack([_quadratic(at(k0 + j, key)) for j in range(4)])    # (4, 2, 7, rows)
+        nodes = _SERIES_NODES[(k0, key, at)] = nodes.reshape(4, -1)
     from sigprop.rules.softmax_moments import cubic_weights
-    return np.tensordot(np.array(cubic_weights(t)), nodes, axes=1)             # (2, 7, rows)
+    return (np.array(cubic_weights(t)) @ nodes).reshape(2, 7, -1)
 
 
-#: the four nodes' coefficients of :func:`_series_coefs`, stacked, per (first node, row
-#: lengths, source of the node coefficients)
+#: the four nodes' quadratic coefficients of :func:`_series_coefs`, stacked and flattened,
+#: per (first node, row lengths, source of the node coefficients)
 _SERIES_NODES: dict = {}
 
 
