@@ -580,6 +580,7 @@ class Predictor:
                              self._log_sq(b), kept)
         h = _real(lv, x)
         dev_in = dev
+        xcov = None         # causal: the stream's covariance over positions (formed once)
         if unit.in_norm:
             ln = self._norm(tok)
             rec.pre_ops = [ln]
@@ -587,7 +588,8 @@ class Predictor:
             h = get(ln.rule).fast(h, None, ln.params)[0]
             if dev is not None:
                 # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
-                c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)), G)
+                xcov = self._cov(x.corr, dev, prof)
+                c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
             got = self._branch(rec, br0, unit, h, dev_in, tok)
@@ -622,7 +624,8 @@ class Predictor:
         if prof is not None:
             w1 = _exp_rel(lv + rec.log_a2, zlv)
             w2 = _exp_rel(blv + rec.log_b2, zlv)
-            xcov = self._cov(x.corr, dev, prof)
+            if xcov is None:
+                xcov = self._cov(x.corr, dev, prof)
             zcov = profile.mix(w1, xcov, w2, bcov)
             zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
             if unit.post_norm:

@@ -412,17 +412,20 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
     quadratures, sigprop.model.positions)."""
     Co = _offdiag(C)
     Mk = Co * grid.key_pair_weights()
-    if kw is None:
-        diag, a = _terms_graded(r, np.diag(C).copy(), grid)
-    else:
-        a = _pair_terms(r, np.diag(C).copy(), grid.n)
-        f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk))
-        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     K = grid.UtXU(Co)
+    dK, dM = np.diag(K).copy(), grid.UtXU_diag(Mk)
+    d = np.diag(C).copy()
+    if kw is None:
+        diag, a = _terms_graded(r, d, grid)
+    else:
+        a = _pair_terms(r, d, grid.n)
+        # (the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
+        f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
+        diag = wsum + d * np.asarray(r["local"], float)
     kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
-    pairs = kv * np.diag(K) + kk * grid.UtXU_diag(Mk, inplace=True)
+    pairs = kv * dK + kk * dM
     ko = float(r["cross_c"]) / kf_off
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
@@ -435,7 +438,7 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
         out *= np.sqrt(np.outer(f, f))
     out += K
     out += Co
-    np.fill_diagonal(out, diag + pairs)
+    set_diag(out, diag + pairs)
     return out
 
 
@@ -564,7 +567,7 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):
     :func:`_attention_cov`): per key j, (f_j, rho_j, diag_j): f the factor on the one-row
     (value and key path) sum over the rows i >= j, rho that on the pair-of-rows sums, and the
     weighted one-row sum itself.  ``off``: on a grid, (C off the diagonal, the same times the
-    key pair weights) where the caller has them."""
+    key pair weights, the diagonal of U^T (their sum) U) where the caller has them."""
     w1, w2 = kw
     d = np.diag(C).copy()
     spread = np.asarray(r["spread"], float)
@@ -586,7 +589,7 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):
         wsum = np.einsum("jl,lj->j", grid.Sh, w2 * y[:, None])
         Mk = Co * grid.key_pair_weights() if off is None else off[1]
         X = Co + Mk
-        pu = grid.UtXU_diag(X)
+        pu = grid.UtXU_diag(X) if off is None else off[2]
         pw = grid.UtXU_diag_weighted(X, w1)
     # (a key no pair of rows attends to, the last one, has pu = 0 up to rounding: factor 1)
     ok_f = np.abs(plain) > 1e-12 * np.max(np.abs(plain), initial=0.0)
