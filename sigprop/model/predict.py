@@ -686,9 +686,11 @@ class Predictor:
                      else profile.flat(m.seq_len, G))
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
-            bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
+            # (the attention's deviation and key weights both start from the grid's prefix sums)
+            pre = G.prefix_sums(dev_in) if att is not None and hasattr(G, "prefix_sums") else None
+            bcov = self._branch_deviation(rec, chain, att, h_in, dev_in, pre)
             if att is not None:
-                rec.key_w = profile.key_weights(att.params, att.x, dev_in, G)
+                rec.key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
             d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
             positions.set_diag(bcov, d)
@@ -819,14 +821,15 @@ class Predictor:
         return K
 
     def _branch_deviation(self, rec: SublayerRecord, chain: tuple, att: Op | None, h: Forward,
-                          dev: np.ndarray) -> np.ndarray:
+                          dev: np.ndarray, pre=None) -> np.ndarray:
         """Deviation of the branch output's covariance over positions from the mean-field one
         (absolute units, before the branch scale) for branch input ``h`` whose correlations
-        deviate from their mean by ``dev`` (see profile, "forward")."""
+        deviate from their mean by ``dev`` (see profile, "forward"); ``pre``: the position grid's
+        prefix sums of ``dev`` (attention), where the caller has them."""
         if att is not None:
             p = att.params
             g = attention.value_gain(p) * float(att.x.var)
-            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid)
+            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid, pre)
         # position-wise branch: the output covariance of a pair of positions is the chain's
         # covariance C(r) at that pair's input correlation r = corr + dev (wide limit), taken
         # from a polynomial through Chebyshev nodes over the pairs' range (a curved C, such as

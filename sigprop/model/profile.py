@@ -483,7 +483,7 @@ def _lower(nb: int) -> np.ndarray:
     return low
 
 
-def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np.ndarray]:
+def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.ndarray, np.ndarray]:
     """(rel, counts) for :func:`sigprop.rules.attention.key_weights`: per causal row i (a
     position, or a node of ``grid``) and key j, the variance of key j's token-varying logit
     in row i relative to the row logit variance, rel_ij = 1 + (mu_i - 2 m_ij) / (1 - r), for a
@@ -492,7 +492,8 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
     many keys each entry stands for (1 on and below the diagonal, 0 above; on a grid, row i's
     quadrature weights over the nodes for the sum over its keys 0..x_i, whose stencils may
     reach nodes above x_i: there rel is held at its value at x_i; the grid's own read-only
-    array).  Row 0 (one key) is 1."""
+    array; ``pre``: its prefix sums of S, NodeGrid.prefix_sums, where the caller has them).
+    Row 0 (one key) is 1."""
     one_minus_r = max(1.0 - float(r), 1e-12)
     if grid is None:
         L = len(S)
@@ -505,11 +506,10 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
         n = grid.n
         nb = grid.size
         low = _lower(nb)
-        D = grid._limit_values(S)
         # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
         # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
-        P = np.matmul(grid.Wp, S[:, :, None])[:, :, 0]
-        P -= D[:, None] * low.T
+        P, D = grid.prefix_sums(S) if pre is None else pre
+        P = P - D[:, None] * low.T
         m = P.T / np.maximum(n - 1.0, 1.0)[:, None]
         m = np.where(low, m, np.diagonal(m)[:, None])       # held at x_i beyond the diagonal
         counts = grid.Pf
@@ -541,14 +541,14 @@ def _stored_series_coefs(k: int, nkey: bytes) -> np.ndarray:
     return out
 
 
-def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
+def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None):
     """The causal attention's mean and second-moment key weights (w1, w2), each (rows, keys)
     over the positions (or the nodes of ``grid``), for an attention input of mean-field state
     ``x`` whose token correlations deviate from their mean by S (see
     :func:`key_logit_scales` and :func:`sigprop.rules.attention.key_weights`); 1 everywhere
-    for S = 0."""
+    for S = 0.  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
     from sigprop.rules.attention import key_weights as _kw
-    rel, counts = key_logit_scales(S, float(x.corr), grid)
+    rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
     w1, w2 = _kw(params, x, rel, counts, _stored_series_coefs)
     if grid is None:
         low = counts > 0
@@ -741,18 +741,19 @@ def _inv_nmax(L: int) -> tuple[np.ndarray, float]:
     return hit
 
 
-def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None) -> np.ndarray:
+def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None, pre=None) -> np.ndarray:
     """Deviation of the attention branch's output covariance over positions from the flat
     mean-field one (absolute units): input correlation r + S (S zero-mean off the diagonal,
     zero diagonal, unit input variance profile), value gain g, hidden-dropout keep
-    probability ``keep`` (applies to the diagonal)."""
+    probability ``keep`` (applies to the diagonal).  ``pre``: the ``grid``'s prefix sums of S
+    (NodeGrid.prefix_sums), where the caller has them."""
     if grid is None:
         M, m = _inv_nmax(len(S))
         D = g * UXUt(S)
     else:
         M = grid.inv_nmax()
         m = grid.mean_off(M)
-        D = g * grid.UXUt(S)
+        D = g * (grid.UXUt(S) if pre is None else grid.UXUt(S, pre))
     diag = D.diagonal() / keep
     D += g * (1.0 - r) * (M - m)
     set_diag(D, diag)
