@@ -175,7 +175,7 @@ def mean_row_logit_var(p: dict, x: Forward) -> float:
              rope=bool(p.get("rope", 0.0)), check=False)
     if not p.get("rope", 0.0):
         return float(c.s_mean)
-    return float(c.s_mean + c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh)))
+    return float(c.s_mean + c.vsh * (1 - c.kbL))
 
 
 def logit_var(p: dict, x: Forward) -> float:
@@ -231,6 +231,30 @@ def _kappa_bar(m, n, base, dh):
     n = np.asarray(n, dtype=float)
     f = _fejer_mean(m, n[..., None], theta)
     return 2 / np.asarray(dh, dtype=float) * np.sum(f * mask, axis=-1)
+
+
+#: :func:`_rope_row_moments` per (L, base, d_head), numeric scalars
+_ROPE_ROWS: dict = {}
+
+
+def _rope_row_moments(m, L, base, dh):
+    """(kbar(L), M2, D of :func:`_kappa_moments`, :func:`_field_moments`) at L keys: functions
+    of the positions and the rotary frequencies alone, memoised for numeric scalar arguments
+    (every attention evaluation of a model asks for the same ones)."""
+    key = None
+    if not getattr(m, "SYMBOLIC", False) and np.ndim(L) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
+        key = (float(L), float(base), float(dh))
+        hit = _ROPE_ROWS.get(key)
+        if hit is not None:
+            return hit
+    kb = _kappa_bar(m, L, base, dh)
+    _, k2, dd = _kappa_moments(m, L, base, dh)
+    out = (kb, k2, dd, _field_moments(m, L, base, dh))
+    if key is not None:
+        if len(_ROPE_ROWS) > 256:
+            _ROPE_ROWS.clear()
+        _ROPE_ROWS[key] = out
+    return out
 
 
 def _kappa_sq(m, n, base, dh):
@@ -423,9 +447,7 @@ class _Ctx:
             self.dh = p.d_head
             self.d = p.d
             self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
-            self.kbL = _kappa_bar(m, self.L, self.base, self.dh)
-            _, self.k2L, self.dL = _kappa_moments(m, self.L, self.base, self.dh)
-            self.fieldL = _field_moments(m, self.L, self.base, self.dh)
+            self.kbL, self.k2L, self.dL, self.fieldL = _rope_row_moments(m, self.L, self.base, self.dh)
             if check and not m.SYMBOLIC:
                 worst = float(np.max(self.s_mean + self.vsh * (1 - self.kbL)))
                 if not worst <= ROW_LOGIT_VAR_MAX:
@@ -1159,7 +1181,7 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, n
         c = _Ctx(m, Forward(float(x.mean), float(x.var), float(x.corr)), _RULE.param_values(params),
                  rope=bool(params.get("rope", 0.0)), check=False)
         v_tok = float(c.s_mean)
-        v_common = float(c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh))) if params.get("rope", 0.0) else 0.0
+        v_common = float(c.vsh * (1 - c.kbL)) if params.get("rope", 0.0) else 0.0
     if not v_tok > 0:
         return np.ones(rel.shape), np.ones(rel.shape)
     rel1 = rel - 1.0
