@@ -844,9 +844,10 @@ class Predictor:
                      - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
             return slope * dev
         mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
-        if isinstance(rec.chain_table, tables.Table):
+        rows_at = getattr(rec.chain_table, "rows_at", None)
+        tr = None if rows_at is None else rows_at((mid + half * _PAIR_T).tolist(), h.var, h.mean)
+        if tr is not None:
             # the seven table rows in one product: var * corr = var * (cov / var) (0 where var <= 0)
-            tr = rec.chain_table.rows_at((mid + half * _PAIR_T).tolist(), h.var)
             vals = np.where(tr[1] > 0, tr[1] * (tr[2] / tr[1]), 0.0 * tr[1])
         else:
             vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]

@@ -584,10 +584,11 @@ class Table(_ChainTable):
         variance derivative together, the combination in plain floats)."""
         return self._row_at(self.x_of(x.corr), float(x.var))
 
-    def rows_at(self, corrs, var: float) -> np.ndarray:
-        """:meth:`row` at several input correlations ``corrs`` (one mean and variance ``var``)
-        at once: an array (k, len(corrs)), column c the row at corrs[c] (one matrix product
-        for all of them; the same numbers up to its rounding)."""
+    def rows_at(self, corrs, var: float, mean: float = 0.0) -> np.ndarray:
+        """:meth:`row` at several input correlations ``corrs`` (one variance ``var``; the mean
+        is the table's own, as in :meth:`row`) at once: an array (k, len(corrs)), column c the
+        row at corrs[c] (one matrix product for all of them; the same numbers up to its
+        rounding)."""
         x0, span = self._x0[0], self._span[0]
         phi = []
         for c in corrs:
@@ -674,6 +675,17 @@ class VarTable(_ChainTable):
         r = self.interp(self.x_of(corr), math.log(var)).tolist()
         return [r[0] * math.sqrt(var), r[1] * var, r[2] * var, *r[3:]]
 
+    def rows_at(self, corrs, var: float, mean: float = 0.0) -> np.ndarray:
+        """:meth:`row` at several input correlations ``corrs`` (one variance ``var``) at once,
+        as :meth:`Table.rows_at`: (k, len(corrs)); the variance axis is contracted once for
+        all of them."""
+        var = float(var)
+        basis = np.stack([self._basis(0, self.x_of(c)) for c in corrs], axis=1)
+        r = (self._flat @ self._basis(1, math.log(var))).reshape(-1, self.counts[0]) @ basis
+        r[0] *= math.sqrt(var)
+        r[1:3] *= var
+        return r
+
 
 class _Prescaled:
     """A table of a chain *without* its first op, used for the whole chain: the first op (the
@@ -696,6 +708,18 @@ class _Prescaled:
         r = self.table.row(self.inner(x))
         k = self._gain
         return r[:3] + [v * k for v in r[3:]]
+
+    def rows_at(self, corrs, var: float, mean: float = 0.0) -> np.ndarray | None:
+        """:meth:`row` at several input correlations at once (the inner table's ``rows_at``
+        at the first op's output), or None where that table has none or the first op's
+        output variance depends on the correlation."""
+        fn = getattr(self.table, "rows_at", None)
+        inner = [self.inner(Forward(mean, var, c)) for c in corrs]
+        if fn is None or any(x.var != inner[0].var or x.mean != inner[0].mean for x in inner):
+            return None
+        r = fn([x.corr for x in inner], inner[0].var)
+        r[3:] *= self._gain
+        return r
 
     forward_of = staticmethod(_ChainTable.forward_of)
     backward_of = staticmethod(_ChainTable.backward_of)
