@@ -195,6 +195,10 @@ class RowsVarTable(tables.InterpTable):
         return out
 
 
+#: id(params) -> (params, its canonical parameters, their sorted items) for :func:`rows`
+_CANON: dict = {}
+
+
 def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dict:
     """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` of
     the prediction's table cache ``table`` (a :class:`sigprop.model.tables.TableCache`: the
@@ -205,9 +209,17 @@ def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dic
     nodes' row lengths only.  ``var_range`` (v_lo, v_hi): the layers sharing these
     parameters see input variances in that range (LayerNorm Scaling), and a
     :class:`RowsVarTable` over it serves them all (a state outside it, or beyond the tables'
-    correlation range, is evaluated directly)."""
-    canon = _canonical(params)
-    key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
+    correlation range, is evaluated directly).  The canonical parameters and their key are
+    memoised on the identity of ``params`` (as in Rule.fast: a dict is not changed after it was
+    passed here)."""
+    hit = _CANON.get(id(params))
+    if hit is None or hit[0] is not params:
+        canon = _canonical(params)
+        if len(_CANON) > 4096:
+            _CANON.clear()
+        hit = _CANON[id(params)] = (params, canon, tuple(sorted(canon.items())))
+    canon = hit[1]
+    key = (hit[2], float(x.mean), None if grid is None else grid.signature())
     if table is None:
         return _rows_direct(canon, x, None if grid is None else grid.n)
     if var_range is not None and var_range[0] <= float(x.var) <= var_range[1] and float(x.corr) <= tables.R_MAX:

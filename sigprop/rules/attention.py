@@ -1052,14 +1052,14 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coef
     the cost does not grow with the number of keys.  The
     error is third order in the offsets.  Evaluated as a quadratic in x_j with per-row
     coefficients (R1 and R2 substituted), divided by h; rows of one key (and h <= 0) give 1."""
-    n = counts.sum(axis=1)
+    n, many = _row_lengths(counts)
     cd = counts * dv
     D1 = cd.sum(axis=1)
     cd *= dv
     D2 = cd.sum(axis=1)
     q = _series_coefs(s0, n, node_coefs)                                   # (2, 7, rows)
     c = np.stack([q[:, 0] + D1 * (q[:, 1] + D1 * q[:, 3]) + D2 * q[:, 2], q[:, 4] + q[:, 5] * D1, q[:, 6]])
-    ok = (n > 1.0 + 1e-9) & (q[:, 0] > 0)
+    ok = many & (q[:, 0] > 0)
     c *= ok / np.where(ok, q[:, 0], 1.0)
     c = np.where(ok, c, _NO_SERIES)                                          # (3, 2, rows)
     out = c[2][:, :, None] * dv
@@ -1067,6 +1067,25 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coef
     out *= dv
     out += c[0][:, :, None]
     return out[0], out[1]
+
+
+#: id(counts) -> (counts, row lengths, rows of more than one key) for read-only ``counts``
+_ROW_LENGTHS: dict = {}
+
+
+def _row_lengths(counts: np.ndarray):
+    """(n, n > 1) of rows whose keys ``counts`` says: memoised for a read-only array (a
+    position grid's quadrature weights, the same at every layer)."""
+    if counts.flags.writeable:
+        n = counts.sum(axis=1)
+        return n, n > 1.0 + 1e-9
+    hit = _ROW_LENGTHS.get(id(counts))
+    if hit is None or hit[0] is not counts:
+        n = counts.sum(axis=1)
+        if len(_ROW_LENGTHS) > 64:
+            _ROW_LENGTHS.clear()
+        hit = _ROW_LENGTHS[id(counts)] = (counts, n, n > 1.0 + 1e-9)
+    return hit[1], hit[2]
 
 
 #: the quadratic's coefficients (1, 0, 0) of a row that keeps the weights at 1
