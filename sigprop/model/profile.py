@@ -135,7 +135,14 @@ class RowsTable(tables.ThetaTable):
         return _row_values(_rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n))
 
     def at(self, corr: float) -> dict:
-        return _row_terms(self.values(corr), self.L)
+        """The terms at input correlation ``corr`` (the last one kept: a layer's forward and
+        backward ask for the same)."""
+        last = getattr(self, "_last", None)
+        if last is not None and last[0] == corr:
+            return last[1]
+        out = _row_terms(self.values(corr), self.L)
+        self._last = (corr, out)
+        return out
 
 
 class RowsVarTable(tables.InterpTable):
