@@ -449,6 +449,21 @@ def _gains(bwd) -> tuple[float, float]:
     return float(g0.var), float(g1.var * g1.corr - g0.var * g0.corr)
 
 
+def _gains_at(bwd, g: Backward) -> tuple[float, float, Backward]:
+    """:func:`_gains` and the map applied to ``g``, from the same two evaluations: the map is
+    linear in the gradient's moments (var, var corr), so its output at ``g`` is the
+    combination of its outputs at unit variance and correlations 0 and 1 (the same numbers as
+    evaluating it at ``g``, up to rounding; the correlation clipped into [-1, 1] as
+    ``Rule.fast`` does)."""
+    g0, g1 = bwd(Backward(1.0, 0.0)), bwd(Backward(1.0, 1.0))
+    v0, c0 = float(g0.var), float(g0.var * g0.corr)
+    v1, c1 = float(g1.var), float(g1.var * g1.corr)
+    var = g.var * (v0 + (v1 - v0) * g.corr)
+    cov = g.var * (c0 + (c1 - c0) * g.corr)
+    corr = 0.0 if var == 0 else min(1.0, max(-1.0, cov / var))
+    return v0, float(g1.var * g1.corr - g0.var * g0.corr), Backward(var, corr)
+
+
 def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
@@ -1023,9 +1038,11 @@ class Predictor:
         if rec.in_norm:
             for op in reversed(rec.pre_ops):
                 if w is not None:
-                    k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, *_gains(lambda q: _bwd(op, q)), grid=G)
+                    vg, cg, gbr = _gains_at(lambda q: _bwd(op, q), gbr)
+                    k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, vg, cg, grid=G)
                     ku, kc = ku * k, kc * k2
-                gbr = _bwd(op, gbr)
+                else:
+                    gbr = _bwd(op, gbr)
             lg_branch_extra += self._ln_log_adjust(rec.s_in.log_var)
         if w is not None:
             gbr = Backward(gbr.var * ku, gbr.corr * kc / ku)
@@ -1079,8 +1096,10 @@ class Predictor:
             g = _bwd(op, g)
         if rec.chain_table is not None:
             if w is not None:
-                u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward_of(rec.chain_x, q)))
-            g = rec.chain_table.backward_of(rec.chain_x, g)
+                vg, cg, g = _gains_at(lambda q: rec.chain_table.backward_of(rec.chain_x, q), g)
+                u = profile.positionwise(u, vg, cg)
+            else:
+                g = rec.chain_table.backward_of(rec.chain_x, g)
         else:
             for op in reversed(rec.branch_ops):
                 if w is not None:
@@ -1089,7 +1108,9 @@ class Predictor:
                                                               rec.key_w)
                         ku, kc = ku * k, kc * k2
                     else:
-                        u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
+                        vg, cg, g = _gains_at(lambda q: _bwd(op, q), g)
+                        u = profile.positionwise(u, vg, cg)
+                        continue
                 g = _bwd(op, g)
         # the output norm's ratio-moment factor (_out_norm_stats; 1 without that norm)
         return Backward(g.var * rec.out_ratio, g.corr), u, ku, kc
