@@ -34,9 +34,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-
-from _timing import interleaved, wall
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,15 +45,22 @@ def peak_mb(cmd: list[str], env: dict) -> float:
     code = ("import resource, subprocess, sys; "
             "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=True); "
             "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
-    r = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, env=env, check=True)
+    r = subprocess.run([sys.executable, "-c", code, *cmd], capture_output=True, text=True, env=env, check=True,
+                       cwd=env["PYTHONPATH"])
     return int(r.stdout.strip()) / 1024.0
 
 
 def timed(cmd: list[str], env: dict) -> tuple[float, float]:
-    """(wall seconds, CPU seconds of the child: user + system) of one run of ``cmd``."""
+    """(wall seconds, CPU seconds of the child: user + system) of one run of ``cmd``, started in
+    the directory of the tree it times (``python -m`` puts the working directory first on
+    the module path, ahead of PYTHONPATH)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = wall(cmd, env=env)
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=env["PYTHONPATH"])
+    t = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed: {r.stderr.strip()[-300:]}")
     return t, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
@@ -90,7 +96,7 @@ def main() -> None:
     for k, c in predicts.items():
         for tag in trees:
             runs[k + tag] = (c, envs[tag])
-    first = {k: wall(c, env=e) for k, (c, e) in runs.items()}          # fills the stores
+    first = {k: timed(c, e)[0] for k, (c, e) in runs.items()}          # fills the stores
     load0 = os.getloadavg()
     samples = {k: [] for k in runs}
     for _ in range(a.repeats):
