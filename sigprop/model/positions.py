@@ -567,14 +567,21 @@ class NodeGrid:
         s = self.S2 @ a
         return _at_max_index(s, self.imax)
 
-    def UXUt(self, X: np.ndarray) -> np.ndarray:
+    def prefix_sums(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(P, D) for a symmetric X whose diagonal is not read: the kinked prefix sums
+        P[j, l] = sum_{k <= x_l} X_jk with the j = k term at row j's diagonal limit, and those
+        limits D (:meth:`_limit_values`); what :meth:`UXUt` starts from (a caller that needs
+        them too passes them on)."""
+        return np.matmul(self.Wp, X[:, :, None])[:, :, 0], self._limit_values(X)
+
+    def UXUt(self, X: np.ndarray, pre=None) -> np.ndarray:
         """U X U^T for a symmetric X whose diagonal is not read: (1 / n_i n_k) sum_{j <= i,
-        l <= k, j != l} X_jl."""
-        P = np.matmul(self.Wp, X[:, :, None])[:, :, 0]
+        l <= k, j != l} X_jl.  ``pre``: :meth:`prefix_sums` of X, where the caller has them."""
+        P, D = self.prefix_sums(X) if pre is None else pre
         Y = np.matmul(self.Vp, np.ascontiguousarray(P.T)[:, :, None])[:, :, 0]
         Y += Y.T.copy()
         Y *= 0.5
-        Y -= (self.Pf @ self._limit_values(X))[self.imin]
+        Y -= (self.Pf @ D)[self.imin]
         Y *= self._inv_nn
         return Y
 

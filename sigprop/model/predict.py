@@ -449,6 +449,21 @@ def _gains(bwd) -> tuple[float, float]:
     return float(g0.var), float(g1.var * g1.corr - g0.var * g0.corr)
 
 
+def _gains_at(bwd, g: Backward) -> tuple[float, float, Backward]:
+    """:func:`_gains` and the map applied to ``g``, from the same two evaluations: the map is
+    linear in the gradient's moments (var, var corr), so its output at ``g`` is the
+    combination of its outputs at unit variance and correlations 0 and 1 (the same numbers as
+    evaluating it at ``g``, up to rounding; the correlation clipped into [-1, 1] as
+    ``Rule.fast`` does)."""
+    g0, g1 = bwd(Backward(1.0, 0.0)), bwd(Backward(1.0, 1.0))
+    v0, c0 = float(g0.var), float(g0.var * g0.corr)
+    v1, c1 = float(g1.var), float(g1.var * g1.corr)
+    var = g.var * (v0 + (v1 - v0) * g.corr)
+    cov = g.var * (c0 + (c1 - c0) * g.corr)
+    corr = 0.0 if var == 0 else min(1.0, max(-1.0, cov / var))
+    return v0, float(g1.var * g1.corr - g0.var * g0.corr), Backward(var, corr)
+
+
 def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
@@ -580,6 +595,7 @@ class Predictor:
                              self._log_sq(b), kept)
         h = _real(lv, x)
         dev_in = dev
+        xcov = None         # causal: the stream's covariance over positions (formed once)
         if unit.in_norm:
             ln = self._norm(tok)
             rec.pre_ops = [ln]
@@ -587,7 +603,8 @@ class Predictor:
             h = get(ln.rule).fast(h, None, ln.params)[0]
             if dev is not None:
                 # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
-                c_in, dev_in = profile.deviation(profile.normalise(self._cov(x.corr, dev, prof)), G)
+                xcov = self._cov(x.corr, dev, prof)
+                c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
             got = self._branch(rec, br0, unit, h, dev_in, tok)
@@ -622,7 +639,8 @@ class Predictor:
         if prof is not None:
             w1 = _exp_rel(lv + rec.log_a2, zlv)
             w2 = _exp_rel(blv + rec.log_b2, zlv)
-            xcov = self._cov(x.corr, dev, prof)
+            if xcov is None:
+                xcov = self._cov(x.corr, dev, prof)
             zcov = profile.mix(w1, xcov, w2, bcov)
             zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
             if unit.post_norm:
@@ -683,9 +701,11 @@ class Predictor:
                      else profile.flat(m.seq_len, G))
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
-            bcov = self._branch_deviation(rec, chain, att, h_in, dev_in)
+            # (the attention's deviation and key weights both start from the grid's prefix sums)
+            pre = G.prefix_sums(dev_in) if att is not None and hasattr(G, "prefix_sums") else None
+            bcov = self._branch_deviation(rec, chain, att, h_in, dev_in, pre)
             if att is not None:
-                rec.key_w = profile.key_weights(att.params, att.x, dev_in, G)
+                rec.key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
             d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
             positions.set_diag(bcov, d)
@@ -816,14 +836,15 @@ class Predictor:
         return K
 
     def _branch_deviation(self, rec: SublayerRecord, chain: tuple, att: Op | None, h: Forward,
-                          dev: np.ndarray) -> np.ndarray:
+                          dev: np.ndarray, pre=None) -> np.ndarray:
         """Deviation of the branch output's covariance over positions from the mean-field one
         (absolute units, before the branch scale) for branch input ``h`` whose correlations
-        deviate from their mean by ``dev`` (see profile, "forward")."""
+        deviate from their mean by ``dev`` (see profile, "forward"); ``pre``: the position grid's
+        prefix sums of ``dev`` (attention), where the caller has them."""
         if att is not None:
             p = att.params
             g = attention.value_gain(p) * float(att.x.var)
-            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid)
+            return profile.attention_deviation(dev, float(att.x.corr), g, 1.0 - self.model.dropout.hidden, self.grid, pre)
         # position-wise branch: the output covariance of a pair of positions is the chain's
         # covariance C(r) at that pair's input correlation r = corr + dev (wide limit), taken
         # from a polynomial through Chebyshev nodes over the pairs' range (a curved C, such as
@@ -838,7 +859,13 @@ class Predictor:
                      - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
             return slope * dev
         mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
-        vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
+        rows_at = getattr(rec.chain_table, "rows_at", None)
+        tr = None if rows_at is None else rows_at((mid + half * _PAIR_T).tolist(), h.var, h.mean)
+        if tr is not None:
+            # the seven table rows in one product: var * corr = var * (cov / var) (0 where var <= 0)
+            vals = np.where(tr[1] > 0, tr[1] * (tr[2] / tr[1]), 0.0 * tr[1])
+        else:
+            vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
         # the interpolating polynomial (degree 6 through the 7 nodes) in the power basis of
         # the mapped variable t = (r - mid) / half, within [-1, 1], evaluated in place by
         # Horner's rule (a few passes over the matrix and no temporaries)
@@ -1011,9 +1038,11 @@ class Predictor:
         if rec.in_norm:
             for op in reversed(rec.pre_ops):
                 if w is not None:
-                    k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, *_gains(lambda q: _bwd(op, q)), grid=G)
+                    vg, cg, gbr = _gains_at(lambda q: _bwd(op, q), gbr)
+                    k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, vg, cg, grid=G)
                     ku, kc = ku * k, kc * k2
-                gbr = _bwd(op, gbr)
+                else:
+                    gbr = _bwd(op, gbr)
             lg_branch_extra += self._ln_log_adjust(rec.s_in.log_var)
         if w is not None:
             gbr = Backward(gbr.var * ku, gbr.corr * kc / ku)
@@ -1067,8 +1096,10 @@ class Predictor:
             g = _bwd(op, g)
         if rec.chain_table is not None:
             if w is not None:
-                u = profile.positionwise(u, *_gains(lambda q: rec.chain_table.backward_of(rec.chain_x, q)))
-            g = rec.chain_table.backward_of(rec.chain_x, g)
+                vg, cg, g = _gains_at(lambda q: rec.chain_table.backward_of(rec.chain_x, q), g)
+                u = profile.positionwise(u, vg, cg)
+            else:
+                g = rec.chain_table.backward_of(rec.chain_x, g)
         else:
             for op in reversed(rec.branch_ops):
                 if w is not None:
@@ -1077,7 +1108,9 @@ class Predictor:
                                                               rec.key_w)
                         ku, kc = ku * k, kc * k2
                     else:
-                        u = profile.positionwise(u, *_gains(lambda q: _bwd(op, q)))
+                        vg, cg, g = _gains_at(lambda q: _bwd(op, q), g)
+                        u = profile.positionwise(u, vg, cg)
+                        continue
                 g = _bwd(op, g)
         # the output norm's ratio-moment factor (_out_norm_stats; 1 without that norm)
         return Backward(g.var * rec.out_ratio, g.corr), u, ku, kc

@@ -43,6 +43,8 @@ them over positions:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from sigprop.backend import numeric
@@ -133,7 +135,14 @@ class RowsTable(tables.ThetaTable):
         return _row_values(_rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n))
 
     def at(self, corr: float) -> dict:
-        return _row_terms(self.values(corr), self.L)
+        """The terms at input correlation ``corr`` (the last one kept: a layer's forward and
+        backward ask for the same)."""
+        last = getattr(self, "_last", None)
+        if last is not None and last[0] == corr:
+            return last[1]
+        out = _row_terms(self.values(corr), self.L)
+        self._last = (corr, out)
+        return out
 
 
 class RowsVarTable(tables.InterpTable):
@@ -193,6 +202,10 @@ class RowsVarTable(tables.InterpTable):
         return out
 
 
+#: id(params) -> (params, its canonical parameters, their sorted items) for :func:`rows`
+_CANON: dict = {}
+
+
 def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dict:
     """The per-row-length terms at attention input ``x``: through a :class:`RowsTable` of
     the prediction's table cache ``table`` (a :class:`sigprop.model.tables.TableCache`: the
@@ -203,9 +216,17 @@ def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dic
     nodes' row lengths only.  ``var_range`` (v_lo, v_hi): the layers sharing these
     parameters see input variances in that range (LayerNorm Scaling), and a
     :class:`RowsVarTable` over it serves them all (a state outside it, or beyond the tables'
-    correlation range, is evaluated directly)."""
-    canon = _canonical(params)
-    key = (tuple(sorted(canon.items())), float(x.mean), None if grid is None else grid.signature())
+    correlation range, is evaluated directly).  The canonical parameters and their key are
+    memoised on the identity of ``params`` (as in Rule.fast: a dict is not changed after it was
+    passed here)."""
+    hit = _CANON.get(id(params))
+    if hit is None or hit[0] is not params:
+        canon = _canonical(params)
+        if len(_CANON) > 4096:
+            _CANON.clear()
+        hit = _CANON[id(params)] = (params, canon, tuple(sorted(canon.items())))
+    canon = hit[1]
+    key = (hit[2], float(x.mean), None if grid is None else grid.signature())
     if table is None:
         return _rows_direct(canon, x, None if grid is None else grid.n)
     if var_range is not None and var_range[0] <= float(x.var) <= var_range[1] and float(x.corr) <= tables.R_MAX:
@@ -393,27 +414,37 @@ def _flat_kernel_means_graded(grid) -> tuple[float, float, float]:
     return _KFG[key]
 
 
+def _pair_terms(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The one-row covariance term of :func:`_terms_graded` (``a``) alone."""
+    return np.where(n > 1, d * np.asarray(r["same_c"], float) * n / np.maximum(n - 1, 1), 0.0)
+
+
 def _terms_graded(r: dict, d: np.ndarray, grid):
     n = grid.n
-    spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
+    spread, local = (np.asarray(r[k], float) for k in ("spread", "local"))
     diag = grid.suffix_h(d * spread) + d * local
-    a = np.where(n > 1, d * same_c * n / np.maximum(n - 1, 1), 0.0)
-    return diag, a
+    return diag, _pair_terms(r, d, n)
 
 
 def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
     quadratures, sigprop.model.positions)."""
-    diag, a = _terms_graded(r, np.diag(C).copy(), grid)
-    if kw is not None:
-        f, rho, wsum = _weighted(r, C, kw, grid)
-        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     Co = _offdiag(C)
+    Mk = Co * grid.key_pair_weights()
     K = grid.UtXU(Co)
+    dK, dM = np.diag(K).copy(), grid.UtXU_diag(Mk)
+    d = np.diag(C).copy()
+    if kw is None:
+        diag, a = _terms_graded(r, d, grid)
+    else:
+        a = _pair_terms(r, d, grid.n)
+        # (the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
+        f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
+        diag = wsum + d * np.asarray(r["local"], float)
     kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
-    pairs = kv * np.diag(K) + kk * grid.UtXU_diag(Co * grid.key_pair_weights(), inplace=True)
+    pairs = kv * dK + kk * dM
     ko = float(r["cross_c"]) / kf_off
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
@@ -426,7 +457,7 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
         out *= np.sqrt(np.outer(f, f))
     out += K
     out += Co
-    np.fill_diagonal(out, diag + pairs)
+    set_diag(out, diag + pairs)
     return out
 
 
@@ -458,7 +489,20 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b != 0 and np.isfinite(a / b) else 1.0
 
 
-def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np.ndarray]:
+_LOWER: dict = {}
+
+
+def _lower(nb: int) -> np.ndarray:
+    """The boolean lower triangle (diagonal included) of an nb x nb matrix (memoised,
+    read-only)."""
+    low = _LOWER.get(nb)
+    if low is None:
+        low = _LOWER[nb] = np.tril(np.ones((nb, nb), dtype=bool), 0)
+        low.flags.writeable = False
+    return low
+
+
+def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.ndarray, np.ndarray]:
     """(rel, counts) for :func:`sigprop.rules.attention.key_weights`: per causal row i (a
     position, or a node of ``grid``) and key j, the variance of key j's token-varying logit
     in row i relative to the row logit variance, rel_ij = 1 + (mu_i - 2 m_ij) / (1 - r), for a
@@ -466,7 +510,9 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
     S_jk over the row's keys k != j, mu_i the mean of S over the row's pairs of keys; and how
     many keys each entry stands for (1 on and below the diagonal, 0 above; on a grid, row i's
     quadrature weights over the nodes for the sum over its keys 0..x_i, whose stencils may
-    reach nodes above x_i: there rel is held at its value at x_i).  Row 0 (one key) is 1."""
+    reach nodes above x_i: there rel is held at its value at x_i; the grid's own read-only
+    array; ``pre``: its prefix sums of S, NodeGrid.prefix_sums, where the caller has them).
+    Row 0 (one key) is 1."""
     one_minus_r = max(1.0 - float(r), 1e-12)
     if grid is None:
         L = len(S)
@@ -478,15 +524,14 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
     else:
         n = grid.n
         nb = grid.size
-        D = grid._limit_values(S)
+        low = _lower(nb)
         # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
         # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
-        P = np.matmul(grid.Wp, S[:, :, None])[:, :, 0]
-        P -= D[:, None] * (np.arange(nb)[:, None] <= np.arange(nb)[None, :])
-        low = np.tril(np.ones((nb, nb)), 0).astype(bool)
+        P, D = grid.prefix_sums(S) if pre is None else pre
+        P = P - D[:, None] * low.T
         m = P.T / np.maximum(n - 1.0, 1.0)[:, None]
         m = np.where(low, m, np.diagonal(m)[:, None])       # held at x_i beyond the diagonal
-        counts = np.array(grid.Pf, dtype=float)
+        counts = grid.Pf
         mu = (counts * m).sum(axis=1) / n
     rel = 1.0 + (mu[:, None] - 2.0 * m) / one_minus_r
     rel[0] = 1.0
@@ -495,19 +540,39 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None) -> tuple[np.ndarray, np
     return rel, counts
 
 
-def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
+@functools.lru_cache(maxsize=4096)
+def _stored_series_coefs(k: int, nkey: bytes) -> np.ndarray:
+    """The per-key weights' series coefficients at log-variance node k for the row lengths
+    packed in ``nkey`` (sigprop.rules.attention._series_coefs_at) through the on-disk table
+    store: computed once (~10 ms a node: smoothing tables by FFT and finite differences of
+    the independent-row moments), then loaded, the same float64 numbers.  Memoised per
+    process; read-only."""
+    from sigprop.rules import attention
+    rows = len(nkey) // 8
+    skey = store.key("keyseries", k, nkey)
+    arr = store.load(skey)
+    if arr is not None and arr.size == 14 * rows:
+        out = arr.reshape(2, 7, rows)
+    else:
+        out = np.array(attention._series_coefs_at(k, nkey))
+        store.save(skey, out.ravel())
+    out.flags.writeable = False
+    return out
+
+
+def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None):
     """The causal attention's mean and second-moment key weights (w1, w2), each (rows, keys)
     over the positions (or the nodes of ``grid``), for an attention input of mean-field state
     ``x`` whose token correlations deviate from their mean by S (see
     :func:`key_logit_scales` and :func:`sigprop.rules.attention.key_weights`); 1 everywhere
-    for S = 0."""
+    for S = 0.  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
     from sigprop.rules.attention import key_weights as _kw
-    rel, counts = key_logit_scales(S, float(x.corr), grid)
-    w1, w2 = _kw(params, x, rel, counts)
+    rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
+    w1, w2 = _kw(params, x, rel, counts, _stored_series_coefs)
     if grid is None:
         low = counts > 0
     else:
-        low = np.tril(np.ones(counts.shape), 0).astype(bool)
+        low = _lower(counts.shape[0])
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
         w1 = np.where(low, w1, np.diagonal(w1)[None, :])
@@ -516,15 +581,16 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None):
     return np.where(low, w1, 0.0), np.where(low, w2, 0.0)
 
 
-def _weighted(r: dict, C: np.ndarray, kw, grid=None):
+def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):
     """The per-key weights' factors on the attention's gradient kernels (see
     :func:`_attention_cov`): per key j, (f_j, rho_j, diag_j): f the factor on the one-row
     (value and key path) sum over the rows i >= j, rho that on the pair-of-rows sums, and the
-    weighted one-row sum itself."""
+    weighted one-row sum itself.  ``off``: on a grid, (C off the diagonal, the same times the
+    key pair weights, the diagonal of U^T (their sum) U) where the caller has them."""
     w1, w2 = kw
     d = np.diag(C).copy()
     spread = np.asarray(r["spread"], float)
-    Co = _offdiag(C)
+    Co = _offdiag(C) if off is None else off[0]
     if grid is None:
         L = len(C)
         n = np.arange(1.0, L + 1)
@@ -540,9 +606,9 @@ def _weighted(r: dict, C: np.ndarray, kw, grid=None):
         y = d * spread
         plain = grid.suffix_h(y)
         wsum = np.einsum("jl,lj->j", grid.Sh, w2 * y[:, None])
-        Mk = Co * grid.key_pair_weights()
+        Mk = Co * grid.key_pair_weights() if off is None else off[1]
         X = Co + Mk
-        pu = grid.UtXU_diag(X)
+        pu = grid.UtXU_diag(X) if off is None else off[2]
         pw = grid.UtXU_diag_weighted(X, w1)
     # (a key no pair of rows attends to, the last one, has pu = 0 up to rounding: factor 1)
     ok_f = np.abs(plain) > 1e-12 * np.max(np.abs(plain), initial=0.0)
@@ -694,18 +760,19 @@ def _inv_nmax(L: int) -> tuple[np.ndarray, float]:
     return hit
 
 
-def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None) -> np.ndarray:
+def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None, pre=None) -> np.ndarray:
     """Deviation of the attention branch's output covariance over positions from the flat
     mean-field one (absolute units): input correlation r + S (S zero-mean off the diagonal,
     zero diagonal, unit input variance profile), value gain g, hidden-dropout keep
-    probability ``keep`` (applies to the diagonal)."""
+    probability ``keep`` (applies to the diagonal).  ``pre``: the ``grid``'s prefix sums of S
+    (NodeGrid.prefix_sums), where the caller has them."""
     if grid is None:
         M, m = _inv_nmax(len(S))
         D = g * UXUt(S)
     else:
         M = grid.inv_nmax()
         m = grid.mean_off(M)
-        D = g * grid.UXUt(S)
+        D = g * (grid.UXUt(S) if pre is None else grid.UXUt(S, pre))
     diag = D.diagonal() / keep
     D += g * (1.0 - r) * (M - m)
     set_diag(D, diag)

@@ -584,6 +584,26 @@ class Table(_ChainTable):
         variance derivative together, the combination in plain floats)."""
         return self._row_at(self.x_of(x.corr), float(x.var))
 
+    def rows_at(self, corrs, var: float, mean: float = 0.0) -> np.ndarray:
+        """:meth:`row` at several input correlations ``corrs`` (one variance ``var``; the mean
+        is the table's own, as in :meth:`row`) at once: an array (k, len(corrs)), column c the
+        row at corrs[c] (one matrix product for all of them; the same numbers up to its
+        rounding)."""
+        x0, span = self._x0[0], self._span[0]
+        phi = []
+        for c in corrs:
+            s = 2.0 * (self.x_of(c) - x0) / span - 1.0
+            phi.append(math.acos(1.0 if s > 1.0 else -1.0 if s < -1.0 else s))
+        basis = np.cos(np.multiply.outer(self._j[0], phi))
+        var = float(var)
+        if var == self.var:
+            return self.coef @ basis
+        if self.dvals is None:
+            self._derivative()
+        r = self._stacked @ basis
+        k = len(r) // 2
+        return r[:k] + (var - self.var) * r[k:]
+
     def _row_at(self, th: float, var: float) -> list:
         basis = self._basis(0, th)
         if var == self.var:
@@ -655,6 +675,17 @@ class VarTable(_ChainTable):
         r = self.interp(self.x_of(corr), math.log(var)).tolist()
         return [r[0] * math.sqrt(var), r[1] * var, r[2] * var, *r[3:]]
 
+    def rows_at(self, corrs, var: float, mean: float = 0.0) -> np.ndarray:
+        """:meth:`row` at several input correlations ``corrs`` (one variance ``var``) at once,
+        as :meth:`Table.rows_at`: (k, len(corrs)); the variance axis is contracted once for
+        all of them."""
+        var = float(var)
+        basis = np.stack([self._basis(0, self.x_of(c)) for c in corrs], axis=1)
+        r = (self._flat @ self._basis(1, math.log(var))).reshape(-1, self.counts[0]) @ basis
+        r[0] *= math.sqrt(var)
+        r[1:3] *= var
+        return r
+
 
 class _Prescaled:
     """A table of a chain *without* its first op, used for the whole chain: the first op (the
@@ -677,6 +708,18 @@ class _Prescaled:
         r = self.table.row(self.inner(x))
         k = self._gain
         return r[:3] + [v * k for v in r[3:]]
+
+    def rows_at(self, corrs, var: float, mean: float = 0.0) -> np.ndarray | None:
+        """:meth:`row` at several input correlations at once (the inner table's ``rows_at``
+        at the first op's output), or None where that table has none or the first op's
+        output variance depends on the correlation."""
+        fn = getattr(self.table, "rows_at", None)
+        inner = [self.inner(Forward(mean, var, c)) for c in corrs]
+        if fn is None or any(x.var != inner[0].var or x.mean != inner[0].mean for x in inner):
+            return None
+        r = fn([x.corr for x in inner], inner[0].var)
+        r[3:] *= self._gain
+        return r
 
     forward_of = staticmethod(_ChainTable.forward_of)
     backward_of = staticmethod(_ChainTable.backward_of)

@@ -175,7 +175,7 @@ def mean_row_logit_var(p: dict, x: Forward) -> float:
              rope=bool(p.get("rope", 0.0)), check=False)
     if not p.get("rope", 0.0):
         return float(c.s_mean)
-    return float(c.s_mean + c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh)))
+    return float(c.s_mean + c.vsh * (1 - c.kbL))
 
 
 def logit_var(p: dict, x: Forward) -> float:
@@ -231,6 +231,30 @@ def _kappa_bar(m, n, base, dh):
     n = np.asarray(n, dtype=float)
     f = _fejer_mean(m, n[..., None], theta)
     return 2 / np.asarray(dh, dtype=float) * np.sum(f * mask, axis=-1)
+
+
+#: :func:`_rope_row_moments` per (L, base, d_head), numeric scalars
+_ROPE_ROWS: dict = {}
+
+
+def _rope_row_moments(m, L, base, dh):
+    """(kbar(L), M2, D of :func:`_kappa_moments`, :func:`_field_moments`) at L keys: functions
+    of the positions and the rotary frequencies alone, memoised for numeric scalar arguments
+    (every attention evaluation of a model asks for the same ones)."""
+    key = None
+    if not getattr(m, "SYMBOLIC", False) and np.ndim(L) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
+        key = (float(L), float(base), float(dh))
+        hit = _ROPE_ROWS.get(key)
+        if hit is not None:
+            return hit
+    kb = _kappa_bar(m, L, base, dh)
+    _, k2, dd = _kappa_moments(m, L, base, dh)
+    out = (kb, k2, dd, _field_moments(m, L, base, dh))
+    if key is not None:
+        if len(_ROPE_ROWS) > 256:
+            _ROPE_ROWS.clear()
+        _ROPE_ROWS[key] = out
+    return out
 
 
 def _kappa_sq(m, n, base, dh):
@@ -423,9 +447,7 @@ class _Ctx:
             self.dh = p.d_head
             self.d = p.d
             self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
-            self.kbL = _kappa_bar(m, self.L, self.base, self.dh)
-            _, self.k2L, self.dL = _kappa_moments(m, self.L, self.base, self.dh)
-            self.fieldL = _field_moments(m, self.L, self.base, self.dh)
+            self.kbL, self.k2L, self.dL, self.fieldL = _rope_row_moments(m, self.L, self.base, self.dh)
             if check and not m.SYMBOLIC:
                 worst = float(np.max(self.s_mean + self.vsh * (1 - self.kbL)))
                 if not worst <= ROW_LOGIT_VAR_MAX:
@@ -1016,7 +1038,7 @@ KEY_EXCHANGEABLE_MAX = 1e-5
 _KEY_FD_STEP = 0.1
 
 
-def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
+def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coefs=None):
     """:func:`key_weights` to second order in the per-key variance offsets ``dv`` (rows, keys)
     about the common row variance ``s0``.  By exchangeability, a moment of key j's weight in a
     row of n keys (n = the row's counts' sum) expands as
@@ -1028,38 +1050,85 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float):
     coefficients per row length: the first and second derivatives in key j's own variance and
     another key's, and the mixed ones (j and another; two others), from :func:`_series_coefs`:
     the cost does not grow with the number of keys.  The
-    error is third order in the offsets."""
-    n = counts.sum(axis=1)
-    D1 = (counts * dv).sum(axis=1)[:, None]
-    D2 = (counts * dv * dv).sum(axis=1)[:, None]
-    R1, R2 = D1 - dv, D2 - dv * dv
-    many = (n > 1.0 + 1e-9)[:, None]
-    out = []
-    for f0, A, B, A2, C, B2, E in _series_coefs(s0, n):
-        f0, A, B, A2, C, B2, E = (c[:, None] for c in (f0, A, B, A2, C, B2, E))
-        m = f0 + A * dv + B * R1 + A2 * dv * dv / 2 + C * dv * R1 + B2 * R2 / 2 + E * (R1 * R1 - R2) / 2
-        with np.errstate(divide="ignore", invalid="ignore"):
-            out.append(np.where(many & (f0 > 0), m / f0, 1.0))
+    error is third order in the offsets.  Evaluated as a quadratic in x_j with per-row
+    coefficients (R1 and R2 substituted), divided by h; rows of one key (and h <= 0) give 1."""
+    n, many = _row_lengths(counts)
+    cd = counts * dv
+    D1 = cd.sum(axis=1)
+    cd *= dv
+    D2 = cd.sum(axis=1)
+    q = _series_coefs(s0, n, node_coefs)                                   # (2, 7, rows)
+    c = np.stack([q[:, 0] + D1 * (q[:, 1] + D1 * q[:, 3]) + D2 * q[:, 2], q[:, 4] + q[:, 5] * D1, q[:, 6]])
+    ok = many & (q[:, 0] > 0)
+    c *= ok / np.where(ok, q[:, 0], 1.0)
+    c = np.where(ok, c, _NO_SERIES)                                          # (3, 2, rows)
+    out = c[2][:, :, None] * dv
+    out += c[1][:, :, None]
+    out *= dv
+    out += c[0][:, :, None]
     return out[0], out[1]
 
 
+#: id(counts) -> (counts, row lengths, rows of more than one key) for read-only ``counts``
+_ROW_LENGTHS: dict = {}
+
+
+def _row_lengths(counts: np.ndarray):
+    """(n, n > 1) of rows whose keys ``counts`` says: memoised for a read-only array (a
+    position grid's quadrature weights, the same at every layer)."""
+    if counts.flags.writeable:
+        n = counts.sum(axis=1)
+        return n, n > 1.0 + 1e-9
+    hit = _ROW_LENGTHS.get(id(counts))
+    if hit is None or hit[0] is not counts:
+        n = counts.sum(axis=1)
+        if len(_ROW_LENGTHS) > 64:
+            _ROW_LENGTHS.clear()
+        hit = _ROW_LENGTHS[id(counts)] = (counts, n, n > 1.0 + 1e-9)
+    return hit[1], hit[2]
+
+
+#: the quadratic's coefficients (1, 0, 0) of a row that keeps the weights at 1
+_NO_SERIES = np.array([1.0, 0.0, 0.0])[:, None, None]
 #: the log-variance step of the nodes at which :func:`_series_coefs` evaluates its coefficients
 _KEY_COEF_STEP = 0.2
 
 
-def _series_coefs(s0: float, n: np.ndarray):
+def _quadratic(c: np.ndarray) -> np.ndarray:
+    """The series' coefficients (f0, A, B, A2, C, B2, E) (axis -2) as those of the quadratic
+    in x_j of :func:`_key_weights_series`: the moment is q0 + q1 D1 + q2 D2 + q3 D1^2
+    + (q4 + q5 D1) x_j + q6 x_j^2 with (q0 .. q6) = (f0, B, (B2 - E)/2, E/2, A - B, C - E,
+    A2/2 - C - B2/2 + E) (R1 = D1 - x_j and R2 = D2 - x_j^2 substituted)."""
+    f0, A, B, A2, C, B2, E = np.moveaxis(c, -2, 0)
+    return np.stack([f0, B, (B2 - E) / 2, E / 2, A - B, C - E, A2 / 2 - C - B2 / 2 + E], axis=-2)
+
+
+def _series_coefs(s0: float, n: np.ndarray, node_coefs=None):
     """The coefficients of :func:`_key_weights_series` for rows of lengths ``n`` (an array) at
-    the common variance ``s0``: for E[P_j] and E[P_j^2], (f0, A, B, A2, C, B2, E), each an array
-    over the rows.  Computed at nodes _KEY_COEF_STEP apart in log s (memoised per node and row
-    lengths: consecutive layers of a deep model share them) and interpolated in log s0 (cubic
-    Lagrange through the four nearest nodes); shape (2, 7, rows)."""
+    the common variance ``s0``: for E[P_j] and E[P_j^2], the quadratic's (q0 .. q6)
+    (:func:`_quadratic`), each an array over the rows.  Computed at nodes _KEY_COEF_STEP apart
+    in log s (memoised per node and row lengths: consecutive layers of a deep model share them)
+    and interpolated in log s0 (cubic Lagrange through the four nearest nodes); shape (2, 7,
+    rows).  ``node_coefs(k, nkey)``: the series coefficients (f0, A, B, A2, C, B2, E) at node k
+    (default :func:`_series_coefs_at`; the same numbers, e.g. kept on disk)."""
     x = math.log(max(s0, 1e-300)) / _KEY_COEF_STEP
     k0 = int(math.floor(x)) - 1
     t = x - k0
     key = np.ascontiguousarray(n, dtype=float).tobytes()
-    nodes = np.stack([_series_coefs_at(k0 + j, key) for j in range(4)])     # (4, 2, 7, rows)
+    at = _series_coefs_at if node_coefs is None else node_coefs
+    nodes = _SERIES_NODES.get((k0, key, at))
+    if nodes is None:
+        if len(_SERIES_NODES) > 64:
+            _SERIES_NODES.clear()
+        nodes = np.stack([_quadratic(at(k0 + j, key)) for j in range(4)])    # (4, 2, 7, rows)
+        nodes = _SERIES_NODES[(k0, key, at)] = nodes.reshape(4, -1)
     from sigprop.rules.softmax_moments import cubic_weights
-    return np.tensordot(np.array(cubic_weights(t)), nodes, axes=1)             # (2, 7, rows)
+    return (np.array(cubic_weights(t)) @ nodes).reshape(2, 7, -1)
+
+
+#: the four nodes' quadratic coefficients of :func:`_series_coefs`, stacked and flattened,
+#: per (first node, row lengths, source of the node coefficients)
+_SERIES_NODES: dict = {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1095,7 +1164,7 @@ def _series_coefs_at(k: int, nkey: bytes):
     return out
 
 
-def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
+def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
     """Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys),
     w1 = n_i E[P_ij] (the mean attention weight of key j in row i over the uniform 1/n_i) and
     w2 = E[P_ij^2] over the exchangeable row's E[P^2] = A2(n_i)/n_i.  Both are 1 for
@@ -1119,7 +1188,8 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
     row logit variance at its mean (the rule averages its statistics over the row-to-row law;
     here only the ratios are taken); QK-norm and rotary positions: the token-varying part
     (the rule's s_mean) carries the per-key scales, the rotary key-shared part
-    vsh (1 - kbar(L)) stays common to every key."""
+    vsh (1 - kbar(L)) stays common to every key.  ``node_coefs``: where the series
+    coefficients at their log-variance nodes come from (:func:`_series_coefs`)."""
     from sigprop.backend import numeric as m
     from sigprop.rules.softmax_moments import independent_row_moments
     rel = np.maximum(np.asarray(rel, dtype=float), KEY_REL_MIN)
@@ -1130,15 +1200,17 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray):
         c = _Ctx(m, Forward(float(x.mean), float(x.var), float(x.corr)), _RULE.param_values(params),
                  rope=bool(params.get("rope", 0.0)), check=False)
         v_tok = float(c.s_mean)
-        v_common = float(c.vsh * (1 - _kappa_bar(m, c.L, c.base, c.dh))) if params.get("rope", 0.0) else 0.0
+        v_common = float(c.vsh * (1 - c.kbL)) if params.get("rope", 0.0) else 0.0
     if not v_tok > 0:
         return np.ones(rel.shape), np.ones(rel.shape)
-    tot = counts.sum(axis=1, keepdims=True)
-    offset = v_tok * float(np.max(np.abs(rel - 1.0), initial=0.0))
+    rel1 = rel - 1.0
+    offset = v_tok * (float(np.abs(rel1).max()) if rel1.size else 0.0)
     if offset <= KEY_EXCHANGEABLE_MAX:
         return np.ones(rel.shape), np.ones(rel.shape)
     if offset <= KEY_SERIES_MAX:
-        return _key_weights_series(v_tok * (rel - 1.0), counts, v_tok + v_common)
+        rel1 *= v_tok
+        return _key_weights_series(rel1, counts, v_tok + v_common, node_coefs)
+    tot = counts.sum(axis=1, keepdims=True)
     e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
     with np.errstate(divide="ignore", invalid="ignore"):
