@@ -552,21 +552,27 @@ unchanged bit for bit):
   moved by at most 0.0075 (Post-LN torch-default, 96 layers, dropout 0.1; 0.0068 at 48 layers;
   DSLM-Post's own init 0.004-0.005; every other row below 0.0052, most below 1e-3), against the
   5% tolerance.
-- Causal rows re-run with the rules of 2026-11-25 (per-key weights and per-token slope): the 34
-  causal 12-layer rows and Pre-LN `normal` 48 layers dropout 0 causal, re-simulated (NumPy, seed
-  0, 8 x 4) with the raw measurements stored this time, and judged: 35 of 35 pass, as before.
-  These are new samples, not the earlier ones: the whole-model trials have drawn from their own
-  children of `SeedSequence(seed)` since 2026-11-24, so seed 0 now gives other numbers (the
-  measured variance changes over depth differ by up to 4%). Largest errors over the 35 rows:
-  forward variance 0.037 -> 0.029 (DSLM's own init, 12 layers, dropout 0.1), gradient variance
-  0.064 -> 0.053 (DSLM-Post's own init, 12 layers, dropout 0.1), correlation 0.014 -> 0.014. R^2
-  where the measured variance changes over 2x: gradient in 4 series (DSLM 12 layers), every one
-  0.99997 or more; forward in 9 series, two under the
-  0.998 floor on the new samples: Mix-LN `torch-default` 12 layers dropout 0 (0.9978, was 0.9996;
-  2.24x change) and Pre-LN `normal` 48 layers dropout 0 (0.9973, was 0.9982; 2.14x), the
-  configuration whose bidirectional twin gives 0.9978 at 8 draws and 1.0000 at 32 draws (above):
-  a forward variance that changes barely over 2x leaves R^2 to the sample. The other 67 causal
-  rows (48 layers but that one, and 96 layers) are still the 2026-11-22 judgement, not re-run."""
+- Causal rows re-run with the rules of 2026-11-25 (per-key weights and per-token slope): the 68
+  causal 12- and 48-layer rows, re-simulated (NumPy, seed 0, 8 x 4) with the raw measurements
+  stored this time, and judged: 67 of 68 pass. These are new
+  samples, not the earlier ones: the whole-model trials have drawn from their own children of
+  `SeedSequence(seed)` since 2026-11-24, so seed 0 now gives other numbers (the measured
+  variance changes over depth differ by up to 12%). The failure: DSLM-Post's own init, 48
+  layers, dropout 0 (6 points, the gradient at layers 4-5 predicted 0.547 against 0.587 +-
+  0.010, 6.9% low at 4.0 SE; gradient error max 0.091 -> 0.070, R^2 0.9705 -> 0.9001 where the
+  gradient changes 1.7x, under the 2x of the floor); it passed on the earlier sample, and its
+  independent 32-draw sample (seed 1, the second table) passes, gradient error at most 0.028,
+  R^2 0.9975. Largest errors over the 68 rows:
+  forward variance 0.037 -> 0.047 (DSLM's own init, 48 layers, dropout 0), gradient variance
+  0.121 -> 0.090 (Post-LN `torch-default`, 48 layers, dropout 0.1), correlation 0.015 -> 0.025
+  (DSLM-Post's own init, 48 layers, dropout 0). R^2 where the measured variance changes over 2x:
+  gradient in 15 series, one under the 0.99 floor, Post-LN `torch-default` 48 layers dropout 0.1
+  (0.9839, was 0.9771; 0.9923 on its 32-draw sample); forward in 19 series, three under the
+  0.998 floor on the new samples, all where the forward variance changes only 2.1-2.4x: Mix-LN
+  `torch-default` 12 layers dropout 0 (0.9978, was 0.9996), Pre-LN `normal` 48 layers dropout 0
+  (0.9973, was 0.9982) and 0.1 (0.9975, was 0.9999), the configurations whose bidirectional twin
+  gives 0.9978 at 8 draws and 1.0000 at 32 draws (above). The 34 causal 96-layer rows are still
+  the 2026-11-22 judgement, not re-run."""
 
 
 def main():
