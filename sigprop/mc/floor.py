@@ -233,9 +233,10 @@ and 48-layer row passes, and so do the two new torch-default 96-layer rows. `olm
 gradient entering layer 1's attention predicted 10.54 against 8.41 +- 0.44 (25% high, 4.9 SE,
 where the gradient has grown ~10^4-fold from the top); the rules of the day before give 10.46
 on the same draws and fail too (re-judged with that tree), so the row's earlier pass came from
-an older revision of the rules and it was not re-judged since. The other failures are the
-`gpt2` `scaled` row at 96 layers, dropout 0 (and the 48-layer one on seed 0's sample alone),
-and `olmo2` own init at 96 layers, dropout 0 (the gradient 11% low at layer 16's FFN, 0.0393
+an older revision of the rules and it was not re-judged since. The other failures are
+`gpt2` `scaled` at 96 and 48 layers, dropout 0, on seed 0's sample alone (both pass on six
+samples pooled, the table's rows; below), and `olmo2` own init at 96 layers, dropout 0 (the
+gradient 11% low at layer 16's FFN, 0.0393
 against 0.0443 +- 0.0012), which passes since the per-key attention weights, when `olmo2` own
 init at 48 layers, dropout 0.1, fails instead (the last paragraphs). Before the
 branch-output norm's per-token correction (below), `olmo2` torch-default, 48 layers, dropout
@@ -263,8 +264,17 @@ from the top, which is the `olmo2` failure below again:
   0.00449 against 0.00428 +- 0.00003, is unchanged). Six independent samples of the 48-layer
   model (seeds 0-5, 8 x 4 each): seeds 1, 2, 3 and 5 pass, 0 and 4 fail (11 and 5 points;
   without the slope 36 and 8), and pooled (48 draws, the table's row) the model passes:
-  gradient error at most 3.1% (4.3% without the slope), R^2 0.9990 (0.9984). What is left is
-  the forward variance. Pooled, the gradient is predicted low by 3.1% +- 1.0% at the input and
+  gradient error at most 3.1% (4.3% without the slope), R^2 0.9990 (0.9984). The 96-layer
+  model on the same six seeds (8 x 4 each; the table's row is the six pooled, 48 draws): seeds
+  1-5 pass alone (forward variance error at most 1.1-2.9%), and pooled it passes, forward
+  variance error at most 1.1%, gradient 1.9%, R^2 0.9999 forward and 0.9996 gradient. Seed 0's
+  failing point is its sample's: at layer 47's attention the prediction is 5.0% above seed 0's
+  mean and -1.5% to +2.7% off seeds 1-5's (per-draw SD 3.4%, so 1.2% for 8 draws), seed 0
+  being the sample whose draws also put the 48-layer model's top 4.5% under the prediction
+  (the first 48 layers draw the same normal numbers); pooled, the prediction is 1.0% +- 0.5%
+  high there and 0.4% +- 0.55% high at the top (the 48-layer model: 1.05% +- 0.57% at its top,
+  on the same seeds, so not an independent sample). What is left is the forward variance.
+  Pooled, the gradient is predicted low by 3.1% +- 1.0% at the input and
   1.2% +- 0.55% below the final norm, and the forward variance high by 1.05% +- 0.57% at the
   top (the correlation 0.009 +- 0.007): the gradient below a norm scales as 1/var, so the top's
   variance error is the final norm's gradient error, and the errors of the stream's variance
@@ -352,7 +362,16 @@ init at 96 layers (dropout 0: 0.027 to 0.013, R^2 0.9832 to 0.9960; dropout 0.1:
 which the R^2 floor applies). With dropout 0.1 the slope holds in the reduced model above
 (d_model 64, gains held, 2 heads, 32 tokens, 64 draws): the input gradient 3.3% +- 1.7% low
 with it, 9.0% without. The other `llama`, `lns` and `dslm` rows (12 and 48 layers, and `llama`
-and `lns` own init at 96) were judged before it and not re-run.
+and `lns` own init at 96; 28 rows), judged before both the per-key weights and the slope, were
+then re-simulated on the same seed-0 draws (8 x 4; the samples repeat: every measured change
+over depth agrees to the digit) and re-judged: all 28 pass, as before. The largest gradient
+errors are in `llama`, where the gradient grows 10^2-10^4-fold over depth and the points pass on
+their standard error (largest gradient error, torch-default: 12 layers dropout 0.1 0.127 to
+0.142, 48 layers dropout 0 0.155 to 0.162, dropout 0.1 0.125 to 0.108); DSLM's own init moves
+most otherwise (dropout 0.1: 12 layers 0.040 to 0.052, 48 layers 0.024 to 0.038; the gradient
+changes 1.7-1.8x over depth there, under the 2x at which the R^2 floor applies). Where a
+variance changes over 2x (14 forward and 14 gradient series) R^2 is at least 0.9994 forward and
+0.9989 gradient.
 The `olmo2` own-init rows' layer-1 excess at dropout 0.1 (measured 2026-11-25;
 `benchmarks/causal_grad_correlation.py --arch olmo2 --placement preset`, NumPy, float64, seed 0,
 4 draws x batch 4) is the causal position model's gradient covariance over the first positions
@@ -576,12 +595,34 @@ unchanged bit for bit):
 - Causal models: before the position model (one number per moment for all positions) 7 of the
   34 causal 12-layer configurations failed, with the input gradient up to 18% low; now all 102
   causal configurations but the Mix-LN one above pass.
-- The per-key attention weights (2026-11-25, docs/design.md) came after these runs, whose raw
-  samples were not kept, so the 102 causal rows were not re-judged. Their predictions, with the
-  weights against without them (same trees otherwise): the forward variance and the
-  correlations unchanged, the log gradient variance moved by at most 0.0075 (Post-LN
-  torch-default, 96 layers, dropout 0.1; 0.0068 at 48 layers; DSLM-Post's own init 0.004-0.005;
-  every other row below 0.0052, most below 1e-3), against the 5% tolerance."""
+- The per-key attention weights and the gradient's per-token slope (both 2026-11-25,
+  docs/design.md) came after these runs, whose raw samples were not kept. The per-key weights'
+  effect on the 102 causal rows' predictions, with the weights against without them (same trees
+  otherwise): the forward variance and the correlations unchanged, the log gradient variance
+  moved by at most 0.0075 (Post-LN torch-default, 96 layers, dropout 0.1; 0.0068 at 48 layers;
+  DSLM-Post's own init 0.004-0.005; every other row below 0.0052, most below 1e-3), against the
+  5% tolerance.
+- Causal rows re-run with the rules of 2026-11-25 (per-key weights and per-token slope): the 68
+  causal 12- and 48-layer rows, re-simulated (NumPy, seed 0, 8 x 4) with the raw measurements
+  stored this time, and judged: 67 of 68 pass. These are new
+  samples, not the earlier ones: the whole-model trials have drawn from their own children of
+  `SeedSequence(seed)` since 2026-11-24, so seed 0 now gives other numbers (the measured
+  variance changes over depth differ by up to 12%). The failure: DSLM-Post's own init, 48
+  layers, dropout 0 (6 points, the gradient at layers 4-5 predicted 0.547 against 0.587 +-
+  0.010, 6.9% low at 4.0 SE; gradient error max 0.091 -> 0.070, R^2 0.9705 -> 0.9001 where the
+  gradient changes 1.7x, under the 2x of the floor); it passed on the earlier sample, and its
+  independent 32-draw sample (seed 1, the second table) passes, gradient error at most 0.028,
+  R^2 0.9975. Largest errors over the 68 rows:
+  forward variance 0.037 -> 0.047 (DSLM's own init, 48 layers, dropout 0), gradient variance
+  0.121 -> 0.090 (Post-LN `torch-default`, 48 layers, dropout 0.1), correlation 0.015 -> 0.025
+  (DSLM-Post's own init, 48 layers, dropout 0). R^2 where the measured variance changes over 2x:
+  gradient in 15 series, one under the 0.99 floor, Post-LN `torch-default` 48 layers dropout 0.1
+  (0.9839, was 0.9771; 0.9923 on its 32-draw sample); forward in 19 series, three under the
+  0.998 floor on the new samples, all where the forward variance changes only 2.1-2.4x: Mix-LN
+  `torch-default` 12 layers dropout 0 (0.9978, was 0.9996), Pre-LN `normal` 48 layers dropout 0
+  (0.9973, was 0.9982) and 0.1 (0.9975, was 0.9999), the configurations whose bidirectional twin
+  gives 0.9978 at 8 draws and 1.0000 at 32 draws (above). The 34 causal 96-layer rows are still
+  the 2026-11-22 judgement, not re-run."""
 
 
 def main():
