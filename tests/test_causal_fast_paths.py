@@ -2,7 +2,7 @@
 rounding): the per-key weights' series as a per-row quadratic against the series written out in
 R1 and R2, its node coefficients through the table store, the node grid's shared prefix sums,
 several table rows in one product, the rotary row moments memoised, the attention backward's
-pair kernels' diagonal as a sum of two."""
+pair kernels' diagonal as a sum of two, the per-row terms memoised for a prediction."""
 
 import math
 
@@ -150,3 +150,46 @@ def test_rotary_row_moments_memo_equals_the_direct_evaluation():
     # arrays (a vectorised evaluation) are not memoised
     A._rope_row_moments(m, np.array([256.0, 512.0]), 1e4, 64.0)
     assert len(A._ROPE_ROWS) == 1
+
+
+def test_memo_put_keeps_the_most_recent_entries(monkeypatch):
+    """tables.memo_put drops the oldest entry at MEMO_SIZE (the backward pass asks for the
+    latest states first), not the whole memo."""
+    monkeypatch.setattr(tables, "MEMO_SIZE", 3)
+    memo = {}
+    for k in range(5):
+        assert tables.memo_put(memo, k, -k) == -k
+    assert memo == {2: -2, 3: -3, 4: -4}
+
+
+@pytest.mark.parametrize("arch", ["preln", "lns"])
+def test_causal_rows_terms_evaluated_once_per_state(arch, monkeypatch):
+    """A causal prediction's forward and backward ask a rows table for the same state of each
+    attention layer, the backward after the whole forward pass: the table evaluates each state
+    once (the terms are memoised for the prediction), and the prediction is the same as with
+    every request evaluated afresh."""
+    from sigprop.model.predict import predict
+    from sigprop.model.presets import resolve
+
+    m = resolve(arch, None, n_layers=24, dropout=0.0, causal=True, d_model=64, n_heads=2, d_ff=256, seq_len=256)
+    calls = []
+    count = calls.append
+    for cls, fn in ((profile.RowsTable, "values"), (profile.RowsVarTable, "interp")):
+        orig = getattr(cls, fn)
+
+        def counted(self, *a, _orig=orig):
+            count((id(self),) + a)
+            return _orig(self, *a)
+        monkeypatch.setattr(cls, fn, counted)
+    remember = tables.TableCache.remember
+
+    def counted_remember(self, key, compute):           # direct evaluations (no table)
+        return remember(self, key, lambda: (count(key), compute())[1])
+    monkeypatch.setattr(tables.TableCache, "remember", counted_remember)
+    memoised = predict(m)
+    assert calls and len(calls) == len(set(calls))
+    monkeypatch.setattr(tables, "MEMO_SIZE", 1)        # every request evaluated afresh
+    calls.clear()
+    fresh = predict(m)
+    assert len(calls) > len(set(calls))
+    assert [tuple(p) for p in memoised] == [tuple(p) for p in fresh]

@@ -492,6 +492,7 @@ class Predictor:
         # tables come back from the store, bit for bit)
         self._tables = TableCache() if tables is None else tables
         self._chains: dict = {}
+        self._handles: dict = {}          # id(chain) -> its handle in the table cache (made when asked for)
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
         self._norm_ops: dict = {}
         self._log_sqs: dict = {}
@@ -675,7 +676,7 @@ class Predictor:
             s = m.ffn
             rec.euler_var = relu_ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
                                                float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
-        chain, handle = self._chain(kind, l, unit.in_norm, n)
+        chain = self._chain(kind, l, unit.in_norm, n)
         logit_var = None
         if kind == "attention":
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
@@ -689,7 +690,7 @@ class Predictor:
         h_in = h
         if unit.post_norm and kind == "attention":
             rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
-        h = self._branch_forward(rec, chain, handle, h, dev_in is not None and kind == "attention")
+        h = self._branch_forward(rec, chain, h, dev_in is not None and kind == "attention")
         bcov = None
         if dev_in is not None and not h.var > 0:
             # a branch that adds nothing (all-zero output weights and biases): no
@@ -904,8 +905,9 @@ class Predictor:
     def _chain(self, kind: str, l: int, in_norm: bool, n: float):
         """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (after
         an input norm: the norm scale n first; then the branch, blocks.branch_chain; then the
-        hidden dropout), shared by the layers with the same parameters, with its handle in the
-        table cache."""
+        hidden dropout), shared by the layers with the same parameters (its handle in the table
+        cache is made where a table is asked for: a causal attention op and a chain tabulated
+        over the variance never need it)."""
         gid = (kind, self.groups[kind][l])
         hit = self._chains.get(gid)
         if hit is None:
@@ -914,10 +916,10 @@ class Predictor:
             if in_norm:
                 ops.insert(0, ("residual", dict(a=n, b=0.0)))     # norm scale n
             chain = tuple(ops)
-            hit = self._chains[gid] = (chain, self._tables.handle(chain))
+            hit = self._chains[gid] = chain
         return hit
 
-    def _branch_forward(self, rec: SublayerRecord, chain: tuple, handle, h: Forward,
+    def _branch_forward(self, rec: SublayerRecord, chain: tuple, h: Forward,
                         split: bool = False) -> Forward:
         """The branch chain: through an interpolation table of the whole chain where one is
         available (see sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal
@@ -938,6 +940,9 @@ class Predictor:
             if table is not None:
                 table = _Prescaled(table, chain[0])
         else:
+            handle = self._handles.get(id(chain))
+            if handle is None:
+                handle = self._handles[id(chain)] = self._tables.handle(chain)
             table = self._tables.get(chain, h, eager=eager, handle=handle, uses=uses)
         if table is not None:
             rec.chain_table, rec.chain_x = table, table.row(h)
@@ -1163,7 +1168,7 @@ class Predictor:
         The maths: sigprop.rules.attention.euler_terms (the attention's part) and
         sigprop.rules.residual.post_norm_attention (the residual weights, the projection off
         the norm's input); here only the record's quantities are handed over."""
-        params = self._chain("attention", rec.layer - 1, False, 1.0)[0][0][1]
+        params = self._chain("attention", rec.layer - 1, False, 1.0)[0][1]
         x = _real(rec.s_in.log_var, rec.s_in.x)
         terms = attention.euler_terms(params, x, rec.att_rows, rg, W, self.grid, self.model.dropout.hidden)
         mean = self.grid.mean if W is not None and self.grid is not None else None

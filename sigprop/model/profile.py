@@ -123,6 +123,7 @@ class RowsTable(tables.ThetaTable):
 
     def __init__(self, params: dict, mean: float, var: float, lo: float, grid=None):
         self.params = params
+        self._memo: dict = {}
         self.n = None if grid is None else grid.n
         self.L = int(params["L"]) if grid is None else grid.size     # values per quantity
         parts = ("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
@@ -135,14 +136,12 @@ class RowsTable(tables.ThetaTable):
         return _row_values(_rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n))
 
     def at(self, corr: float) -> dict:
-        """The terms at input correlation ``corr`` (the last one kept: a layer's forward and
-        backward ask for the same)."""
-        last = getattr(self, "_last", None)
-        if last is not None and last[0] == corr:
-            return last[1]
-        out = _row_terms(self.values(corr), self.L)
-        self._last = (corr, out)
-        return out
+        """The terms at input correlation ``corr`` (memoised, tables.memo_put: a layer's forward
+        and backward ask for the same)."""
+        hit = self._memo.get(corr)
+        if hit is None:
+            hit = tables.memo_put(self._memo, corr, _row_terms(self.values(corr), self.L))
+        return hit
 
 
 class RowsVarTable(tables.InterpTable):
@@ -188,18 +187,14 @@ class RowsVarTable(tables.InterpTable):
                 and self.lo <= float(x.corr) <= tables.R_MAX)
 
     def at(self, x: Forward) -> dict:
-        """The terms at input ``x`` (the last few kept: a layer's forward and backward ask
-        for the same state)."""
+        """The terms at input ``x`` (memoised, tables.memo_put: a layer's forward and backward
+        ask for the same state)."""
         corr, var = min(1.0, max(-1.0, float(x.corr))), float(x.var)
-        memo = self._memo
-        hit = memo.get((corr, var))
-        if hit is not None:
-            return hit
-        out = _row_terms(self.interp(float(np.arccos(corr)), float(np.log(var))), self.L)
-        if len(memo) > 8:
-            memo.clear()
-        memo[(corr, var)] = out
-        return out
+        hit = self._memo.get((corr, var))
+        if hit is None:
+            hit = tables.memo_put(self._memo, (corr, var),
+                                  _row_terms(self.interp(float(np.arccos(corr)), float(np.log(var))), self.L))
+        return hit
 
 
 #: id(params) -> (params, its canonical parameters, their sorted items) for :func:`rows`

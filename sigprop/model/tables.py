@@ -116,6 +116,21 @@ COSTLY_LOGIT_VAR = 2.0
 COSTLY_USES = 96
 
 
+#: how many states a per-prediction memo of a causal model's per-row terms keeps (a layer's
+#: forward and backward ask for the same state, the backward after the whole forward pass;
+#: ~3 KB an entry at 66 nodes)
+MEMO_SIZE = 4096
+
+
+def memo_put(memo: dict, key, value):
+    """``memo[key] = value``, the oldest entry dropped first where ``memo`` holds MEMO_SIZE:
+    the backward pass, top layer first, finds the most recent ones.  Returns ``value``."""
+    if len(memo) >= MEMO_SIZE:
+        del memo[next(iter(memo))]
+    memo[key] = value
+    return value
+
+
 def table_logit_var(ops, x: Forward) -> float:
     """The largest mean row logit variance an attention op of chain ``ops`` meets over a table
     at input ``x``'s mean and variance (its correlation range starts at min(0, corr); the
@@ -884,9 +899,6 @@ class TableCache:
     seen by a quantity that is not to be tabulated (its parameters do not repeat): it builds
     no table and shares the memoised direct evaluations."""
 
-    #: the most direct evaluations :meth:`remember` keeps (then it starts afresh)
-    MEMO_SIZE = 64
-
     def __init__(self):
         self.tables: dict = {}
         self.requests: dict = {}
@@ -897,12 +909,10 @@ class TableCache:
         self.untabulated = _Untabulated(self)
 
     def remember(self, key, compute):
-        """``compute()`` memoised under ``key`` for this prediction (at most MEMO_SIZE kept)."""
+        """``compute()`` memoised under ``key`` for this prediction (:func:`memo_put`)."""
         hit = self._memo.get(key)
         if hit is None:
-            if len(self._memo) > self.MEMO_SIZE:
-                self._memo.clear()
-            hit = self._memo[key] = compute()
+            hit = memo_put(self._memo, key, compute())
         return hit
 
     def theta(self, family: str, key, x: Forward, build):
