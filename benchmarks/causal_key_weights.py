@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +29,9 @@ from sigprop.mc.backend import Rng, as_rng, numpy_backend
 from sigprop.mc.sampling import correlated
 from sigprop.model.predict import Predictor, predict
 from sigprop.model.presets import resolve
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the shared benchmark helpers
+from _model_args import add_model_args  # noqa: E402
 
 KEYS = (0, 1, 2, 3)
 
@@ -116,18 +121,7 @@ def predicted_weights(m) -> list:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--arch", default="preln")
-    ap.add_argument("--init", default="normal")
-    ap.add_argument("--placement", default="output")
-    ap.add_argument("--layers", type=int, default=48)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--d-ff", type=int, default=1024)
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--dropout", type=float, default=0.0)
-    ap.add_argument("--trials", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--seed", type=int, default=0)
+    add_model_args(ap, dropout=0.0)
     ap.add_argument("--every", type=int, default=6)
     ap.add_argument("--no-predict", action="store_true", help="skip the prediction's logit variances")
     a = ap.parse_args()
