@@ -198,8 +198,8 @@ default 8 weight draws x batch 4:
 
 - Every architecture with its default, `torch-default` and `normal` init, dropout 0 and 0.1,
   bidirectional and causal, at 12, 48 and 96 layers: all 204 configurations pass `check` (203
-  since the causal 12- and 48-layer rows were re-run on new samples: DSLM-Post 48 layers, causal,
-  dropout 0 fails at 4.0 SE and passes on an independent 32-draw sample).
+  since the 102 causal rows were re-run on new samples with the rules of 2026-11-25: DSLM-Post 48
+  layers, causal, dropout 0 fails at 4.0 SE and passes on an independent 32-draw sample).
   Mix-LN `torch-default` at 96 layers, causal, dropout 0.1 failed until the Post-LN and causal
   backward fixes (its gradient near layer 6 was 18% high at 4.4 SE). The attention logit
   variance is measured as the mean second moment with a standard error pooled over
@@ -207,8 +207,9 @@ default 8 weight draws x batch 4:
   biased low by ~r^2/8 in deep models.
 - Where the variance changes more than 2x over depth, the R^2 of log predicted vs log measured
   variance is at least 0.998 (forward) and 0.99 (gradient) in 128 of 133 series at 8 draws
-  (125 since the causal 12- and 48-layer rows were re-run on new samples: three more forward
-  series, whose variance changes only 2.1-2.4x, fall to 0.9973-0.9978; see below).
+  (124 since the 102 causal rows were re-run on new samples: three more forward series, whose
+  variance changes only 2.1-2.4x, fall to 0.9973-0.9978, and the causal Post-LN `torch-default`
+  96-layer dropout-0.1 gradient to 0.9855; see below).
   The five misses measured again on independent 32-draw samples: four meet the floor; deep
   causal Post-LN `torch-default` at 96 layers stays below (0.9822). Neither 8 nor 32 draws can
   test that series: one draw's input gradient varies by a factor of several, and subsets of 120
