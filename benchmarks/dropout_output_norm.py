@@ -35,12 +35,11 @@ from pathlib import Path
 import numpy as np
 
 from sigprop.mc import model as mcm
-from sigprop.mc.backend import Rng, as_rng, numpy_backend
-from sigprop.mc.sampling import correlated, keep_mask
+from sigprop.mc.sampling import keep_mask
 from sigprop.model.presets import resolve
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the shared benchmark helpers
-from _model_args import add_model_args  # noqa: E402
+from _model_args import add_model_args, sampled_trials  # noqa: E402
 
 PATHS = ("q", "k", "v")
 
@@ -63,10 +62,7 @@ def measure(m, trials: int, batch: int, seed: int, at: list) -> dict:
     kinds = mcm._kinds(m)
     out: dict = {}
     add = lambda l, k, v: out.setdefault((l, k), []).append(float(v))   # noqa: E731
-    for t, ts in enumerate(mcm.trial_seeds(seed, trials)):
-        rng = as_rng(Rng(ts, numpy_backend(), "host"))
-        tr = mcm._Trial(m, rng, np.float64)
-        X = correlated(rng, (batch, L, d), m.input.mean, m.input.var, m.input.corr, np.float64)
+    for t, rng, tr, X in sampled_trials(m, seed, trials, batch):
         for l in range(max(at)):
             if l + 1 in at:
                 g0 = np.random.default_rng([seed, t, l])
