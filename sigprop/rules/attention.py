@@ -241,20 +241,14 @@ def _rope_row_moments(m, L, base, dh):
     """(kbar(L), M2, D of :func:`_kappa_moments`, :func:`_field_moments`) at L keys: functions
     of the positions and the rotary frequencies alone, memoised for numeric scalar arguments
     (every attention evaluation of a model asks for the same ones)."""
-    key = None
+    def compute():
+        kb = _kappa_bar(m, L, base, dh)
+        _, k2, dd = _kappa_moments(m, L, base, dh)
+        return (kb, k2, dd, _field_moments(m, L, base, dh))
+
     if not getattr(m, "SYMBOLIC", False) and np.ndim(L) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
-        key = (float(L), float(base), float(dh))
-        hit = _ROPE_ROWS.get(key)
-        if hit is not None:
-            return hit
-    kb = _kappa_bar(m, L, base, dh)
-    _, k2, dd = _kappa_moments(m, L, base, dh)
-    out = (kb, k2, dd, _field_moments(m, L, base, dh))
-    if key is not None:
-        if len(_ROPE_ROWS) > 256:
-            _ROPE_ROWS.clear()
-        _ROPE_ROWS[key] = out
-    return out
+        return _bounded(_ROPE_ROWS, (float(L), float(base), float(dh)), 256, compute)
+    return compute()
 
 
 def _kappa_sq(m, n, base, dh):
@@ -389,17 +383,24 @@ def _floor(m, v):
 _MEMO: dict = {}
 
 
+def _bounded(cache: dict, key, limit: int, compute):
+    """``cache[key]``, computed by ``compute()`` on a miss; the cache is emptied first when it
+    holds more than ``limit`` entries."""
+    hit = cache.get(key)
+    if hit is None:
+        if len(cache) > limit:
+            cache.clear()
+        hit = cache[key] = compute()
+    return hit
+
+
 def _memo(m, tag, arrays, fn):
     """Numeric results of the expensive statistics, keyed by their exact inputs, so that the
     forward and backward of one evaluation (and repeated evaluations) share them."""
     if getattr(m, "SYMBOLIC", False):
         return fn()
     key = (tag,) + tuple((np.shape(a), np.asarray(a, dtype=float).tobytes()) for a in arrays)
-    if key not in _MEMO:
-        if len(_MEMO) > 256:
-            _MEMO.clear()
-        _MEMO[key] = fn()
-    return _MEMO[key]
+    return _bounded(_MEMO, key, 256, fn)
 
 
 class _Ctx:
@@ -1116,12 +1117,8 @@ def _series_coefs(s0: float, n: np.ndarray, node_coefs=None):
     t = x - k0
     key = np.ascontiguousarray(n, dtype=float).tobytes()
     at = _series_coefs_at if node_coefs is None else node_coefs
-    nodes = _SERIES_NODES.get((k0, key, at))
-    if nodes is None:
-        if len(_SERIES_NODES) > 64:
-            _SERIES_NODES.clear()
-        nodes = np.stack([_quadratic(at(k0 + j, key)) for j in range(4)])    # (4, 2, 7, rows)
-        nodes = _SERIES_NODES[(k0, key, at)] = nodes.reshape(4, -1)
+    nodes = _bounded(_SERIES_NODES, (k0, key, at), 64,            # (4, 2 * 7 * rows)
+                     lambda: np.stack([_quadratic(at(k0 + j, key)) for j in range(4)]).reshape(4, -1))
     from sigprop.rules.softmax_moments import cubic_weights
     return (np.array(cubic_weights(t)) @ nodes).reshape(2, 7, -1)
 
