@@ -62,7 +62,8 @@ def test_first_positions_gradient_variance(p):
     r = PF._rows_direct(params, Forward(np.float64(0.0), np.float64(1.0), np.float64(R)))
     pred = PF._attention_cov(r, C)
     for j in range(3):
-        assert abs(pred[j, j] - mean[j, j]) < 3 * se[j, j] + 0.01 * mean[j, j], (j, pred[j, j], mean[j, j], se[j, j])
+        tol = 3 * se[j, j] + 0.01 * mean[j, j]
+        assert abs(pred[j, j] - mean[j, j]) < tol, (j, pred[j, j], mean[j, j], se[j, j])
 
 
 def test_uniform_limit_and_flat_normalisation():
@@ -138,4 +139,5 @@ def test_rotary_key_path_first_pairs():
     r = _key_path_rows(params, Forward(np.float64(0.0), np.float64(1.0), np.float64(R)), np.arange(1.0, Lr + 1))
     pred = PF._attention_cov(r, C, None, PF._offset_kernel(params, None, Lr))
     for j in range(3):
-        assert abs(pred[j, j + 1] - mean[j, j + 1]) < 3 * se[j, j + 1] + 0.02 * mean[1, 1], (j, pred[j, j + 1], mean[j, j + 1], se[j, j + 1])
+        tol = 3 * se[j, j + 1] + 0.02 * mean[1, 1]
+        assert abs(pred[j, j + 1] - mean[j, j + 1]) < tol, (j, pred[j, j + 1], mean[j, j + 1], se[j, j + 1])
