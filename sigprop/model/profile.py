@@ -25,13 +25,17 @@ them over positions:
   attention matrix, U_ij = 1/n_i for j <= i; per-length terms from the rule):
   key j's variance ``sum_{i >= j} C_ii spread(n_i) / n_i`` (value and key paths, one row's
   keys exchangeable) + ``C_jj local(n_j)`` (query path) + the pair-of-rows part, the rule's
-  ``cross`` per unit correlation, its value-path part distributed as diag(U^T C' U) (C' = C
-  off the diagonal) and its key-path part (``cross_k``) as diag(U^T (C' o M) U),
-  M_ii' = 1 - 1/min(n_i, n_i') (_key_pair_weights);
+  ``cross`` per unit correlation, its value-path part at uniform attention weights
+  (``cross_u``) distributed as diag(U^T C' U) (C' = C off the diagonal), and the rest of it
+  (the value path's softmax part, first order ~ (1 - 1/min(n_i, n_i')), and the key-path part
+  ``cross_k``) as diag(U^T (C' o M) U), M_ii' = 1 - 1/min(n_i, n_i') (_key_pair_weights,
+  _pair_scales);
   covariance of keys j != j': ``sum_{i >= max(j, j')} C_ii same_c(n_i) / (n_i (n_i - 1))``
   (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
-  ``qry_c`` C'_jj'.  Each kernel is normalised so that the flat covariance (diagonal 1,
-  off-diagonal rg) gives back the rule's value; the branch's gradient variance is the rule's
+  ``qry_c`` C'_jj' (with rotary positions the key path's part of the one-row term, ``same_k``,
+  and the query path's times kappa(j - j') / kbar(L), :func:`_offset_kernel`).  Each kernel
+  is normalised so that the flat covariance (diagonal 1, off-diagonal rg) gives back the
+  rule's value; the branch's gradient variance is the rule's
   (flat) value times mean diag(out(C)) / mean diag(out(flat)), its covariance the rule's
   times the same ratio of the off-diagonal means;
 * a LayerNorm's backward divides the gradient at position i by that position's standard
@@ -50,7 +54,7 @@ import numpy as np
 from sigprop.backend import numeric
 from sigprop.model import store, tables
 from sigprop.model.positions import cumsum_inplace, set_diag
-from sigprop.rules import get
+from sigprop.rules import attention as attention_rule, get
 from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
 from sigprop.state import Backward, Forward
 
@@ -61,8 +65,8 @@ def flat(L: int, grid=None) -> np.ndarray:
     return np.ones(grid.size if grid is not None else int(L))
 
 
-_KEYS = ("var", "spread", "local", "same_c")          # per row length (arrays of L)
-_SCALARS = ("cross", "cross_c", "qry_c", "cross_k")    # row-pair averages
+_KEYS = ("var", "spread", "local", "same_c", "same_k")   # per row length (arrays of L)
+_SCALARS = ("cross", "cross_c", "qry_c", "cross_k", "cross_u")    # row-pair averages
 
 
 def _rows_direct(params: dict, x: Forward, n: np.ndarray | None = None) -> dict:
@@ -357,6 +361,30 @@ def _key_pair_weights(L: int) -> np.ndarray:
     return M
 
 
+def _pair_scales(r: dict, kf_diag: float, kk_diag: float) -> tuple[float, float]:
+    """(kv, kk): the scales of the pair-of-rows kernels diag(U^T C' U) and
+    diag(U^T (C' o M) U) (M = :func:`_key_pair_weights`) in a key's gradient variance.
+
+    Two rows i != i' attending to key j contribute E[A_ij A_i'j] C'_ii' through the value path.
+    With uniform weights E[A_ij A_i'j] = 1/(n_i n_i'); the softmax's fluctuations add the
+    covariance of the two rows' weights on the shared key, which to first order in the row
+    logit variance v is 1/(n_i n_i') times rho v (1 - 1/min(n_i, n_i')) (rho the two rows'
+    logit correlation on one key; P_ij ~ (1 + s_ij - mean_k s_ik)/n_i, and the rows' means share
+    min(n_i, n_i') keys): zero for a pair with the one-key row 0, largest between long rows,
+    the key path's pair weight M again.  So the value path's pair term splits into its
+    uniform-weight part (the rule's ``cross_u``, distributed as U^T C' U) and the rest
+    (``cross`` - ``cross_k`` - ``cross_u``, distributed like the key path's, with M); each
+    normalised so that a flat covariance gives back the rule's own (pair-averaged) value.
+    A single weight for every pair put the rule's average (the long rows') on the pairs of
+    short rows, which carry the upstream covariance of a deep causal stack."""
+    cross_v = float(r["cross"]) - float(r["cross_k"])
+    if not kk_diag:
+        # (no pairs of rows share a key path at L = 2: row 0 has one key; then nothing to scale)
+        return cross_v / kf_diag, 0.0
+    cu = float(r["cross_u"])
+    return cu / kf_diag, (float(r["cross_k"]) + cross_v - cu) / kk_diag
+
+
 def _terms(r: dict, d: np.ndarray):
     n = np.arange(1.0, len(d) + 1)
     spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
@@ -365,9 +393,48 @@ def _terms(r: dict, d: np.ndarray):
     return diag, a
 
 
-def _attention_cov(r: dict, C: np.ndarray, kw=None) -> np.ndarray:
+_KAP: dict = {}
+
+
+def _offset_kernel(params: dict, grid=None, L: int | None = None) -> np.ndarray | None:
+    """Rotary positions: kappa(j - j') / kbar(L) over the pairs of positions (or of a grid's
+    nodes), ``sigprop.rules.attention.rope_offset_ratio``; None without them (memoised)."""
+    if not float(params.get("rope", 0.0)):
+        return None
+    L = int(params["L"]) if L is None else L
+    key = (float(params["rope"]), float(params["d_head"]), L, None if grid is None else grid.signature())
+    K = _KAP.get(key)
+    if K is None:
+        x = np.asarray(grid.x, float) if grid is not None else np.arange(float(L))
+        K = attention_rule.rope_offset_ratio({**params, "L": L}, np.abs(np.subtract.outer(x, x)))
+        K.setflags(write=False)
+        if len(_KAP) > 64:
+            _KAP.clear()
+        _KAP[key] = K
+    return K
+
+
+def _key_split(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """The key path's part of the one-row covariance term ``a`` (:func:`_terms`)."""
+    return np.where(n > 1, d * np.asarray(r["same_k"], float) * n / np.maximum(n - 1, 1), 0.0)
+
+
+def _one_row_off(r: dict, a: np.ndarray, d: np.ndarray, kap, UtDU, n: np.ndarray) -> np.ndarray:
+    """U^T diag(a) U, the one-row covariance of keys j != j'; with rotary positions
+    (``kap``: :func:`_offset_kernel`) its key-path part times kappa(j - j') / kbar(L)."""
+    if kap is None:
+        return UtDU(a)
+    ak = _key_split(r, d, n)
+    out = UtDU(ak)
+    out *= kap
+    out += UtDU(a - ak)
+    return out
+
+
+def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
     """The gradient covariance over positions at the attention input for covariance C at
-    its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`)."""
+    its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`;
+    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`)."""
     L = len(C)
     diag, a = _terms(r, np.diag(C).copy())
     if kw is not None:
@@ -376,16 +443,16 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None) -> np.ndarray:
     Co = _offdiag(C)
     K = _UtXU(Co)
     kf_diag, kf_off, kk_diag = _flat_kernel_means(L)
-    # pair-of-rows variance: the value path's part with the uniform weights (U^T C' U), the
-    # key path's with its own pair weights, each normalised to the rule's flat value
-    kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
-    # (no pairs of rows share a key path at L = 2: row 0 has one key; then nothing to scale)
-    kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
+    # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
+    # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat value
+    kv, kk = _pair_scales(r, kf_diag, kk_diag)
     pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
     ko = float(r["cross_c"]) / kf_off
     K *= ko
     Co *= float(r["qry_c"])
-    out = _UtDU(a)
+    if kap is not None:
+        Co *= kap
+    out = _one_row_off(r, a, np.diag(C), kap, _UtDU, np.arange(1.0, L + 1))
     if kw is not None:
         pairs = pairs * rho * rho
         K *= np.outer(rho, rho)
@@ -421,7 +488,7 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
     return diag, _pair_terms(r, d, n)
 
 
-def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
+def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
     quadratures, sigprop.model.positions)."""
     Co = _offdiag(C)
@@ -437,15 +504,16 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
         f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
     kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
-    kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
-    kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
+    kv, kk = _pair_scales(r, kf_diag, kk_diag)
     pairs = kv * dK + kk * dM
     ko = float(r["cross_c"]) / kf_off
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
     K *= ko
     Co *= float(r["qry_c"])
-    out = grid.UtDU(a)
+    if kap is not None:
+        Co *= kap
+    out = _one_row_off(r, a, d, kap, grid.UtDU, grid.n)
     if kw is not None:
         pairs = pairs * rho * rho
         K *= np.outer(rho, rho)
@@ -456,19 +524,26 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
     return out
 
 
-def _flat_stats_graded(r: dict, grid, rg: float) -> tuple[float, float]:
-    diag, a = _terms_graded(r, np.ones(grid.size), grid)
+def _flat_stats_graded(r: dict, grid, rg: float, kap=None) -> tuple[float, float]:
+    d = np.ones(grid.size)
+    diag, a = _terms_graded(r, d, grid)
+    qry = float(r["qry_c"]) * (1.0 if kap is None else grid.mean_off(kap))
     return (grid.mean(diag) + rg * float(r["cross"]),
-            grid.mean_off(grid.UtDU(a)) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
+            grid.mean_off(_one_row_off(r, a, d, kap, grid.UtDU, grid.n)) + rg * (float(r["cross_c"]) + qry))
 
 
-def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
+def _flat_stats(r: dict, L: int, rg: float, kap=None) -> tuple[float, float]:
     """(diagonal mean, off-diagonal mean) of :func:`_attention_cov` for the flat covariance
-    (diagonal 1, off-diagonal rg), in O(L): the kernels of a flat covariance are the memoised
-    flat ones times rg."""
-    diag, a = _terms(r, np.ones(L))
-    return (float(np.mean(diag)) + rg * float(r["cross"]),
-            _UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
+    (diagonal 1, off-diagonal rg), in O(L) (O(L^2) with rotary positions' ``kap``): the kernels
+    of a flat covariance are the memoised flat ones times rg."""
+    d = np.ones(L)
+    diag, a = _terms(r, d)
+    if kap is None:
+        off = _UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"]))
+    else:
+        off = (mean_off(_one_row_off(r, a, d, kap, _UtDU, np.arange(1.0, L + 1)))
+               + rg * (float(r["cross_c"]) + float(r["qry_c"]) * mean_off(kap)))
+    return float(np.mean(diag)) + rg * float(r["cross"]), off
 
 
 def mean_off(C: np.ndarray, grid=None) -> float:
@@ -622,19 +697,20 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     weights (w1, w2) of :func:`key_weights` (None: exchangeable keys), which weight the one-row
     and pair-of-rows sums over the rows attending to each key; the flat reference keeps
     exchangeable keys, so the factors carry what the weights change."""
+    kap = _offset_kernel(params, grid, len(C) if grid is None else None)
     if grid is not None:
         r = rows(params, x, table, grid, var_range)
-        o = _attention_cov_graded(r, C, grid, kw)
+        o = _attention_cov_graded(r, C, grid, kw, kap)
         t = grid.mean_diag(o)
-        t1, off1 = _flat_stats_graded(r, grid, float(g.corr))
+        t1, off1 = _flat_stats_graded(r, grid, float(g.corr), kap)
         if not (t > 0 and t1 > 0):
             return 1.0, 1.0, C
         return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
     r = rows(params, x, table, None, var_range)
     L = len(C)
-    o = _attention_cov(r, C, kw)
+    o = _attention_cov(r, C, kw, kap)
     t = np.trace(o) / L
-    t1, off1 = _flat_stats(r, L, float(g.corr))
+    t1, off1 = _flat_stats(r, L, float(g.corr), kap)
     if not (t > 0 and t1 > 0):
         return 1.0, 1.0, C
     return float(t / t1), _ratio(mean_off(o), off1), o / t

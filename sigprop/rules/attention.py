@@ -964,11 +964,14 @@ class Attention(Rule):
           exchangeable within a row);
         * ``local``: the query path's part (lands on the row's own position);
         * ``same_c``: the off-diagonal gradient covariance a row with unit gradient produces
-          among its own keys, summed over its n (n - 1) ordered key pairs (value and key paths);
+          among its own keys, summed over its n (n - 1) ordered key pairs (value and key paths;
+          ``same_k``: the key path's part of it);
         * per unit gradient correlation rg (scalars: row-pair averages, the rule's own terms):
           ``cross``: the pair-of-rows parts of the value and key paths' variance (``cross_k``:
-          the key path's part of it); ``cross_c``: their covariance; ``qry_c``: the query
-          path's covariance.
+          the key path's part of it; ``cross_u``: the value path's part at uniform attention
+          weights, E[A_ij A_i'j] = 1/(n_i n_i') on the shared keys, C2 = 1/max(n_i, n_i')
+          averaged over the pairs of distinct rows); ``cross_c``: their covariance; ``qry_c``:
+          the query path's covariance.
 
         Rotary positions: every per-row statistic at its row length's shifted logit variance
         (the module docstring); the row-pair terms as in :meth:`backward`."""
@@ -990,9 +993,14 @@ class Attention(Rule):
         t = _backward_terms(m, c, p, g0, bst)           # rg = 0: the one-row terms
         avg = _backward_stats(m, c, p)
         t0, t1 = _backward_terms(m, c, p, g0, avg), _backward_terms(m, c, p, g1, avg)
+        # the value path's pair-of-rows part at uniform weights: E[A_ij A_i'j] = 1/(n_i n_i')
+        # for the shared keys, C2 = 1/max(n_i, n_i') averaged over the pairs of distinct rows
+        L = p.L
+        harm = m.sum_over_lengths(lambda k: 1 / k, L)
+        tu = _backward_terms(m, c, p, g1, {**avg, "C2": 2 * (L - harm) / (L * (L - 1))})
         return {"var": var, "spread": t["val"] + t["key"], "local": t["qry"],
-                "same_c": (p.L - 1) * (t["val_c"] + t["key_c"]),
-                "cross": t1["val_x"] + t1["key_x"], "cross_k": t1["key_x"],
+                "same_c": (p.L - 1) * (t["val_c"] + t["key_c"]), "same_k": (p.L - 1) * t["key_c"],
+                "cross": t1["val_x"] + t1["key_x"], "cross_k": t1["key_x"], "cross_u": tu["val_x"],
                 "cross_c": t1["val_c"] + t1["key_c"] - t0["val_c"] - t0["key_c"],
                 "qry_c": t1["qry_c"]}
 
@@ -1214,6 +1222,25 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, n
         w1 = np.where(h1 > 0, e1 / h1, 1.0)
         w2 = np.where(h2 > 0, e2 / h2, 1.0)
     return w1, w2
+
+
+def rope_offset_ratio(params: dict, t) -> np.ndarray | None:
+    """kappa(t) / kbar(L) at key offsets ``t`` (an array), or None without rotary positions:
+    kappa(t) = (2/dh) sum_i cos(t theta_i) is the correlation of a rotated direction with itself
+    rotated by t positions, kbar(L) its mean over the ordered pairs of distinct positions of a
+    row of L keys.  The rule multiplies the key path's within-row covariance (two keys of one
+    row: the row's query rotated by the two offsets, q^T R_(j - j') q) and the query path's
+    covariance of two rows (one key rotated by the two offsets, k^T R_(j - j') k) by kbar(L);
+    at a pair of positions j, j' the factor is kappa(j - j') instead: for neighbouring
+    positions close to 1, for distant ones below the mean."""
+    base = float(params.get("rope", 0.0))
+    if not base:
+        return None
+    dh = float(params["d_head"])
+    theta, mask = _rope_freqs(None, base, dh)
+    t = np.asarray(t, dtype=float)
+    kap = 2 / dh * np.sum(np.cos(t[..., None] * theta) * mask, axis=-1)
+    return kap / float(_kappa_bar(None, float(params["L"]), base, dh))
 
 
 def value_gain(p: dict) -> float:
