@@ -85,6 +85,18 @@ def _at_max_index(s: np.ndarray, imax: np.ndarray) -> np.ndarray:
     return s[imax]
 
 
+def _flat_kernel_means(grid) -> tuple[float, float, float]:
+    """Diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of
+    U^T ((1 1^T - I) o M) U (M the key pair weights), on ``grid``: the kernels of a flat
+    covariance, which normalise the causal attention's gradient kernels (built with the
+    grid)."""
+    off = np.ones((grid.size, grid.size))
+    set_diag(off, 0.0)
+    Kf = grid.UtXU(off)
+    Kk = grid.UtXU(off * grid.key_pair_weights())
+    return grid.mean_diag(Kf), grid.mean_off(Kf), grid.mean_diag(Kk)
+
+
 class Grid:
     """Blocks of positions of a length-``L`` causal sequence (see the module docstring)."""
 
@@ -141,6 +153,8 @@ class Grid:
         # suffix weights as a matrix: (A Y)_k = sum over the positions from rep_k on of Y
         # with the weights 1/n, A_ki = h_i (i > k), hp_k (i = k) (for the diagonal of U^T X U)
         self._A = np.triu(np.ones((nb, nb)), 1) * self.h[None, :] + np.diag(self.hp)
+        self.lower = np.tril(np.ones((nb, nb), dtype=bool))
+        self.flat_kernel_means = _flat_kernel_means(self)
 
     # -- means ---------------------------------------------------------------------------
     def mean(self, f: np.ndarray) -> float:
@@ -239,6 +253,10 @@ class Grid:
         index matrix (the same values, ~5x faster at 214 blocks)."""
         s = self._from_rep(a, self.h2, self.h2p)
         return _at_max_index(s, self.imax)
+
+    def UtDU_offmean(self, a: np.ndarray) -> float:
+        """``mean_off(UtDU(a))``."""
+        return self.mean_off(self.UtDU(a))
 
     def UXUt(self, X: np.ndarray) -> np.ndarray:
         """U X U^T for a symmetric X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
@@ -412,6 +430,17 @@ class NodeGrid:
         vh_diag = self.Vh[i, i]
         self._diag_op = (vh_diag.T[:, :, None] * self.Wh).transpose(1, 0, 2).reshape(nb, nb * nb)
         self._diag_op -= (self.S2[:, :, None] * self.E[None]).reshape(nb, nb * nb)
+        # the pairs of nodes on and below the diagonal (rows i >= key j)
+        self.lower = np.tril(np.ones((nb, nb), dtype=bool))
+        # the off-diagonal mean of U^T diag(a) U as one dot product with a: U^T diag(a) U is
+        # s[max(k, l)] for s = S2 a, so its mean over the pairs weighs s_m with the pair
+        # weights of every (k, l) whose larger index is m
+        at_max = np.zeros(nb)
+        np.add.at(at_max, self.imax.ravel(), self.Moff.ravel())
+        self.utdu_offmean = (at_max @ self.S2) / self.pairs
+        # diagonal and off-diagonal means of U^T (1 1^T - I) U and the diagonal mean of
+        # U^T ((1 1^T - I) o M) U, M the key pair weights: the flat covariance's kernels
+        self.flat_kernel_means = _flat_kernel_means(self)
 
     # -- construction ------------------------------------------------------------------
     def _g(self, g: int, m: np.ndarray) -> np.ndarray:
@@ -566,6 +595,10 @@ class NodeGrid:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
         s = self.S2 @ a
         return _at_max_index(s, self.imax)
+
+    def UtDU_offmean(self, a: np.ndarray) -> float:
+        """``mean_off(UtDU(a))`` without the matrix."""
+        return float(self.utdu_offmean @ a)
 
     def prefix_sums(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, D) for a symmetric X whose diagonal is not read: the kinked prefix sums

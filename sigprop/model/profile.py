@@ -273,6 +273,48 @@ def suffix(A: np.ndarray, axis: int) -> np.ndarray:
     return c
 
 
+class ExactPositions:
+    """The constant matrices of the exact position model (every position its own node) for a
+    causal sequence of L positions, built once per L (:func:`exact_positions`) as read-only
+    arrays: what the kernels below need beside their inputs, as a position grid
+    (sigprop.model.positions.NodeGrid) holds its own."""
+
+    def __init__(self, L: int):
+        L = int(L)
+        n = np.arange(1.0, L + 1)
+        i = np.arange(L)
+        self.L, self.n = L, n
+        #: weights of the diagonal of U^T X U after the row sums (row i >= k, times 1/n_i)
+        self.diag_w = np.tril(np.ones((L, L))) / n[:, None]
+        #: max(k, l) (U^T diag(a) U's index matrix)
+        self.imax = np.maximum.outer(i, i)
+        #: the key path's pair-of-rows weights (:func:`_key_pair_weights`)
+        self.kpw = 1.0 - 1.0 / np.minimum.outer(n, n)
+        #: U U^T with a zero diagonal, 1 / n_max(i, k), and its off-diagonal mean
+        M = 1.0 / (self.imax + 1.0)
+        np.fill_diagonal(M, 0.0)
+        pairs = np.float64(L * (L - 1))
+        with np.errstate(divide="ignore", invalid="ignore"):    # (no pairs at L = 1: nan)
+            self.inv_nmax_mean = float(M.sum() / pairs)
+            Kf = _UtXU(_offdiag(np.ones((L, L))))
+            Kk = _UtXU(_offdiag(self.kpw))
+            #: diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of
+            #: the key path's U^T ((1 1^T - I) o M) U: the flat covariance's kernels
+            self.flat_kernel_means = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / pairs),
+                                      float(np.trace(Kk) / L))
+        self.inv_nmax = M
+        for a in vars(self).values():
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+
+
+@functools.lru_cache(maxsize=8)
+def exact_positions(L: int) -> ExactPositions:
+    """``ExactPositions(L)``, memoised: a function of L alone, read-only (as positions.grid_for's
+    grids)."""
+    return ExactPositions(L)
+
+
 def _UtXU(X: np.ndarray) -> np.ndarray:
     """U^T X U for the uniform causal attention matrix U (U_ij = 1/n_i, j <= i), in O(L^2):
     (X U)_ik = sum_{j >= k} X_ij / n_j and (U^T Y)_kl = sum_{i >= k} Y_il / n_i are reversed
@@ -283,35 +325,20 @@ def _UtXU(X: np.ndarray) -> np.ndarray:
     return suffix(Y, 0)
 
 
-_DIAGW: dict = {}
-
-
 def _UtXU_diag(X: np.ndarray) -> np.ndarray:
     """The diagonal of :func:`_UtXU` for a symmetric X with one suffix sum:
     (U^T X U)_kk = sum_{i >= k} Y_ik / n_i, Y_ik = sum_{j >= k} X_ij / n_j."""
-    L = len(X)
-    n = np.arange(1.0, L + 1)
-    W = _DIAGW.get(L)
-    if W is None:
-        W = _DIAGW[L] = np.tril(np.ones((L, L))) / n[:, None]
-    Y = suffix(X / n[None, :], 1)
-    Y *= W
+    ex = exact_positions(len(X))
+    Y = suffix(X / ex.n[None, :], 1)
+    Y *= ex.diag_w
     return Y.sum(axis=0)
-
-
-_MAXIDX: dict = {}
 
 
 def _UtDU(a: np.ndarray) -> np.ndarray:
     """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
-    L = len(a)
-    n = np.arange(1.0, L + 1)
-    s = suffix(a / n**2, 0)
-    idx = _MAXIDX.get(L)
-    if idx is None:
-        i = np.arange(L)
-        idx = _MAXIDX[L] = np.maximum.outer(i, i)
-    return s[idx]
+    ex = exact_positions(len(a))
+    s = suffix(a / ex.n**2, 0)
+    return s[ex.imax]
 
 
 def _UtDU_offmean(a: np.ndarray) -> float:
@@ -323,25 +350,6 @@ def _UtDU_offmean(a: np.ndarray) -> float:
     return float(np.sum(2.0 * np.arange(L) * s) / (L * (L - 1)))
 
 
-_KF: dict = {}
-
-
-def _flat_kernel_means(L: int) -> tuple[float, float, float]:
-    """Diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of the key
-    path's U^T ((1 1^T - I) o M) U (:func:`_key_pair_weights`) (memoised per L)."""
-    if L not in _KF:
-        Kf = _UtXU(_offdiag(np.ones((L, L))))
-        Kk = _UtXU(_offdiag(_key_pair_weights(L)))
-        _KF[L] = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / (L * (L - 1))),
-                  float(np.trace(Kk) / L))
-    return _KF[L]
-
-
-
-
-_KPW: dict = {}
-
-
 def _key_pair_weights(L: int) -> np.ndarray:
     """M_ii' = 1 - 1/min(n_i, n_i'): the key path's pair-of-rows weight.  Through its logit,
     key j of row i moves the row's output by A_ij (V_j - O_i) (O_i the row's output); two rows
@@ -349,12 +357,8 @@ def _key_pair_weights(L: int) -> np.ndarray:
     token-specific part of E[(V_j - O_i) . (V_j - O_i')] is (1 - 1/min(n_i, n_i')) of that of
     V_j alone (the shorter row's average shares the most with V_j; a one-key row, n = 1, has
     V_j - O_i = 0: row 0 pairs with nothing through the keys).  The value path's pairs carry
-    weight 1 (U^T C' U)."""
-    M = _KPW.get(L)
-    if M is None:
-        n = np.arange(1.0, L + 1)
-        M = _KPW[L] = 1.0 - 1.0 / np.minimum.outer(n, n)
-    return M
+    weight 1 (U^T C' U).  (Read-only: ExactPositions.kpw.)"""
+    return exact_positions(L).kpw
 
 
 def _terms(r: dict, d: np.ndarray):
@@ -375,7 +379,7 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None) -> np.ndarray:
         diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     Co = _offdiag(C)
     K = _UtXU(Co)
-    kf_diag, kf_off, kk_diag = _flat_kernel_means(L)
+    kf_diag, kf_off, kk_diag = exact_positions(L).flat_kernel_means
     # pair-of-rows variance: the value path's part with the uniform weights (U^T C' U), the
     # key path's with its own pair weights, each normalised to the rule's flat value
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
@@ -394,19 +398,6 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None) -> np.ndarray:
     out += Co
     np.fill_diagonal(out, diag + pairs)
     return out
-
-
-_KFG: dict = {}
-
-
-def _flat_kernel_means_graded(grid) -> tuple[float, float, float]:
-    """:func:`_flat_kernel_means` on a position grid (memoised per grid)."""
-    key = grid.signature()
-    if key not in _KFG:
-        Kf = grid.UtXU(_offdiag(np.ones((grid.size, grid.size))))
-        Kk = grid.UtXU(_offdiag(grid.key_pair_weights()))
-        _KFG[key] = (grid.mean_diag(Kf), grid.mean_off(Kf), grid.mean_diag(Kk))
-    return _KFG[key]
 
 
 def _pair_terms(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -436,7 +427,7 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
         # (the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
         f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
-    kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
+    kf_diag, kf_off, kk_diag = grid.flat_kernel_means
     kv = (float(r["cross"]) - float(r["cross_k"])) / kf_diag
     kk = float(r["cross_k"]) / kk_diag if kk_diag else 0.0
     pairs = kv * dK + kk * dM
@@ -459,7 +450,7 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None) -> np.ndarray:
 def _flat_stats_graded(r: dict, grid, rg: float) -> tuple[float, float]:
     diag, a = _terms_graded(r, np.ones(grid.size), grid)
     return (grid.mean(diag) + rg * float(r["cross"]),
-            grid.mean_off(grid.UtDU(a)) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
+            grid.UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"])))
 
 
 def _flat_stats(r: dict, L: int, rg: float) -> tuple[float, float]:
@@ -484,19 +475,6 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b != 0 and np.isfinite(a / b) else 1.0
 
 
-_LOWER: dict = {}
-
-
-def _lower(nb: int) -> np.ndarray:
-    """The boolean lower triangle (diagonal included) of an nb x nb matrix (memoised,
-    read-only)."""
-    low = _LOWER.get(nb)
-    if low is None:
-        low = _LOWER[nb] = np.tril(np.ones((nb, nb), dtype=bool), 0)
-        low.flags.writeable = False
-    return low
-
-
 def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.ndarray, np.ndarray]:
     """(rel, counts) for :func:`sigprop.rules.attention.key_weights`: per causal row i (a
     position, or a node of ``grid``) and key j, the variance of key j's token-varying logit
@@ -519,7 +497,7 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.n
     else:
         n = grid.n
         nb = grid.size
-        low = _lower(nb)
+        low = grid.lower
         # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
         # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
         P, D = grid.prefix_sums(S) if pre is None else pre
@@ -567,7 +545,7 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None):
     if grid is None:
         low = counts > 0
     else:
-        low = _lower(counts.shape[0])
+        low = grid.lower
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
         w1 = np.where(low, w1, np.diagonal(w1)[None, :])
@@ -741,18 +719,11 @@ def UXUt(X: np.ndarray) -> np.ndarray:
     return c
 
 
-_INV_NMAX: dict = {}
-
-
 def _inv_nmax(L: int) -> tuple[np.ndarray, float]:
-    """(U U^T with a zero diagonal, its off-diagonal mean): (U U^T)_ik = 1/n_max(i,k)."""
-    hit = _INV_NMAX.get(L)
-    if hit is None:
-        i = np.arange(L)
-        M = 1.0 / (np.maximum.outer(i, i) + 1.0)
-        np.fill_diagonal(M, 0.0)
-        hit = _INV_NMAX[L] = (M, float(M.sum() / (L * (L - 1))))
-    return hit
+    """(U U^T with a zero diagonal, its off-diagonal mean): (U U^T)_ik = 1/n_max(i,k)
+    (ExactPositions.inv_nmax, read-only)."""
+    ex = exact_positions(L)
+    return ex.inv_nmax, ex.inv_nmax_mean
 
 
 def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None, pre=None) -> np.ndarray:
