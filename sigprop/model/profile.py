@@ -501,11 +501,13 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.n
         # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
         # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
         P, D = grid.prefix_sums(S) if pre is None else pre
-        P = P - D[:, None] * low.T
-        m = P.T / np.maximum(n - 1.0, 1.0)[:, None]
+        # (row i of m is column i of P; above the diagonal, j > i, m is replaced below, so
+        # D is subtracted everywhere)
+        m = P.T - D[None, :]
+        m /= np.maximum(n - 1.0, 1.0)[:, None]
         m = np.where(low, m, np.diagonal(m)[:, None])       # held at x_i beyond the diagonal
         counts = grid.Pf
-        mu = (counts * m).sum(axis=1) / n
+        mu = np.einsum("ij,ij->i", counts, m) / n
     rel = 1.0 + (mu[:, None] - 2.0 * m) / one_minus_r
     rel[0] = 1.0
     if grid is None:
@@ -541,17 +543,15 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None):
     for S = 0.  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
     from sigprop.rules.attention import key_weights as _kw
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
-    w1, w2 = _kw(params, x, rel, counts, _stored_series_coefs)
+    # both weights as one (2, rows, keys) array (the series returns them so)
+    w = np.asarray(_kw(params, x, rel, counts, _stored_series_coefs))
     if grid is None:
-        low = counts > 0
+        w = np.where(counts > 0, w, 0.0)
     else:
-        low = grid.lower
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
-        w1 = np.where(low, w1, np.diagonal(w1)[None, :])
-        w2 = np.where(low, w2, np.diagonal(w2)[None, :])
-        return w1, w2
-    return np.where(low, w1, 0.0), np.where(low, w2, 0.0)
+        w = np.where(grid.lower, w, np.diagonal(w, axis1=1, axis2=2)[:, None, :])
+    return w[0], w[1]
 
 
 def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):
