@@ -620,8 +620,9 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
 
 def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
     """A position-wise map (same weights at every position): the diagonal scales by the
-    variance gain, the off-diagonal by the covariance gain (returned relative to the former)."""
-    if not var_gain > 0:
+    variance gain, the off-diagonal by the covariance gain (returned relative to the former;
+    ``C`` itself where the two gains are equal: the caller does not change it in place)."""
+    if not var_gain > 0 or cov_gain == var_gain:
         return C
     out = C * (cov_gain / var_gain)
     set_diag(out, C.diagonal())
