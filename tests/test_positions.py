@@ -330,3 +330,19 @@ def test_row_operators_equal_their_dense_stacks(L, head):
         np.testing.assert_allclose(op.apply_weighted(X, W), want, rtol=0, atol=1e-13 * np.abs(want).max())
     if L > 64:
         assert g._wh.B.size < g.Wh.size / 3
+
+
+def test_exact_position_constants_are_one_read_only_object_per_L():
+    # the exact position model's constant matrices (profile.ExactPositions) are built once per
+    # L and shared read-only, like a node grid's: nothing a prediction does can change them
+    from sigprop.model import profile
+
+    ex = profile.exact_positions(12)
+    assert profile.exact_positions(12) is ex
+    for a in (ex.diag_w, ex.imax, ex.kpw, ex.inv_nmax):
+        assert not a.flags.writeable
+    n = np.arange(1.0, 13)
+    assert np.array_equal(ex.kpw, 1.0 - 1.0 / np.minimum.outer(n, n))
+    M = 1.0 / np.maximum.outer(n, n)
+    np.fill_diagonal(M, 0.0)
+    assert np.array_equal(ex.inv_nmax, M) and ex.inv_nmax_mean == pytest.approx(M.sum() / (12 * 11), rel=1e-15)
