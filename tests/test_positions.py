@@ -310,3 +310,39 @@ def test_utxu_diag_weighted_is_the_diagonal_of_each_weighted_product():
     W = 1 + 0.3 * rng.standard_normal((nb, nb))
     want = np.array([g.UtXU_diag(X * np.outer(W[:, j], W[:, j]))[j] for j in range(nb)])
     np.testing.assert_allclose(g.UtXU_diag_weighted(X, W), want, rtol=1e-11, atol=1e-13 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("L, head", [(8192, positions.HEAD), (300, positions.HEAD), (40, 40), (10, 10)])
+def test_row_operators_equal_their_dense_stacks(L, head):
+    # the node grid keeps its kinked row sums as a shared matrix plus bands (RowOperator); the
+    # products must be those of the dense nb^3 stacks, up to rounding; a grid of few nodes
+    # keeps the dense stack
+    g = positions.NodeGrid(L, head=head)
+    nb = g.size
+    rng = np.random.default_rng(5)
+    X = rng.standard_normal((nb, nb))
+    W = 1 + 0.3 * rng.standard_normal((nb, nb))
+    for A, op in ((g.Wh, g._wh), (g.Vh, g._vh), (g.Wp, g._wp), (g.Vp, g._vp)):
+        assert (op.dense is None) == (L > 10)
+        want = np.einsum("rlj,rj->rl", A, X)
+        np.testing.assert_allclose(op.apply(X), want, rtol=0, atol=1e-13 * np.abs(want).max())
+        want = np.einsum("rlj,rj,jl->rl", A, X, W)
+        np.testing.assert_allclose(op.apply_weighted(X, W), want, rtol=0, atol=1e-13 * np.abs(want).max())
+    if L > 64:
+        assert g._wh.B.size < g.Wh.size / 3
+
+
+def test_exact_position_constants_are_one_read_only_object_per_L():
+    # the exact position model's constant matrices (profile.ExactPositions) are built once per
+    # L and shared read-only, like a node grid's: nothing a prediction does can change them
+    from sigprop.model import profile
+
+    ex = profile.exact_positions(12)
+    assert profile.exact_positions(12) is ex
+    for a in (ex.diag_w, ex.imax, ex.kpw, ex.inv_nmax):
+        assert not a.flags.writeable
+    n = np.arange(1.0, 13)
+    assert np.array_equal(ex.kpw, 1.0 - 1.0 / np.minimum.outer(n, n))
+    M = 1.0 / np.maximum.outer(n, n)
+    np.fill_diagonal(M, 0.0)
+    assert np.array_equal(ex.inv_nmax, M) and ex.inv_nmax_mean == pytest.approx(M.sum() / (12 * 11), rel=1e-15)

@@ -85,6 +85,18 @@ def _at_max_index(s: np.ndarray, imax: np.ndarray) -> np.ndarray:
     return s[imax]
 
 
+def _flat_kernel_means(grid) -> tuple[float, float, float]:
+    """Diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of
+    U^T ((1 1^T - I) o M) U (M the key pair weights), on ``grid``: the kernels of a flat
+    covariance, which normalise the causal attention's gradient kernels (built with the
+    grid)."""
+    off = np.ones((grid.size, grid.size))
+    set_diag(off, 0.0)
+    Kf = grid.UtXU(off)
+    Kk = grid.UtXU(off * grid.key_pair_weights())
+    return grid.mean_diag(Kf), grid.mean_off(Kf), grid.mean_diag(Kk)
+
+
 class Grid:
     """Blocks of positions of a length-``L`` causal sequence (see the module docstring)."""
 
@@ -141,6 +153,8 @@ class Grid:
         # suffix weights as a matrix: (A Y)_k = sum over the positions from rep_k on of Y
         # with the weights 1/n, A_ki = h_i (i > k), hp_k (i = k) (for the diagonal of U^T X U)
         self._A = np.triu(np.ones((nb, nb)), 1) * self.h[None, :] + np.diag(self.hp)
+        self.lower = np.tril(np.ones((nb, nb), dtype=bool))
+        self.flat_kernel_means = _flat_kernel_means(self)
 
     # -- means ---------------------------------------------------------------------------
     def mean(self, f: np.ndarray) -> float:
@@ -240,6 +254,10 @@ class Grid:
         s = self._from_rep(a, self.h2, self.h2p)
         return _at_max_index(s, self.imax)
 
+    def UtDU_offmean(self, a: np.ndarray) -> float:
+        """``mean_off(UtDU(a))``."""
+        return self.mean_off(self.UtDU(a))
+
     def UXUt(self, X: np.ndarray) -> np.ndarray:
         """U X U^T for a symmetric X zero on the diagonal of positions: (1 / n_i n_k) sum_{j <= i, l <= k} X_jl."""
         Xx = self.within(X)
@@ -284,6 +302,71 @@ ORDER = 4
 END_SPLIT = 4
 
 _G_ONE, _G_H, _G_H2 = 0, 1, 2
+
+
+class RowOperator:
+    """A stack of nb x nb matrices A[r], one per row r of its input, applied row by row:
+    ``apply(X)[r] = A[r] @ X[r]``.  The node grid's kinked sums are of this kind, and their
+    matrices differ from row to row only in the columns within a few nodes of the row's own
+    (the stencils next to the diagonal): A[r] = F + B_r with one shared F and B_r zero outside
+    the columns r - reach .. r + reach.  So the stack is kept as F (nb x nb) and the bands
+    (nb x nb x (2 reach + 1)), ~5x smaller than the dense nb^3 array (1.1 MB at 52 nodes),
+    which a deep model reads twice per sublayer and which no longer stayed in the cache
+    between layers; a product is one matrix product with F plus a batched product with the
+    bands.  The same sums as the dense stack up to rounding (F + B_r equals A[r] to an
+    ulp of its entries).  Where the difference is not banded (a grid of few nodes) the dense
+    stack is kept."""
+
+    def __init__(self, A: np.ndarray):
+        nb = A.shape[0]
+        self.nb = nb
+        self.dense = None
+        r = np.arange(nb)
+        # F: column j from the row farthest from j (the last row for the first half)
+        far = np.where(r > (nb - 1) / 2.0, 0, nb - 1)
+        F = A[far, :, r].T.copy()
+        D = A - F[None]
+        rows, _, cols = np.nonzero(D)
+        reach = int(np.max(np.abs(cols - rows))) if len(rows) else 0
+        if 2 * reach + 1 >= nb // 2:
+            self.dense = A
+            return
+        t = np.arange(-reach, reach + 1)
+        c = r[:, None] + t[None, :]                       # the band's columns of row r
+        inside = (c >= 0) & (c < nb)
+        c = np.clip(c, 0, nb - 1)
+        # B[r, l, k] = D[r, l, c[r, k]] (zero where the band leaves the matrix)
+        B = np.take_along_axis(D, np.broadcast_to(c[:, None, :], (nb, nb, len(t))), axis=2)
+        B *= inside[:, None, :]
+        self.F, self.FT = F, np.ascontiguousarray(F.T)
+        self.B = B
+        self.BT = np.ascontiguousarray(B.transpose(0, 2, 1))     # BT[r, k, l] = B[r, l, k]
+        self.cols = c
+        self.flat = (r[:, None] * nb + c).ravel()                 # the band's entries in X.ravel()
+        self.width = len(t)
+        for a in (self.F, self.FT, self.B, self.BT, self.cols, self.flat):
+            a.flags.writeable = False
+
+    def apply(self, X: np.ndarray) -> np.ndarray:
+        """out[r, l] = sum_j A[r, l, j] X[r, j] (X C-ordered, nb x nb)."""
+        if self.dense is not None:
+            return np.matmul(self.dense, X[:, :, None])[:, :, 0]
+        out = X @ self.FT
+        Xb = X.ravel().take(self.flat).reshape(self.nb, self.width)
+        out += np.matmul(self.B, Xb[:, :, None])[:, :, 0]
+        return out
+
+    def apply_weighted(self, X: np.ndarray, W: np.ndarray) -> np.ndarray:
+        """out[r, l] = sum_j A[r, l, j] X[r, j] W[j, l]: each output column l with its own
+        weights on the input's columns."""
+        if self.dense is not None:
+            return np.einsum("rlj,rj,jl->rl", self.dense, X, W)
+        out = X @ (self.FT * W)
+        Wb = W.take(self.cols.ravel(), axis=0).reshape(self.nb, self.width, self.nb)   # W[c[r, k], l]
+        Wb *= self.BT
+        Xb = X.ravel().take(self.flat).reshape(self.nb, 1, self.width)
+        out += np.matmul(Xb, Wb)[:, 0, :]
+        return out
 
 
 def _lagrange(U: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -406,12 +489,24 @@ class NodeGrid:
         np.fill_diagonal(M, 0.0)
         self._inv_nmax = M
         self._kpw = 1.0 - 1.0 / np.minimum.outer(self.n, self.n)
-        # UtXU_diag as one matrix-vector product over the flattened X: entry (l, (i, j)) is
-        # Vh[l, l, i] Wh[i, l, j] (the double sum's weights) less S2[l, i] E[i, j] (the
-        # diagonal limits' pairs)
-        vh_diag = self.Vh[i, i]
-        self._diag_op = (vh_diag.T[:, :, None] * self.Wh).transpose(1, 0, 2).reshape(nb, nb * nb)
-        self._diag_op -= (self.S2[:, :, None] * self.E[None]).reshape(nb, nb * nb)
+        # the row-by-row products of the double sums, as shared matrices plus bands
+        self._wh, self._vh = RowOperator(self.Wh), RowOperator(self.Vh)
+        self._wp, self._vp = RowOperator(self.Wp), RowOperator(self.Vp)
+        # the diagonal of U^T X U: entry l is sum_i Vh[l, l, i] Z[i, l] (Z the inner sums)
+        # less sum_i S2[l, i] D_i (the diagonal limits' pairs); both weights transposed
+        self._vdT = np.ascontiguousarray(self.Vh[i, i].T)
+        self._S2T = np.ascontiguousarray(self.S2.T)
+        # the pairs of nodes on and below the diagonal (rows i >= key j)
+        self.lower = np.tril(np.ones((nb, nb), dtype=bool))
+        # the off-diagonal mean of U^T diag(a) U as one dot product with a: U^T diag(a) U is
+        # s[max(k, l)] for s = S2 a, so its mean over the pairs weighs s_m with the pair
+        # weights of every (k, l) whose larger index is m
+        at_max = np.zeros(nb)
+        np.add.at(at_max, self.imax.ravel(), self.Moff.ravel())
+        self.utdu_offmean = (at_max @ self.S2) / self.pairs
+        # diagonal and off-diagonal means of U^T (1 1^T - I) U and the diagonal mean of
+        # U^T ((1 1^T - I) o M) U, M the key pair weights: the flat covariance's kernels
+        self.flat_kernel_means = _flat_kernel_means(self)
 
     # -- construction ------------------------------------------------------------------
     def _g(self, g: int, m: np.ndarray) -> np.ndarray:
@@ -533,7 +628,7 @@ class NodeGrid:
 
     def _inner(self, X: np.ndarray) -> np.ndarray:
         """Z[i, l] = sum_{j >= x_l, j != x_i} X_ij / n_j."""
-        return np.matmul(self.Wh, X[:, :, None])[:, :, 0]
+        return self._wh.apply(X)
 
     def _limit_values(self, X: np.ndarray) -> np.ndarray:
         """D_i: the limit of row i's off-diagonal values at the diagonal."""
@@ -544,7 +639,7 @@ class NodeGrid:
         """U^T X U for a symmetric X whose diagonal is not read (the i = j terms are left out,
         as for a zero diagonal)."""
         Z = self._inner(X)
-        Y = np.matmul(self.Vh, np.ascontiguousarray(Z.T)[:, :, None])[:, :, 0]
+        Y = self._vh.apply(np.ascontiguousarray(Z.T))
         Y += Y.T.copy()
         Y *= 0.5
         Y -= (self.S2 @ self._limit_values(X))[self.imax]
@@ -552,33 +647,44 @@ class NodeGrid:
 
     def UtXU_diag(self, X: np.ndarray, inplace: bool = False) -> np.ndarray:
         """The diagonal of :meth:`UtXU` only."""
-        return self._diag_op @ X.ravel()
+        T = self._vdT * self._inner(X)
+        return T.sum(axis=0) - self.S2 @ self._limit_values(X)
 
     def UtXU_diag_weighted(self, X: np.ndarray, W: np.ndarray) -> np.ndarray:
         """Entry j of the diagonal of U^T (X o w_j w_j^T) U for every j, w_j = W[:, j] (a
-        weight per row for each column j): one contraction of the diagonal's operator."""
-        nb = self.size
-        op = self._diag_op.reshape(nb, nb, nb)
-        M = np.matmul(op * X, W.T[:, :, None])[:, :, 0]        # M[j, i] = sum_k op[j, i, k] X[i, k] W[k, j]
-        return (M * W.T).sum(axis=1)
+        weight per row for each column j): the double sum of :meth:`UtXU_diag` with the
+        weights w_j inside, Q[i, j] = sum_k Wh[i, j, k] X[i, k] W[k, j] and
+        e[i, j] = sum_k E[i, k] X[i, k] W[k, j] (the diagonal limits), then
+        sum_i W[i, j] (Vh[j, j, i] Q[i, j] - S2[j, i] e[i, j])."""
+        Q = self._wh.apply_weighted(X, W)
+        e = (X * self.E) @ W
+        Q *= self._vdT
+        e *= self._S2T
+        Q -= e
+        Q *= W
+        return Q.sum(axis=0)
 
     def UtDU(self, a: np.ndarray) -> np.ndarray:
         """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
         s = self.S2 @ a
         return _at_max_index(s, self.imax)
 
+    def UtDU_offmean(self, a: np.ndarray) -> float:
+        """``mean_off(UtDU(a))`` without the matrix."""
+        return float(self.utdu_offmean @ a)
+
     def prefix_sums(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(P, D) for a symmetric X whose diagonal is not read: the kinked prefix sums
         P[j, l] = sum_{k <= x_l} X_jk with the j = k term at row j's diagonal limit, and those
         limits D (:meth:`_limit_values`); what :meth:`UXUt` starts from (a caller that needs
         them too passes them on)."""
-        return np.matmul(self.Wp, X[:, :, None])[:, :, 0], self._limit_values(X)
+        return self._wp.apply(X), self._limit_values(X)
 
     def UXUt(self, X: np.ndarray, pre=None) -> np.ndarray:
         """U X U^T for a symmetric X whose diagonal is not read: (1 / n_i n_k) sum_{j <= i,
         l <= k, j != l} X_jl.  ``pre``: :meth:`prefix_sums` of X, where the caller has them."""
         P, D = self.prefix_sums(X) if pre is None else pre
-        Y = np.matmul(self.Vp, np.ascontiguousarray(P.T)[:, :, None])[:, :, 0]
+        Y = self._vp.apply(np.ascontiguousarray(P.T))
         Y += Y.T.copy()
         Y *= 0.5
         Y -= (self.Pf @ D)[self.imin]

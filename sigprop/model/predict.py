@@ -494,6 +494,7 @@ class Predictor:
         self._chains: dict = {}
         self._handles: dict = {}          # id(chain) -> its handle in the table cache (made when asked for)
         self._rest_handles: dict = {}     # id(chain) -> handle of the chain after its norm scale
+        self._op_handles: dict = {}       # id(params) -> (params, handle of a causal attention op alone)
         self._norm_ops: dict = {}
         self._log_sqs: dict = {}
         # causal, long sequences: the graded grid over positions (None: every position)
@@ -955,11 +956,16 @@ class Predictor:
                 # and the variance where the layers sharing it differ in their norm scale
                 # (LayerNorm Scaling: the position profile's per-row terms then come from a
                 # profile.RowsVarTable over the same range)
+                alone = ((op.rule, op.params),)
+                oh = self._op_handles.get(id(op.params))
+                if oh is None or oh[0] is not op.params:
+                    oh = self._op_handles[id(op.params)] = (op.params, self._tables.handle(alone))
+                oh = oh[1]
                 if var_range is not None:
                     op.var_range = var_range
-                    t = self._tables.get_var(((op.rule, op.params),), h, *var_range)
+                    t = self._tables.get_var(alone, h, *var_range, handle=oh)
                 else:
-                    t = self._tables.get(((op.rule, op.params),), h, eager=eager, uses=uses)
+                    t = self._tables.get(alone, h, eager=eager, handle=oh, uses=uses)
                 if t is not None:
                     op.x, op.table, op.row = h, t, t.row(h)
                     h = t.forward_of(op.row)

@@ -277,6 +277,48 @@ def suffix(A: np.ndarray, axis: int) -> np.ndarray:
     return c
 
 
+class ExactPositions:
+    """The constant matrices of the exact position model (every position its own node) for a
+    causal sequence of L positions, built once per L (:func:`exact_positions`) as read-only
+    arrays: what the kernels below need beside their inputs, as a position grid
+    (sigprop.model.positions.NodeGrid) holds its own."""
+
+    def __init__(self, L: int):
+        L = int(L)
+        n = np.arange(1.0, L + 1)
+        i = np.arange(L)
+        self.L, self.n = L, n
+        #: weights of the diagonal of U^T X U after the row sums (row i >= k, times 1/n_i)
+        self.diag_w = np.tril(np.ones((L, L))) / n[:, None]
+        #: max(k, l) (U^T diag(a) U's index matrix)
+        self.imax = np.maximum.outer(i, i)
+        #: the key path's pair-of-rows weights (:func:`_key_pair_weights`)
+        self.kpw = 1.0 - 1.0 / np.minimum.outer(n, n)
+        #: U U^T with a zero diagonal, 1 / n_max(i, k), and its off-diagonal mean
+        M = 1.0 / (self.imax + 1.0)
+        np.fill_diagonal(M, 0.0)
+        pairs = np.float64(L * (L - 1))
+        with np.errstate(divide="ignore", invalid="ignore"):    # (no pairs at L = 1: nan)
+            self.inv_nmax_mean = float(M.sum() / pairs)
+            Kf = _UtXU(_offdiag(np.ones((L, L))))
+            Kk = _UtXU(_offdiag(self.kpw))
+            #: diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of
+            #: the key path's U^T ((1 1^T - I) o M) U: the flat covariance's kernels
+            self.flat_kernel_means = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / pairs),
+                                      float(np.trace(Kk) / L))
+        self.inv_nmax = M
+        for a in vars(self).values():
+            if isinstance(a, np.ndarray):
+                a.flags.writeable = False
+
+
+@functools.lru_cache(maxsize=8)
+def exact_positions(L: int) -> ExactPositions:
+    """``ExactPositions(L)``, memoised: a function of L alone, read-only (as positions.grid_for's
+    grids)."""
+    return ExactPositions(L)
+
+
 def _UtXU(X: np.ndarray) -> np.ndarray:
     """U^T X U for the uniform causal attention matrix U (U_ij = 1/n_i, j <= i), in O(L^2):
     (X U)_ik = sum_{j >= k} X_ij / n_j and (U^T Y)_kl = sum_{i >= k} Y_il / n_i are reversed
@@ -287,35 +329,20 @@ def _UtXU(X: np.ndarray) -> np.ndarray:
     return suffix(Y, 0)
 
 
-_DIAGW: dict = {}
-
-
 def _UtXU_diag(X: np.ndarray) -> np.ndarray:
     """The diagonal of :func:`_UtXU` for a symmetric X with one suffix sum:
     (U^T X U)_kk = sum_{i >= k} Y_ik / n_i, Y_ik = sum_{j >= k} X_ij / n_j."""
-    L = len(X)
-    n = np.arange(1.0, L + 1)
-    W = _DIAGW.get(L)
-    if W is None:
-        W = _DIAGW[L] = np.tril(np.ones((L, L))) / n[:, None]
-    Y = suffix(X / n[None, :], 1)
-    Y *= W
+    ex = exact_positions(len(X))
+    Y = suffix(X / ex.n[None, :], 1)
+    Y *= ex.diag_w
     return Y.sum(axis=0)
-
-
-_MAXIDX: dict = {}
 
 
 def _UtDU(a: np.ndarray) -> np.ndarray:
     """U^T diag(a) U: entry (k, l) is sum_{i >= max(k, l)} a_i / n_i^2."""
-    L = len(a)
-    n = np.arange(1.0, L + 1)
-    s = suffix(a / n**2, 0)
-    idx = _MAXIDX.get(L)
-    if idx is None:
-        i = np.arange(L)
-        idx = _MAXIDX[L] = np.maximum.outer(i, i)
-    return s[idx]
+    ex = exact_positions(len(a))
+    s = suffix(a / ex.n**2, 0)
+    return s[ex.imax]
 
 
 def _UtDU_offmean(a: np.ndarray) -> float:
@@ -327,25 +354,6 @@ def _UtDU_offmean(a: np.ndarray) -> float:
     return float(np.sum(2.0 * np.arange(L) * s) / (L * (L - 1)))
 
 
-_KF: dict = {}
-
-
-def _flat_kernel_means(L: int) -> tuple[float, float, float]:
-    """Diagonal and off-diagonal means of U^T (1 1^T - I) U, and the diagonal mean of the key
-    path's U^T ((1 1^T - I) o M) U (:func:`_key_pair_weights`) (memoised per L)."""
-    if L not in _KF:
-        Kf = _UtXU(_offdiag(np.ones((L, L))))
-        Kk = _UtXU(_offdiag(_key_pair_weights(L)))
-        _KF[L] = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / (L * (L - 1))),
-                  float(np.trace(Kk) / L))
-    return _KF[L]
-
-
-
-
-_KPW: dict = {}
-
-
 def _key_pair_weights(L: int) -> np.ndarray:
     """M_ii' = 1 - 1/min(n_i, n_i'): the key path's pair-of-rows weight.  Through its logit,
     key j of row i moves the row's output by A_ij (V_j - O_i) (O_i the row's output); two rows
@@ -353,12 +361,8 @@ def _key_pair_weights(L: int) -> np.ndarray:
     token-specific part of E[(V_j - O_i) . (V_j - O_i')] is (1 - 1/min(n_i, n_i')) of that of
     V_j alone (the shorter row's average shares the most with V_j; a one-key row, n = 1, has
     V_j - O_i = 0: row 0 pairs with nothing through the keys).  The value path's pairs carry
-    weight 1 (U^T C' U)."""
-    M = _KPW.get(L)
-    if M is None:
-        n = np.arange(1.0, L + 1)
-        M = _KPW[L] = 1.0 - 1.0 / np.minimum.outer(n, n)
-    return M
+    weight 1 (U^T C' U).  (Read-only: ExactPositions.kpw.)"""
+    return exact_positions(L).kpw
 
 
 def _pair_scales(r: dict, kf_diag: float, kk_diag: float) -> tuple[float, float]:
@@ -442,7 +446,7 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
         diag = wsum + np.diag(C) * np.asarray(r["local"], float)
     Co = _offdiag(C)
     K = _UtXU(Co)
-    kf_diag, kf_off, kk_diag = _flat_kernel_means(L)
+    kf_diag, kf_off, kk_diag = exact_positions(L).flat_kernel_means
     # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
     # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat value
     kv, kk = _pair_scales(r, kf_diag, kk_diag)
@@ -461,19 +465,6 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
     out += Co
     np.fill_diagonal(out, diag + pairs)
     return out
-
-
-_KFG: dict = {}
-
-
-def _flat_kernel_means_graded(grid) -> tuple[float, float, float]:
-    """:func:`_flat_kernel_means` on a position grid (memoised per grid)."""
-    key = grid.signature()
-    if key not in _KFG:
-        Kf = grid.UtXU(_offdiag(np.ones((grid.size, grid.size))))
-        Kk = grid.UtXU(_offdiag(grid.key_pair_weights()))
-        _KFG[key] = (grid.mean_diag(Kf), grid.mean_off(Kf), grid.mean_diag(Kk))
-    return _KFG[key]
 
 
 def _pair_terms(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -503,7 +494,7 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None) -> np
         # (the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
         f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
-    kf_diag, kf_off, kk_diag = _flat_kernel_means_graded(grid)
+    kf_diag, kf_off, kk_diag = grid.flat_kernel_means
     kv, kk = _pair_scales(r, kf_diag, kk_diag)
     pairs = kv * dK + kk * dM
     ko = float(r["cross_c"]) / kf_off
@@ -529,7 +520,8 @@ def _flat_stats_graded(r: dict, grid, rg: float, kap=None) -> tuple[float, float
     diag, a = _terms_graded(r, d, grid)
     qry = float(r["qry_c"]) * (1.0 if kap is None else grid.mean_off(kap))
     return (grid.mean(diag) + rg * float(r["cross"]),
-            grid.mean_off(_one_row_off(r, a, d, kap, grid.UtDU, grid.n)) + rg * (float(r["cross_c"]) + qry))
+            (grid.UtDU_offmean(a) if kap is None else grid.mean_off(_one_row_off(r, a, d, kap, grid.UtDU, grid.n)))
+            + rg * (float(r["cross_c"]) + qry))
 
 
 def _flat_stats(r: dict, L: int, rg: float, kap=None) -> tuple[float, float]:
@@ -559,19 +551,6 @@ def _ratio(a: float, b: float) -> float:
     return a / b if b != 0 and np.isfinite(a / b) else 1.0
 
 
-_LOWER: dict = {}
-
-
-def _lower(nb: int) -> np.ndarray:
-    """The boolean lower triangle (diagonal included) of an nb x nb matrix (memoised,
-    read-only)."""
-    low = _LOWER.get(nb)
-    if low is None:
-        low = _LOWER[nb] = np.tril(np.ones((nb, nb), dtype=bool), 0)
-        low.flags.writeable = False
-    return low
-
-
 def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.ndarray, np.ndarray]:
     """(rel, counts) for :func:`sigprop.rules.attention.key_weights`: per causal row i (a
     position, or a node of ``grid``) and key j, the variance of key j's token-varying logit
@@ -594,15 +573,17 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.n
     else:
         n = grid.n
         nb = grid.size
-        low = _lower(nb)
+        low = grid.lower
         # P[j, l] = sum_{k <= x_l, k != x_j} S_jk: the kinked prefix sums (the j = k term is
         # taken at row j's diagonal limit D_j where x_j <= x_l: removed again)
         P, D = grid.prefix_sums(S) if pre is None else pre
-        P = P - D[:, None] * low.T
-        m = P.T / np.maximum(n - 1.0, 1.0)[:, None]
+        # (row i of m is column i of P; above the diagonal, j > i, m is replaced below, so
+        # D is subtracted everywhere)
+        m = P.T - D[None, :]
+        m /= np.maximum(n - 1.0, 1.0)[:, None]
         m = np.where(low, m, np.diagonal(m)[:, None])       # held at x_i beyond the diagonal
         counts = grid.Pf
-        mu = (counts * m).sum(axis=1) / n
+        mu = np.einsum("ij,ij->i", counts, m) / n
     rel = 1.0 + (mu[:, None] - 2.0 * m) / one_minus_r
     rel[0] = 1.0
     if grid is None:
@@ -638,17 +619,15 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None):
     for S = 0.  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
     from sigprop.rules.attention import key_weights as _kw
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
-    w1, w2 = _kw(params, x, rel, counts, _stored_series_coefs)
+    # both weights as one (2, rows, keys) array (the series returns them so)
+    w = np.asarray(_kw(params, x, rel, counts, _stored_series_coefs))
     if grid is None:
-        low = counts > 0
+        w = np.where(counts > 0, w, 0.0)
     else:
-        low = _lower(counts.shape[0])
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
-        w1 = np.where(low, w1, np.diagonal(w1)[None, :])
-        w2 = np.where(low, w2, np.diagonal(w2)[None, :])
-        return w1, w2
-    return np.where(low, w1, 0.0), np.where(low, w2, 0.0)
+        w = np.where(grid.lower, w, np.diagonal(w, axis1=1, axis2=2)[:, None, :])
+    return w[0], w[1]
 
 
 def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):
@@ -718,8 +697,9 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
 
 def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
     """A position-wise map (same weights at every position): the diagonal scales by the
-    variance gain, the off-diagonal by the covariance gain (returned relative to the former)."""
-    if not var_gain > 0:
+    variance gain, the off-diagonal by the covariance gain (returned relative to the former;
+    ``C`` itself where the two gains are equal: the caller does not change it in place)."""
+    if not var_gain > 0 or cov_gain == var_gain:
         return C
     out = C * (cov_gain / var_gain)
     set_diag(out, C.diagonal())
@@ -817,18 +797,11 @@ def UXUt(X: np.ndarray) -> np.ndarray:
     return c
 
 
-_INV_NMAX: dict = {}
-
-
 def _inv_nmax(L: int) -> tuple[np.ndarray, float]:
-    """(U U^T with a zero diagonal, its off-diagonal mean): (U U^T)_ik = 1/n_max(i,k)."""
-    hit = _INV_NMAX.get(L)
-    if hit is None:
-        i = np.arange(L)
-        M = 1.0 / (np.maximum.outer(i, i) + 1.0)
-        np.fill_diagonal(M, 0.0)
-        hit = _INV_NMAX[L] = (M, float(M.sum() / (L * (L - 1))))
-    return hit
+    """(U U^T with a zero diagonal, its off-diagonal mean): (U U^T)_ik = 1/n_max(i,k)
+    (ExactPositions.inv_nmax, read-only)."""
+    ex = exact_positions(L)
+    return ex.inv_nmax, ex.inv_nmax_mean
 
 
 def attention_deviation(S: np.ndarray, r: float, g: float, keep: float, grid=None, pre=None) -> np.ndarray:

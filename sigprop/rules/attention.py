@@ -1060,7 +1060,8 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coef
     another key's, and the mixed ones (j and another; two others), from :func:`_series_coefs`:
     the cost does not grow with the number of keys.  The
     error is third order in the offsets.  Evaluated as a quadratic in x_j with per-row
-    coefficients (R1 and R2 substituted), divided by h; rows of one key (and h <= 0) give 1."""
+    coefficients (R1 and R2 substituted), divided by h; rows of one key (and h <= 0) give 1.
+    Returned as one array (2, rows, keys): the two moments' weights."""
     n, many = _row_lengths(counts)
     cd = counts * dv
     D1 = cd.sum(axis=1)
@@ -1075,7 +1076,7 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coef
     out += c[1][:, :, None]
     out *= dv
     out += c[0][:, :, None]
-    return out[0], out[1]
+    return out
 
 
 #: id(counts) -> (counts, row lengths, rows of more than one key) for read-only ``counts``
@@ -1170,7 +1171,8 @@ def _series_coefs_at(k: int, nkey: bytes):
 
 
 def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
-    """Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys),
+    """Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys)
+    (a pair of arrays, or one array of shape (2, rows, keys)),
     w1 = n_i E[P_ij] (the mean attention weight of key j in row i over the uniform 1/n_i) and
     w2 = E[P_ij^2] over the exchangeable row's E[P^2] = A2(n_i)/n_i.  Both are 1 for
     exchangeable keys, which the rule's statistics assume.

@@ -252,7 +252,8 @@ def _het_tables(sub: slice | None = None):
 
 def cubic_weights(t):
     """The four cubic Lagrange weights at t (a number or an array) through nodes 0, 1, 2, 3."""
-    return [math.prod((t - q) / (j - q) for q in range(4) if q != j) for j in range(4)]
+    t1, t2, t3 = t - 1, t - 2, t - 3
+    return [t1 * t2 * t3 / -6, t * t2 * t3 / 2, t * t1 * t3 / -2, t * t1 * t2 / 6]
 
 
 def _het_interp(table, ls, s, cols=None, clip_lo=None):
