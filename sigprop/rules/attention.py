@@ -285,7 +285,7 @@ def _kappa_sq(m, n, base, dh):
         def ksq(n, base, dh):
             i = sp.Dummy("i", integer=True, nonnegative=True)
             return sp.Sum((2 / dh * (1 - _fejer_mean(m, n, base ** (-2 * i / dh)))) ** 2, (i, 0, dh / 2 - 1))
-        return m.named("kappa_sq", ksq, *_rope_args(n, base, dh), tex=r"W_{\kappa}", text="W_kappa",
+        return m.named("kappa_sq", ksq, *_rope_args(n, base, dh), tex=r"W_{\kappa}", text="W_k",
                        numeric=lambda n, b, dh: _kappa_sq(_nm(), n, b, dh))
     theta, mask = _rope_freqs(m, base, dh)
     n = np.asarray(n, dtype=float)
@@ -311,7 +311,7 @@ def _kappa_moments(m, n, base, dh):
             dd = 2 / dh**2 * sp.Sum(1 + _fejer_mean(m, n, 2 * ti), (i, 0, dh / 2 - 1))
             return k2, dd
         k2, dd = m.named("kappa_moments", moments, *_rope_args(n, base, dh),
-                         tex=(r"M_{\kappa}", r"D_{\kappa}"), text=("M_kappa", "D_kappa"),
+                         tex=(r"M_{\kappa}", r"D_{\kappa}"), text=("M_k", "D_k"),
                          numeric=lambda n, b, dh: _kappa_moments(_nm(), n, b, dh)[1:])
         return kb, k2, dd
     theta, mask = _rope_freqs(m, base, dh)
@@ -354,7 +354,7 @@ def _field_moments(m, n, base, dh):
             eqf = (sp.Sum((1 - fj) * cij, (i, 0, top), (j, 0, top)) + sp.Sum((1 - fi) * cii, (i, 0, top))) / (s1 * dh / 2)
             return kf, ef2, eqf
         return m.named("field_moments", moments, *_rope_args(n, base, dh),
-                       tex=(r"\kappa_{f}", r"E_{f^{2}}", r"E_{qf}"), text=("kappa_f", "E_f2", "E_qf"),
+                       tex=(r"\kappa_{f}", r"E_{f^{2}}", r"E_{qf}"), text=("k_f", "E_f2", "E_qf"),
                        numeric=lambda n, b, dh: _field_moments(_nm(), n, b, dh))
     theta, mask = _rope_freqs(m, base, dh)
     nn = np.asarray(n, dtype=float)
@@ -946,11 +946,13 @@ class Attention(Rule):
         "and key paths, finite-width corrections, multi-head, biases, causal masks)",
     )
 
-    def symbolic(self, modern: bool = False) -> dict:
-        """sympy expressions of the outputs.  By default those of plain attention (qk_norm = 0,
-        rope = 0; kv_heads does not enter): the QK-norm and rotary branches are written against
-        the same namespace, but with them the expressions grow from ~8e4 to ~7e6 nodes, which
-        no one reads; ``modern=True`` builds them (as sympy Piecewise in qk_norm and rope)."""
+    def symbolic(self, modern: bool = True) -> dict:
+        """sympy expressions of the outputs, QK-norm and rotary positions included (sympy
+        Piecewise in qk_norm and rope; kv_heads does not enter the moments).  The rotary cosine
+        sums, the one-row and row-pair softmax statistics and the Gamma and normal densities
+        are named quantities (:class:`sigprop.backend.symbolic.Defined`), each defined once
+        (``sigprop.backend.symbolic.where`` lists the definitions).  ``modern=False``: plain
+        attention's (qk_norm = 0, rope = 0)."""
         if modern:
             return super().symbolic()
         import sigprop.backend.symbolic as sm
