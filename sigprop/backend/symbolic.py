@@ -41,8 +41,8 @@ def Phi(x):  # noqa: N802
 
 
 _counter = itertools.count()
-#: integration variable -> (kind, integrand, parameters) of the primitive that made it, so
-#: that :func:`evaluate` can evaluate the integral with the numeric backend's quadrature
+#: integration variable -> (kind, number of nodes) of the primitive that made it, so that
+#: :func:`evaluate` can evaluate the integral with the numeric backend's quadrature
 _PRIMITIVES: dict = {}
 
 
@@ -54,7 +54,7 @@ def expect_normal(f, var, mean=0, n: int = 64):  # noqa: ARG001  (n is numeric-o
     """E[f(X)], X ~ N(mean, var), as an unevaluated sympy Integral."""
     x = _dummy("x")
     fx = f(x)
-    _PRIMITIVES[x] = ("normal", fx, mean, var, n)
+    _PRIMITIVES[x] = ("normal", n)
     return sp.Integral(fx * normal_pdf(x, mean, var), (x, -sp.oo, sp.oo))
 
 
@@ -99,7 +99,7 @@ def expect_gamma(f, mean, relvar, n: int = 6):  # noqa: ARG001  (n is numeric-on
     """E[f(X)], X ~ Gamma(shape 1/relvar, mean ``mean``), as an unevaluated sympy Integral."""
     x = _dummy("s")
     fx = f(x)
-    _PRIMITIVES[x] = ("gamma", fx, mean, relvar, n)
+    _PRIMITIVES[x] = ("gamma", n)
     return sp.Integral(fx * gamma_pdf(x, mean, relvar), (x, 0, sp.oo))
 
 
@@ -107,7 +107,7 @@ def sum_over_lengths(f, L):
     """sum_{n=1}^{L} f(n) as an unevaluated sympy Sum."""
     n = sp.Symbol(f"n_{{{next(_counter)}}}", integer=True, positive=True)
     fn = f(n)
-    _PRIMITIVES[n] = ("lengths", fn, L)
+    _PRIMITIVES[n] = ("lengths",)
     return sp.Sum(fn, (n, 1, L))
 
 
@@ -417,7 +417,7 @@ def evaluate(expr, values: dict):
         if isinstance(e, (sp.Integral, sp.Sum)):
             (var, *_), = e.limits
             kind, *rest = _PRIMITIVES[var]
-            body = rest[0]
+            body, pdf = _split_density(e, var, kind)
             # a nested primitive's parameters take the shape of the enclosing nodes (the
             # numeric rule broadcasts them so, ``mean + 0 * v``; sympy drops the ``0 * v``)
             shape = np.broadcast_shapes(*(np.shape(a) for a in env.values()))
@@ -426,13 +426,16 @@ def evaluate(expr, values: dict):
                 return np.broadcast_to(ev(x, env), np.broadcast_shapes(shape, np.shape(ev(x, env))))
 
             if kind == "gamma":
-                _, mean, relvar, n = rest
-                return nm.expect_gamma(lambda x: ev(body, {**env, var: x}), par(mean), par(relvar), n=n)
+                _, mean, relvar = pdf.args
+                return nm.expect_gamma(lambda x: ev(body, {**env, var: x}), par(mean), par(relvar), n=rest[-1])
             if kind == "normal":
-                _, mean, var_, n = rest
-                return nm.expect_normal(lambda x: ev(body, {**env, var: x}), par(var_), par(mean), n=n)
+                _, mean, var_ = pdf.args
+                return nm.expect_normal(lambda x: ev(body, {**env, var: x}), par(var_), par(mean), n=rest[-1])
             if kind == "lengths":
-                return nm.sum_over_lengths(lambda x: ev(body, {**env, var: x}), ev(rest[1], env))
+                (_, lo, hi), = e.limits
+                if lo != 1:
+                    raise ValueError("evaluate: a sum over row lengths starts at 1")
+                return nm.sum_over_lengths(lambda x: ev(body, {**env, var: x}), ev(hi, env))
             raise ValueError(f"evaluate: no numeric primitive for {kind}")
         args = [ev(a, env) for a in e.args]
         if isinstance(e, sp.Add):
@@ -454,6 +457,22 @@ def evaluate(expr, values: dict):
         return fn(*args)
 
     return ev(sp.sympify(expr), {})
+
+
+def _split_density(node, var, kind):
+    """(integrand without the density, the density factor) of an integral or sum that a
+    primitive of this module made (as it stands in the expression, so that an edited
+    expression is evaluated as edited)."""
+    if kind == "lengths":
+        return node.function, None
+    pdf_name = {"gamma": "gamma_pdf", "normal": "normal_pdf"}[kind]
+    factors = sp.Mul.make_args(node.function)
+    pdfs = [f for f in factors if isinstance(f, Defined) and type(f) is _DEFINED[pdf_name] and f.args[0] == var]
+    if len(pdfs) != 1:
+        raise ValueError(f"evaluate: the {kind} integral over {var} has no single density factor")
+    rest = list(factors)
+    rest.remove(pdfs[0])
+    return sp.Mul(*rest), pdfs[0]
 
 
 _NUMPY = {
