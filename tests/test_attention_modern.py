@@ -459,10 +459,10 @@ def _modern_symbolic():
     return RULE.symbolic()
 
 
-@settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rope=st.sampled_from([0.0, 1e4]), qk=st.sampled_from([0, 1, 2]), kv=st.sampled_from([0, 1, 2]),
-       causal=st.sampled_from([0, 1]), L=st.sampled_from([2, 5, 17, 64, 200]),
-       s2=st.floats(0.2, 4.0), r=st.floats(0.0, 0.9), mu=st.floats(-1.0, 1.0),
+       causal=st.sampled_from([0, 1]), L=st.sampled_from([5, 17, 64, 200]),
+       s2=st.floats(0.2, 4.0), r=st.floats(0.0, 0.8), mu=st.floats(-1.0, 1.0),
        g2=st.floats(0.3, 3.0), rg=st.floats(0.0, 0.9), p=st.sampled_from([0.0, 0.1]),
        wqk=st.sampled_from([0.3, 0.7]))
 def test_symbolic_modern_agrees_with_the_numeric_rule(rope, qk, kv, causal, L, s2, r, mu, g2, rg, p, wqk):
@@ -470,7 +470,9 @@ def test_symbolic_modern_agrees_with_the_numeric_rule(rope, qk, kv, causal, L, s
     the same quadrature primitives and each named quantity's numeric twin; everything between
     them from the sympy tree), reproduce the numeric rule to 1e-10 relative: rotary base 0 and
     1e4, QK-norm none/LayerNorm/RMSNorm, grouped heads, causal and not, several lengths,
-    variances and correlations."""
+    variances and correlations.  (Where the numeric rule's guards act, which the symbolic form
+    leaves out, the two differ: the row-pair correlation's clip at +-0.999 acts at L = 2 and
+    r ~ 0.9 with rotary positions, so the grid stops at L 5, r 0.8.)"""
     import sigprop.backend.symbolic as sm
 
     prm = _modern_point(L=L, rope=rope, qk=qk, kv=kv, causal=causal, p=p, wqk=wqk)

@@ -223,9 +223,11 @@ class Defined(sp.Function):
     def _pretty(self, printer):
         from sympy.printing.pretty.stringpict import prettyForm
 
+        name = prettyForm(self._text)       # the name as given (no sub/superscript parsing)
         if not self._shown:
-            return prettyForm(self._text)
-        return printer._helper_print_function(self.func, self.shown_args, func_name=self._text)
+            return name
+        args = printer._print_seq(self.shown_args, delimiter=", ")
+        return prettyForm(*name.right(prettyForm(*args.parens())))
 
 
 #: key -> the Defined subclass (one definition per key, built on first use)

@@ -54,8 +54,14 @@ def rules_cmd(
             _print_formula(console, sp, printing.MOMENT_LABELS[key][0], expr, width, MAX_LINES)
         if named:
             console.print("  [bold]where[/] (named quantities, each defined once):", highlight=False)
+            long = []
             for lhs, rhs in named:
-                _print_formula(console, sp, sp.pretty(lhs, use_unicode=True), rhs, width, MAX_DEF_LINES)
+                if not _print_formula(console, sp, sp.pretty(lhs, use_unicode=True), rhs, width, MAX_DEF_LINES,
+                                      quiet=True):
+                    long.append(sp.pretty(lhs, use_unicode=True))
+            if long:
+                console.print(f"  and {', '.join(long)}: too long to print here (--latex prints them)",
+                              highlight=False)
         console.print()
 
 
@@ -68,19 +74,24 @@ def _tree_size(expr, memo=None) -> int:
     return out
 
 
-def _print_formula(console, sp, label, expr, width, max_lines) -> None:
+def _print_formula(console, sp, label, expr, width, max_lines, quiet=False) -> bool:
+    """Print ``label = expr`` if it fits ``max_lines``; else a one-line note (``quiet``: nothing).
+    Returns whether the formula was printed."""
     from rich.markup import escape
 
     size = _tree_size(expr)
     if size > MAX_NODES:
-        console.print(f"  [bold]{escape(label)}[/]: {size:,} terms written out, too long to print here "
-                      "(--latex prints it)", highlight=False)
-        return
+        if not quiet:
+            console.print(f"  [bold]{escape(label)}[/]: {size:,} terms written out, too long to print here "
+                          "(--latex prints it)", highlight=False)
+        return False
     text = sp.pretty(expr, use_unicode=True, wrap_line=True, num_columns=width)
     lines = text.splitlines()
     if len(lines) > max_lines:
-        console.print(f"  [bold]{escape(label)}[/]: {len(lines)} lines long (--latex prints it)", highlight=False)
-        return
+        if not quiet:
+            console.print(f"  [bold]{escape(label)}[/]: {len(lines)} lines long (--latex prints it)", highlight=False)
+        return False
     console.print(f"  [bold]{escape(label)}[/] =", highlight=False)
     for line in lines:
         console.print("    " + escape(line), highlight=False, soft_wrap=True)
+    return True

@@ -598,10 +598,15 @@ class Block:
             return inner if inner is not None else (e.function if not e.function.is_Atom else None)
         if isinstance(e, sp.Piecewise):
             cands = [c.expr for c in e.args if not c.expr.is_Atom]
-        elif isinstance(e, (AppliedUndef, Defined)):
+        elif isinstance(e, Defined):          # a named quantity: name its widest printed argument
+            cands = [a for a in e.shown_args if isinstance(a, sp.Expr)]
+        elif isinstance(e, AppliedUndef):
             return None
         else:
             cands = [a for a in e.args if isinstance(a, sp.Expr)]
+        # a named quantity stays as it is printed: its printed arguments are the candidates
+        cands = [a for c in cands for a in ((c,) if not isinstance(c, Defined) else c.shown_args)
+                 if isinstance(a, sp.Expr)]
         best, best_w = None, 0.0
         for c in cands:
             # name a power's base (x^2 stays visible) and a denominator's body
