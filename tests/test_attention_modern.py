@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from sigprop.backend import numeric as nm
@@ -454,6 +454,15 @@ def _symbol_values(prm, x, g):
     return out
 
 
+def _rho_clip_acts(prm, x):
+    """Whether the numeric rule's clip of the row-pair correlation at +-0.999 (a numeric guard,
+    left out of the symbolic form) acts: a Gauss-Hermite node of its law beyond it."""
+    c = att._Ctx(nm, x, RULE.param_values(prm), rope=bool(prm["rope"]), check=False)
+    _, _, mean, var = c.pair_law()
+    nodes = np.polynomial.hermite_e.hermegauss(att._NR)[0]
+    return bool(np.any(np.abs(mean + nodes * np.sqrt(var)) > 0.999))
+
+
 @functools.lru_cache(maxsize=1)
 def _modern_symbolic():
     return RULE.symbolic()
@@ -461,8 +470,8 @@ def _modern_symbolic():
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rope=st.sampled_from([0.0, 1e4]), qk=st.sampled_from([0, 1, 2]), kv=st.sampled_from([0, 1, 2]),
-       causal=st.sampled_from([0, 1]), L=st.sampled_from([5, 17, 64, 200]),
-       s2=st.floats(0.2, 4.0), r=st.floats(0.0, 0.8), mu=st.floats(-1.0, 1.0),
+       causal=st.sampled_from([0, 1]), L=st.sampled_from([2, 5, 17, 64, 200]),
+       s2=st.floats(0.2, 4.0), r=st.floats(0.0, 0.9), mu=st.floats(-1.0, 1.0),
        g2=st.floats(0.3, 3.0), rg=st.floats(0.0, 0.9), p=st.sampled_from([0.0, 0.1]),
        wqk=st.sampled_from([0.3, 0.7]))
 def test_symbolic_modern_agrees_with_the_numeric_rule(rope, qk, kv, causal, L, s2, r, mu, g2, rg, p, wqk):
@@ -470,13 +479,14 @@ def test_symbolic_modern_agrees_with_the_numeric_rule(rope, qk, kv, causal, L, s
     the same quadrature primitives and each named quantity's numeric twin; everything between
     them from the sympy tree), reproduce the numeric rule to 1e-10 relative: rotary base 0 and
     1e4, QK-norm none/LayerNorm/RMSNorm, grouped heads, causal and not, several lengths,
-    variances and correlations.  (Where the numeric rule's guards act, which the symbolic form
-    leaves out, the two differ: the row-pair correlation's clip at +-0.999 acts at L = 2 and
-    r ~ 0.9 with rotary positions, so the grid stops at L 5, r 0.8.)"""
+    variances and correlations.  (Where the numeric rule's clip of the row-pair correlation at
+    +-0.999 acts, a guard the symbolic form leaves out, the two differ: such points, at short
+    rows and high correlation with rotary positions, are skipped.)"""
     import sigprop.backend.symbolic as sm
 
     prm = _modern_point(L=L, rope=rope, qk=qk, kv=kv, causal=causal, p=p, wqk=wqk)
     x, g = Forward(mu, s2, r), Backward(g2, rg)
+    assume(not _rho_clip_acts(prm, x))
     y, gb = RULE.evaluate(x, g, **prm)
     num = {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr, "g_var": gb.var, "g_corr": gb.corr}
     vals = _symbol_values(prm, x, g)
