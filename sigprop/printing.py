@@ -26,9 +26,8 @@ def tidy(expr):
     return sp.sympify(expr)
 
 
-#: above this many operations in total, a rule is printed through common-subexpression
-#: elimination (definitions x0, x1, ... then the five outputs): the attention rule's exact
-#: expression has ~42,000 operations and would print as millions of characters.
+#: above this many operations in total, a rule's outputs are printed through
+#: common-subexpression elimination (definitions x0, x1, ... then the five outputs)
 CSE_THRESHOLD = 600
 
 
@@ -37,12 +36,18 @@ def formulas(rule: Rule) -> dict:
 
 
 def structured(rule: Rule) -> tuple[list, dict]:
-    """(definitions, outputs): definitions is [] for small rules, else sympy's CSE."""
+    """(definitions, outputs).  Definitions: first the named quantities the outputs use
+    (:func:`sigprop.backend.symbolic.where`, each defined once, in define-before-use order),
+    then, for a large rule, sympy's CSE of the outputs (x0, x1, ...); [] for a small rule
+    without named quantities."""
+    import sigprop.backend.symbolic as sm
+
     f = formulas(rule)
+    named = sm.where(f.values())
     if sum(sp.count_ops(e) for e in f.values()) <= CSE_THRESHOLD:
-        return [], f
+        return named, f
     repl, reduced = sp.cse(list(f.values()), optimizations=None)
-    return repl, dict(zip(f, reduced))
+    return named + list(repl), dict(zip(f, reduced))
 
 
 def to_latex(expr) -> str:
@@ -55,7 +60,7 @@ def to_text(expr) -> str:
 
 def rule_latex(rule: Rule) -> str:
     """An amsmath ``align*`` block with the rule's five output moments (preceded by the
-    common subexpressions for large rules)."""
+    named quantities' definitions and, for large rules, the common subexpressions)."""
     lines = [f"% {rule.name}: {rule.title}", r"\begin{align*}"]
     defs, f = structured(rule)
     rows = [f"  {to_latex(a)} &= {to_latex(b)}" for a, b in defs]

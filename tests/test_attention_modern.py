@@ -3,10 +3,13 @@ rotary positions (rope), in the rule and in the Monte Carlo component."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from sigprop.backend import numeric as nm
 from sigprop.errors import DomainError
@@ -392,20 +395,144 @@ def test_sweep_variants():
     assert max(rope["x_corr"]) >= 0.9 and set(rope["rope"]) == {1e4, 5e5} and min(rope["L"]) <= 16
 
 
-def test_symbolic_default_is_the_plain_rule():
-    """The default symbolic form is plain attention's (QK-norm and rotary terms are numeric by
-    default: their expressions are ~100x longer); it does not mention the new parameters."""
+def test_symbolic_plain_option_drops_the_modern_parameters():
+    """``symbolic(modern=False)`` is plain attention's form: it does not mention the new
+    parameters (the default form does, see test_symbolic_modern_builds)."""
     from sigprop import symbols
 
-    ex = RULE.symbolic()
+    ex = RULE.symbolic(modern=False)
     names = {str(symbols.symbol(n)) for n in ("qk_norm", "rope", "kv_heads", "qk_eps")}
     assert not any(str(s) in names for e in ex.values() for s in getattr(e, "free_symbols", ()))
 
 
-@pytest.mark.slow   # 1-3 min to build (3 on a loaded 2-core machine)
 def test_symbolic_modern_builds():
+    """The default symbolic form (QK-norm and rotary positions as Piecewise branches) builds
+    in seconds and prints: str of its outputs through CSE, LaTeX with every named quantity
+    defined once."""
+    import time
+
+    import sympy as sp
+
+    import sigprop.backend.symbolic as sm
+    from sigprop import printing, symbols
+
+    t0 = time.perf_counter()
+    ex = RULE.symbolic()
+    built = time.perf_counter() - t0
+    assert built < 20, built
+    free = {str(s) for s in ex["x_var"].free_symbols}
+    for name in ("rope", "qk_norm", "qk_eps", "L", "x_corr"):
+        assert str(symbols.symbol(name)) in free, name
+    where = dict(sm.where(ex.values()))
+    texts = {sp.srepr(type(lhs).__name__) for lhs in where}
+    for cls in ("Def_kbar", "Def_fejer", "Def_row_A2", "Def_row_A2_k4", "Def_pair_C2", "Def_gamma_pdf"):
+        assert repr(cls) in texts, cls
+    repl, reduced = sp.cse(list(ex.values()), optimizations=None)
+    text = "\n".join(f"{a} = {b}" for a, b in repl) + "\n".join(str(e) for e in reduced)
+    assert "kbar(L)" in text and "Piecewise" in text and 1000 < len(text) < 100_000
+    t0 = time.perf_counter()
+    tex = printing.rule_latex(RULE)
+    assert time.perf_counter() - t0 < 60
+    assert r"\bar{\kappa}\left(n\right)" in tex and r"b_{\mathrm{rope}}" in tex and r"\nu_{qk}" in tex
+
+
+def _modern_point(d=128, H=4, dh=32, L=64, wqk=0.5, p=0.1, causal=0, rope=1e4, qk=0, kv=0):
+    return dict(d=d, n_heads=H, d_head=dh, L=L, q_std=wqk / math.sqrt(d), k_std=wqk / math.sqrt(d),
+                v_std=1 / math.sqrt(d), o_std=1 / math.sqrt(H * dh), p=p, causal=causal, rope=rope,
+                qk_norm=qk, kv_heads=kv, q_bias_std=0.1, k_bias_std=0.05, v_bias_std=0.1, o_bias_std=0.02)
+
+
+def _symbol_values(prm, x, g):
     from sigprop import symbols
 
-    ex = RULE.symbolic(modern=True)
-    free = {str(s) for s in ex["x_var"].free_symbols}
-    assert str(symbols.symbol("rope")) in free and str(symbols.symbol("qk_norm")) in free
+    full = {q.name: q.default for q in RULE.params}
+    full.update(prm)
+    out = {symbols.symbol("x_std"): math.sqrt(x.var), symbols.symbol("x_corr"): x.corr,
+           symbols.symbol("x_mean"): x.mean, symbols.symbol("g_std"): math.sqrt(g.var),
+           symbols.symbol("g_corr"): g.corr}
+    out.update({symbols.symbol(k): v for k, v in full.items()})
+    return out
+
+
+def _rho_clip_acts(prm, x):
+    """Whether the numeric rule's clip of the row-pair correlation at +-0.999 (a numeric guard,
+    left out of the symbolic form) acts: a Gauss-Hermite node of its law beyond it."""
+    c = att._Ctx(nm, x, RULE.param_values(prm), rope=bool(prm["rope"]), check=False)
+    _, _, mean, var = c.pair_law()
+    nodes = np.polynomial.hermite_e.hermegauss(att._NR)[0]
+    return bool(np.any(np.abs(mean + nodes * np.sqrt(var)) > 0.999))
+
+
+@functools.lru_cache(maxsize=1)
+def _modern_symbolic():
+    return RULE.symbolic()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rope=st.sampled_from([0.0, 1e4]), qk=st.sampled_from([0, 1, 2]), kv=st.sampled_from([0, 1, 2]),
+       causal=st.sampled_from([0, 1]), L=st.sampled_from([2, 5, 17, 64, 200]),
+       s2=st.floats(0.2, 4.0), r=st.floats(0.0, 0.9), mu=st.floats(-1.0, 1.0),
+       g2=st.floats(0.3, 3.0), rg=st.floats(0.0, 0.9), p=st.sampled_from([0.0, 0.1]),
+       wqk=st.sampled_from([0.3, 0.7]))
+def test_symbolic_modern_agrees_with_the_numeric_rule(rope, qk, kv, causal, L, s2, r, mu, g2, rg, p, wqk):
+    """The symbolic expressions, evaluated at numeric points (sigprop.backend.symbolic.evaluate:
+    the same quadrature primitives and each named quantity's numeric twin; everything between
+    them from the sympy tree), reproduce the numeric rule to 1e-10 relative: rotary base 0 and
+    1e4, QK-norm none/LayerNorm/RMSNorm, grouped heads, causal and not, several lengths,
+    variances and correlations.  (Where the numeric rule's clip of the row-pair correlation at
+    +-0.999 acts, a guard the symbolic form leaves out, the two differ: such points, at short
+    rows and high correlation with rotary positions, are skipped.)"""
+    import sigprop.backend.symbolic as sm
+
+    prm = _modern_point(L=L, rope=rope, qk=qk, kv=kv, causal=causal, p=p, wqk=wqk)
+    x, g = Forward(mu, s2, r), Backward(g2, rg)
+    assume(not _rho_clip_acts(prm, x))
+    y, gb = RULE.evaluate(x, g, **prm)
+    num = {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr, "g_var": gb.var, "g_corr": gb.corr}
+    vals = _symbol_values(prm, x, g)
+    for key, expr in _modern_symbolic().items():
+        val = float(sm.evaluate(expr, vals))
+        assert val == pytest.approx(float(num[key]), rel=1e-10, abs=1e-14), (key, val, num[key])
+
+
+def test_symbolic_agreement_check_can_fail():
+    """The evaluation is sensitive to the symbolic composition: the same expression with the
+    rotary cosine factor kbar(L) scaled by 0.9, or with the QK-norm flag's branches swapped,
+    no longer agrees with the numeric rule."""
+    import sympy as sp
+
+    import sigprop.backend.symbolic as sm
+    from sigprop import symbols
+
+    ex = _modern_symbolic()
+    prm = _modern_point(L=64, rope=1e4, qk=2)
+    x, g = Forward(0.2, 1.3, 0.5), Backward(0.8, 0.3)
+    y, _ = RULE.evaluate(x, g, **prm)
+    vals = _symbol_values(prm, x, g)
+    kbar = next(e for e in sp.preorder_traversal(ex["x_var"]) if type(e).__name__ == "Def_kbar"
+                and e.args[0] == symbols.symbol("L"))
+    assert float(sm.evaluate(ex["x_var"], vals)) == pytest.approx(float(y.var), rel=1e-12)
+    bad = float(sm.evaluate(ex["x_var"].xreplace({kbar: 0.9 * kbar}), vals))
+    assert abs(bad / float(y.var) - 1) > 1e-4
+    vals_rms_as_ln = {**vals, symbols.symbol("qk_norm"): 1}
+    assert abs(float(sm.evaluate(ex["x_var"], vals_rms_as_ln)) / float(y.var) - 1) > 1e-6
+
+
+def test_named_rotary_definitions_equal_their_numeric_twins():
+    """Each rotary named quantity's symbolic definition (finite sums, expanded by doit) equals
+    its numeric twin to 1e-10: the Fejer mean, kbar, W, M, D and the field moments."""
+    import sympy as sp
+
+    import sigprop.backend.symbolic as sm
+    n, b, dh = sp.symbols("n b dh", positive=True)
+    at = {n: 23, b: 1e4, dh: 16}
+    for fn in (att._kappa_bar, att._kappa_sq, att._kappa_moments, att._field_moments):
+        sym, num = fn(sm, n, b, dh), fn(nm, 23, 1e4, 16)
+        sym, num = (sym, num) if isinstance(sym, tuple) else ((sym,), (num,))
+        for e, v in zip(sym, num):
+            assert isinstance(e, sm.Defined)
+            assert float(e.subs(at).doit().evalf()) == pytest.approx(float(v), rel=1e-10)
+            assert float(sm.evaluate(e, at)) == pytest.approx(float(v), rel=1e-12)
+    f = att._fejer_mean(sm, n, sp.Symbol("phi", real=True))
+    assert float(f.subs({n: 7, sp.Symbol("phi", real=True): 0.3}).doit()) == pytest.approx(
+        float(att._fejer_mean(nm, 7, 0.3)), rel=1e-12)

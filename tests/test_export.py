@@ -395,3 +395,76 @@ def test_sigpropfit_scales_what_the_estimate_missed(tmp_path):
     body = MACROS + "\n" + TOO_WIDE.replace(r"\[ ", r"\[ \sigpropfit{").replace(r" \]", r"} \]")
     problems, log, _ = compile_tex(_wrap(body, "a4paper"), tmp_path, "fit")
     assert problems == [] and len(_scales(log)) == 1 and _scales(log)[0] < 0.8
+
+
+# --------------------------------------------------------------------------- modern attention
+# typed from the definitions (the Fejer mean of cos((i - k) phi) over the n (n - 1) ordered
+# pairs of distinct positions; kbar the mean of (2/d_h) sum_i cos(t b^(-2i/d_h)) over them)
+GOLDEN_FEJER = (r"\begin{cases} 1 & \text{for}\: \sin{\left(\frac{\phi}{2} \right)} = 0 \\"
+                r"\frac{- n + \frac{\sin^{2}{\left(\frac{n \phi}{2} \right)}}{\sin^{2}{\left(\frac{\phi}{2} \right)}}}"
+                r"{n \left(n - 1\right)} & \text{otherwise} \end{cases}")
+GOLDEN_GAMMA = (r"\frac{s^{-1 + \frac{1}{\delta}} \left(\delta m\right)^{- \frac{1}{\delta}} "
+                r"e^{- \frac{s}{\delta m}}}{\Gamma\left(\frac{1}{\delta}\right)}")
+
+
+@pytest.fixture(scope="module")
+def attention_block():
+    return rule_block(get("attention"))
+
+
+def test_attention_cells_branch_on_the_rotary_base(attention_block):
+    """The component table's attention cells: the rotary branch and the plain one."""
+    cells, defs = attention_block
+    _check_definitions(cells, [d for d in defs if d.kind != "named"])
+    for key in ("x_var", "x_corr", "g_var", "g_corr"):
+        assert re.fullmatch(r"\\begin\{cases\} t_\{\d+\} & \\text\{for\}\\: b_\{\\mathrm\{rope\}\} = 0 \\\\"
+                            r"t_\{\d+\} & \\text\{otherwise\} \\end\{cases\}", cells[key].body()), cells[key].body()
+    body = " ".join(" ".join(d.lines) for d in defs)
+    assert r"\nu_{qk}" in body and r"\epsilon_{qk}" in body          # the QK-norm branches
+
+
+def test_attention_named_quantities_defined_once(attention_block):
+    """The rotary cosine-sum factor, the Fejer mean, the softmax row statistics and the Gamma
+    density: each defined exactly once, in sympy's LaTeX of the definitions."""
+    _, defs = attention_block
+    named = {d.lhs: d for d in defs if d.kind == "named"}
+    assert len(named) == len([d for d in defs if d.kind == "named"])
+    assert named[r"F\left(n, \phi\right)"].lines == [GOLDEN_FEJER]
+    assert named[r"g_{\Gamma}\left(s, m, \delta\right)"].lines == [GOLDEN_GAMMA]
+    kb = named[r"\bar{\kappa}\left(n\right)"].lines
+    m = re.fullmatch(r"\\frac\{2 (S_\{\d+\})\{\\left\(n \\right\)\}\}\{d_\{h\}\}", kb[0])
+    assert m, kb
+    sums = {d.lhs: d.lines for d in defs if d.kind == "sum"}
+    assert sums[m.group(1) + r"{\left(n \right)}"] == [
+        r"\sum_{i=0}^{\frac{d_{h}}{2} - 1} F\left(n, b_{\mathrm{rope}}^{- \frac{2 i}{d_{h}}}\right)"]
+    for lhs in (r"A_{2}\left(v, n\right)", r"A_{2}^{(4)}\left(v, n\right)", r"C_{2}\left(v, \rho, L\right)",
+                r"W_{\kappa}\left(n\right)", r"M_{\kappa}\left(n\right)", r"\kappa_{f}\left(n\right)"):
+        assert lhs in named, lhs
+
+
+@pytest.mark.parametrize("arch", ["llama", "olmo2"])
+def test_modern_model_export_has_the_rotary_and_qknorm_terms(arch):
+    """`sigprop export` of a LLaMA / OLMo 2 model: an attention section with the rotary
+    cosine-sum factor and its Fejer mean (and, for OLMo 2, the QK-norm mean row logit
+    variance), printed from the attention rule's definitions."""
+    from sigprop.model import presets
+
+    model = presets.resolve(arch=arch, n_layers=4, d_model=64, n_heads=4, seq_len=16)
+    doc = model_latex(model, fragment_only=True)
+    assert r"\section*{Attention block" in doc
+    assert r"\sigpropeq{F\left(n, \phi\right) = " + GOLDEN_FEJER + "}" in doc
+    base = {"llama": "10000.0", "olmo2": "500000.0"}[arch]
+    # d_head 16: the sum over its 8 frequency planes, theta_i = base^(-2i/16) = base^(-i/8)
+    assert r"\sum_{i=0}^{7} F\left(n, {" + base + r"}^{- \frac{i}{8}}\right)" in doc
+    assert re.search(r"\\bar\{\\kappa\}\\left\(n\\right\) = \\frac\{S_\{\d+\}\{\\left\(n \\right\)\}\}\{8\}", doc)
+    assert (r"\bar{v}{\left(r \right)}" in doc) == (arch == "olmo2")
+    assert doc.count(r"\sigpropeq{F\left(n, \phi\right)") == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "olmo2"])
+def test_modern_model_document_compiles(arch, tmp_path):
+    from sigprop.model import presets
+
+    model = presets.resolve(arch=arch, n_layers=4, d_model=64, n_heads=4, seq_len=16)
+    problems, log, _ = compile_tex(model_latex(model), tmp_path)
+    assert problems == [], problems

@@ -306,6 +306,15 @@ def model_latex(model, fragment_only: bool = False) -> str:
     parts.append(r"\noindent\textbf{Assumes:} " + escape_text(ffn_der.assumption) + r"\par")
     for der in blocks[2:]:
         parts.append(rf"\section*{{{escape_text(der.title)}}}")
+        if der.pairs:       # definitions as sympy pairs (the attention block): typeset, not parsed
+            import sigprop.backend.symbolic as sm
+
+            shown = {f"{sp.sstr(a)} = {sp.sstr(b)}" for a, b in sm.where([b for _, b in der.pairs]) + der.pairs}
+            parts.append(itemize([escape_text(x) for x in der.lines if x.strip() and x not in shown]))
+            parts.append(equation_list(_block_eqs(der.pairs, P, width)))
+            if der.assumption:
+                parts.append(r"\noindent\textbf{Assumes:} " + escape_text(der.assumption) + r"\par")
+            continue
         texts: list[str] = []
         for line in der.lines:
             if not line.strip():

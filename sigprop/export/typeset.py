@@ -28,6 +28,7 @@ from sympy.core.function import AppliedUndef
 from sympy.printing.latex import LatexPrinter
 
 from sigprop import symbols
+from sigprop.backend.symbolic import Defined, display_symbols
 
 # --------------------------------------------------------------------------- printing
 
@@ -310,7 +311,7 @@ class Equation:
 
     lhs: str
     lines: list[str]
-    kind: str = ""            # "output", "integral", "sum", "aux"
+    kind: str = ""            # "output", "integral", "sum", "aux", "named"
 
     def body(self) -> str:
         """``rhs`` alone (one line or an ``aligned`` block)."""
@@ -373,6 +374,7 @@ class Block:
             exprs, bodies = self._cse(exprs, names, bodies)
         # lay out: outputs first, then every definition (layout may add more)
         self._laid: dict = {}
+        self._out_exprs = exprs
         outputs = {}
         for (key, lhs, _, width), e in zip(self._items, exprs):
             width = self.layout.output_width if width is None else width
@@ -399,8 +401,29 @@ class Block:
         out = e.func(*args) if any(a is not b for a, b in zip(args, e.args)) else e
         if isinstance(out, (sp.Integral, sp.Sum)):
             out = sp.S.Zero if out.function == 0 else self._name_integral(out)
+        elif isinstance(out, Defined):
+            self._define(out, memo)
         memo[e] = out
         return out
+
+    def _define(self, inst, memo):
+        """A named quantity's definition (once per quantity), in display symbols for its
+        shown arguments; the integrals and named quantities of its body are extracted too."""
+        cls = type(inst)
+        named = self.__dict__.setdefault("_named", {})
+        if cls in named:
+            return
+        named[cls] = None
+        shown = display_symbols(cls)
+        self._locals |= set(shown)
+        rhs = cls._body.expr.xreplace(dict(zip(cls._body.variables, (*shown, *inst.hidden_args))))
+        for node in _unique_nodes([rhs]):
+            if isinstance(node, (sp.Integral, sp.Sum)):
+                self._locals |= set(node.variables)
+        rhs = self._extract(rhs, memo)
+        lhs = cls(*shown, *inst.hidden_args)
+        named[cls] = lhs
+        self._defs[lhs] = (lhs, rhs, "named")
 
     def _free_locals(self, e) -> frozenset:
         """The integration variables free in ``e`` (sympy's free_symbols, restricted to them and
@@ -575,16 +598,21 @@ class Block:
             return inner if inner is not None else (e.function if not e.function.is_Atom else None)
         if isinstance(e, sp.Piecewise):
             cands = [c.expr for c in e.args if not c.expr.is_Atom]
+        elif isinstance(e, Defined):          # a named quantity: name its widest printed argument
+            cands = [a for a in e.shown_args if isinstance(a, sp.Expr)]
         elif isinstance(e, AppliedUndef):
             return None
         else:
             cands = [a for a in e.args if isinstance(a, sp.Expr)]
+        # a named quantity stays as it is printed: its printed arguments are the candidates
+        cands = [a for c in cands for a in ((c,) if not isinstance(c, Defined) else c.shown_args)
+                 if isinstance(a, sp.Expr)]
         best, best_w = None, 0.0
         for c in cands:
             # name a power's base (x^2 stays visible) and a denominator's body
             while isinstance(c, sp.Pow) and not c.base.is_Atom and (c.exp.is_Integer or c.exp == sp.S.Half or c.exp == -sp.S.Half):
                 c = c.base
-            if c.is_Atom or isinstance(c, AppliedUndef) or (c.is_Symbol):
+            if c.is_Atom or isinstance(c, (AppliedUndef, Defined)) or (c.is_Symbol):
                 continue
             w = self.width(c)
             if w > best_w:
@@ -609,20 +637,31 @@ class Block:
 
         order, seen = [], set()
 
+        named = {type(lhs): lhs for lhs, (_, _, kind) in self._defs.items() if kind == "named"}
+
+        def named_refs(e):
+            found = []
+            for node in _unique_nodes([e]):
+                if isinstance(node, Defined) and type(node) in named and named[type(node)] not in found:
+                    found.append(named[type(node)])
+            return found
+
         def visit(n):
             if n in seen:
                 return
             seen.add(n)
-            for m in refs(self._laid[n]):
+            for m in refs(self._laid[n]) + named_refs(self._defs[n][1]):
                 visit(m)
             order.append(n)
 
-        for _, lines in outputs.values():
-            for n in refs(lines):
+        for e, (_, lines) in zip(self._out_exprs, outputs.values()):
+            for n in refs(lines) + named_refs(e):
                 visit(n)
         counters: dict[str, int] = {}
         rename = {}
         for n in order:
+            if self._defs[n][2] == "named":
+                continue
             letter = {"integral": "I", "sum": "S"}.get(self._defs[n][2], "t")
             counters[letter] = counters.get(letter, 0) + 1
             rename[_tag(n)] = f"{letter}_{{{counters[letter]}}}"
@@ -653,4 +692,4 @@ def _unique_nodes(exprs):
 
 
 def _tag(n) -> str:
-    return n.func.__name__ if isinstance(n, AppliedUndef) else n.name
+    return n.func.__name__ if isinstance(n, (AppliedUndef, Defined)) else n.name

@@ -46,6 +46,7 @@ class Derivation:
     assumption: str = ""
     exprs: list = field(default_factory=list)
     forms: list = field(default_factory=list)     # ClosedForm, each with its error
+    pairs: list = field(default_factory=list)     # (lhs, rhs) sympy definitions, typeset by the export
 
 
 l, N, k = sp.symbols("l N k", integer=True, nonnegative=True)
@@ -135,7 +136,62 @@ def derive(model) -> list[Derivation]:
                           f"branch backward gain = {G:.6g}")
     out.append(vals)
     out.append(_closed_forms(model, records, grads, gains, top))
+    att = attention_block(model, records)
+    if att is not None:
+        out.append(att)
     return out
+
+
+def attention_block(model, records=()) -> Derivation | None:
+    """The attention rule's modern features in this model (rotary positions, QK-norm, grouped
+    heads), from the rule's own symbolic definitions: the rotary cosine-sum factor kbar(n)
+    (and the Fejer mean it sums) and, with QK-norm, the mean row logit variance as a function of
+    the normalised input's token correlation r, with the model's numbers; None for a model
+    without them."""
+    from types import SimpleNamespace
+
+    from sigprop.rules import attention as att_rule
+    from sigprop.rules import get
+
+    params = blocks.branch_chain(model, "attention", model.n_layers - 1)[0][1]
+    rope, qk, kv = params.get("rope", 0.0), params.get("qk_norm", 0), params.get("kv_heads", 0)
+    if not (rope or qk or kv):
+        return None
+    rule = get("attention")
+    full = {q.name: q.default for q in rule.params}
+    full.update(params)
+    der = Derivation("Attention block: rotary positions, QK-norm, grouped-query heads (the attention rule's definitions)")
+    if kv:
+        der.lines.append(f"grouped-query heads: {kv} key/value heads for {model.n_heads} query heads; the moments are "
+                         "those of multi-head attention (every cross-head term is bilinear in two heads' independent "
+                         "W_o blocks and vanishes in expectation)")
+    if rope:
+        n = sp.Symbol("n", positive=True)
+        kb = att_rule._kappa_bar(sm, n, sp.Float(rope), sp.Integer(model.d_head))
+        val = float(sm.evaluate(kb.subs(n, model.seq_len), {}))
+        der.lines.append(f"rotary positions, base b_rope = {rope:g}: the key-shared logit part left after a row's mean "
+                         "has variance v_sh (1 - kbar(n)) in a row of n keys, kbar(n) the mean over the row's key pairs "
+                         "of the cosine sum (2/d_h) sum_i cos(t b_rope^(-2i/d_h)) (the Fejer mean F)")
+        der.lines.append(f"kbar(L) = {val:.6g} at L = {model.seq_len}, d_h = {model.d_head}")
+        for lhs, rhs in sm.where([kb]):
+            der.lines.append(f"{sp.sstr(lhs)} = {sp.sstr(rhs)}")
+        der.pairs.append(sm.where([kb])[-1])      # kbar(n) = ...; the export defines F with it
+    if qk:
+        r, n2 = sp.Symbol("r", nonnegative=True), sp.Symbol("n", positive=True) ** 2
+        p = SimpleNamespace(**{k: (sp.Float(v) if isinstance(v, float) else sp.Integer(int(v))) for k, v in full.items()})
+        c = att_rule._Ctx(sm, Forward(0, n2, r), p, rope=False, check=False)
+        vbar = c.s_mean
+        kind = {1: "LayerNorm", 2: "RMSNorm"}[int(qk)]
+        der.lines.append(f"QK-norm ({kind} per head, eps {full['qk_eps']:g}): the mean row logit variance at a "
+                         "normalised input of variance n^2 and token correlation r no longer depends on the W_q, W_k "
+                         "stds (only through eps):")
+        der.lines.append(f"vbar(r) = {sp.sstr(vbar)}")
+        der.pairs.append((sp.Function("vbar")(r), vbar))
+        lv = [rec.logit_var for rec in records if getattr(rec, "logit_var", None) is not None]
+        if lv:
+            der.lines.append(f"logit variance at the top layer's attention: {float(lv[-1]):.6g}")
+    der.assumption = "the attention rule's assumptions (sigprop rules attention), at the top layer's parameters"
+    return der
 
 
 #: the per-sublayer update maps of each block layout (sigprop.model.blocks.layout)

@@ -194,14 +194,34 @@ def logit_var(p: dict, x: Forward) -> float:
     return float(ln * vq / (ln * vq + eps) * ln * vk / (ln * vk + eps) / ln)
 
 
+_POS = {"positive": True}
+_REAL = {"real": True}
+
+
+def _nm():
+    """The numeric backend (the numeric twin of a named symbolic quantity evaluates with it)."""
+    from sigprop.backend import numeric
+    return numeric
+
+
+def _rope_args(n, base, dh):
+    """(shown, hidden) arguments of the symbolic rotary quantities (functions of the row
+    length n; the base and d_head are carried, not printed)."""
+    return ((("n", n, _POS),), (("b", base, _POS), ("d_h", dh, _POS)))
+
+
 def _fejer_mean(m, n, phi):
     """Mean of cos((i - k) phi) over the n (n - 1) ordered pairs of distinct positions
     i, k in 0..n-1: ((sin(n phi/2) / sin(phi/2))^2 - n) / (n (n - 1)) (the Fejer kernel;
     1 at phi = 0 and for n <= 1), smooth in n (the causal sums evaluate it between integers)."""
     if getattr(m, "SYMBOLIC", False):
         import sympy as sp
-        return sp.Piecewise((1, sp.Eq(sp.sin(phi / 2), 0)),
-                            (((sp.sin(n * phi / 2) / sp.sin(phi / 2)) ** 2 - n) / (n * (n - 1)), True))
+
+        def fejer(n, phi):
+            return sp.Piecewise((1, sp.Eq(sp.sin(phi / 2), 0)),
+                                (((sp.sin(n * phi / 2) / sp.sin(phi / 2)) ** 2 - n) / (n * (n - 1)), True))
+        return m.named("fejer", fejer, shown=(("n", n, _POS), ("phi", phi, _REAL)), tex="F", text="F",
+                       numeric=lambda n, phi: _fejer_mean(_nm(), n, phi))
     n, phi = np.asarray(n, dtype=float), np.asarray(phi, dtype=float)
     s = np.sin(phi / 2)
     small = np.abs(s) < 1e-300
@@ -225,8 +245,12 @@ def _kappa_bar(m, n, base, dh):
     logit part between two keys of a row of n keys."""
     if getattr(m, "SYMBOLIC", False):
         import sympy as sp
-        i = sp.Dummy("i", integer=True, nonnegative=True)
-        return 2 / dh * sp.Sum(_fejer_mean(m, n, base ** (-2 * i / dh)), (i, 0, dh / 2 - 1))
+
+        def kbar(n, base, dh):
+            i = sp.Dummy("i", integer=True, nonnegative=True)
+            return 2 / dh * sp.Sum(_fejer_mean(m, n, base ** (-2 * i / dh)), (i, 0, dh / 2 - 1))
+        return m.named("kbar", kbar, *_rope_args(n, base, dh), tex=r"\bar{\kappa}", text="kbar",
+                       numeric=lambda n, b, dh: _kappa_bar(_nm(), n, b, dh))
     theta, mask = _rope_freqs(m, base, dh)
     n = np.asarray(n, dtype=float)
     f = _fejer_mean(m, n[..., None], theta)
@@ -257,8 +281,12 @@ def _kappa_sq(m, n, base, dh):
     sum_i w_i^2 = vsh^2 times this."""
     if getattr(m, "SYMBOLIC", False):
         import sympy as sp
-        i = sp.Dummy("i", integer=True, nonnegative=True)
-        return sp.Sum((2 / dh * (1 - _fejer_mean(m, n, base ** (-2 * i / dh)))) ** 2, (i, 0, dh / 2 - 1))
+
+        def ksq(n, base, dh):
+            i = sp.Dummy("i", integer=True, nonnegative=True)
+            return sp.Sum((2 / dh * (1 - _fejer_mean(m, n, base ** (-2 * i / dh)))) ** 2, (i, 0, dh / 2 - 1))
+        return m.named("kappa_sq", ksq, *_rope_args(n, base, dh), tex=r"W_{\kappa}", text="W_k",
+                       numeric=lambda n, b, dh: _kappa_sq(_nm(), n, b, dh))
     theta, mask = _rope_freqs(m, base, dh)
     n = np.asarray(n, dtype=float)
     f = _fejer_mean(m, n[..., None], theta)
@@ -274,11 +302,17 @@ def _kappa_moments(m, n, base, dh):
     kb = _kappa_bar(m, n, base, dh)
     if getattr(m, "SYMBOLIC", False):
         import sympy as sp
-        i, j = sp.Dummy("i", integer=True, nonnegative=True), sp.Dummy("j", integer=True, nonnegative=True)
-        ti, tj = base ** (-2 * i / dh), base ** (-2 * j / dh)
-        k2 = 2 / dh**2 * sp.Sum(_fejer_mean(m, n, ti - tj) + _fejer_mean(m, n, ti + tj),
-                                (i, 0, dh / 2 - 1), (j, 0, dh / 2 - 1))
-        dd = 2 / dh**2 * sp.Sum(1 + _fejer_mean(m, n, 2 * ti), (i, 0, dh / 2 - 1))
+
+        def moments(n, base, dh):
+            i, j = sp.Dummy("i", integer=True, nonnegative=True), sp.Dummy("j", integer=True, nonnegative=True)
+            ti, tj = base ** (-2 * i / dh), base ** (-2 * j / dh)
+            k2 = 2 / dh**2 * sp.Sum(_fejer_mean(m, n, ti - tj) + _fejer_mean(m, n, ti + tj),
+                                    (i, 0, dh / 2 - 1), (j, 0, dh / 2 - 1))
+            dd = 2 / dh**2 * sp.Sum(1 + _fejer_mean(m, n, 2 * ti), (i, 0, dh / 2 - 1))
+            return k2, dd
+        k2, dd = m.named("kappa_moments", moments, *_rope_args(n, base, dh),
+                         tex=(r"M_{\kappa}", r"D_{\kappa}"), text=("M_k", "D_k"),
+                         numeric=lambda n, b, dh: _kappa_moments(_nm(), n, b, dh)[1:])
         return kb, k2, dd
     theta, mask = _rope_freqs(m, base, dh)
     nn = np.asarray(n, dtype=float)
@@ -305,17 +339,23 @@ def _field_moments(m, n, base, dh):
     cos(t theta_i) cos(t theta_i')."""
     if getattr(m, "SYMBOLIC", False):
         import sympy as sp
-        i, j = sp.Dummy("i", integer=True, nonnegative=True), sp.Dummy("j", integer=True, nonnegative=True)
-        ti, tj = base ** (-2 * i / dh), base ** (-2 * j / dh)
-        top = dh / 2 - 1
-        fi, fj = _fejer_mean(m, n, ti), _fejer_mean(m, n, tj)
-        cij = (_fejer_mean(m, n, ti - tj) + _fejer_mean(m, n, ti + tj)) / 2
-        cii = (1 + _fejer_mean(m, n, 2 * ti)) / 2
-        s1 = sp.Sum(1 - fi, (i, 0, top))
-        kf = sp.Sum((1 - fi) * fi, (i, 0, top)) / s1
-        ef2 = (sp.Sum((1 - fi) * (1 - fj) * cij, (i, 0, top), (j, 0, top)) + 3 * sp.Sum((1 - fi) ** 2 * cii, (i, 0, top))) / s1**2
-        eqf = (sp.Sum((1 - fj) * cij, (i, 0, top), (j, 0, top)) + sp.Sum((1 - fi) * cii, (i, 0, top))) / (s1 * dh / 2)
-        return kf, ef2, eqf
+
+        def moments(n, base, dh):
+            i, j = sp.Dummy("i", integer=True, nonnegative=True), sp.Dummy("j", integer=True, nonnegative=True)
+            ti, tj = base ** (-2 * i / dh), base ** (-2 * j / dh)
+            top = dh / 2 - 1
+            fi, fj = _fejer_mean(m, n, ti), _fejer_mean(m, n, tj)
+            cij = (_fejer_mean(m, n, ti - tj) + _fejer_mean(m, n, ti + tj)) / 2
+            cii = (1 + _fejer_mean(m, n, 2 * ti)) / 2
+            s1 = sp.Sum(1 - fi, (i, 0, top))
+            kf = sp.Sum((1 - fi) * fi, (i, 0, top)) / s1
+            ef2 = (sp.Sum((1 - fi) * (1 - fj) * cij, (i, 0, top), (j, 0, top))
+                   + 3 * sp.Sum((1 - fi) ** 2 * cii, (i, 0, top))) / s1**2
+            eqf = (sp.Sum((1 - fj) * cij, (i, 0, top), (j, 0, top)) + sp.Sum((1 - fi) * cii, (i, 0, top))) / (s1 * dh / 2)
+            return kf, ef2, eqf
+        return m.named("field_moments", moments, *_rope_args(n, base, dh),
+                       tex=(r"\kappa_{f}", r"E_{f^{2}}", r"E_{qf}"), text=("k_f", "E_f2", "E_qf"),
+                       numeric=lambda n, b, dh: _field_moments(_nm(), n, b, dh))
     theta, mask = _rope_freqs(m, base, dh)
     nn = np.asarray(n, dtype=float)
     F = _fejer_mean(m, nn[..., None], theta)
@@ -670,6 +710,13 @@ class _Ctx:
             s_mean, relvar, n=_NS2)
 
     def _pair_stats(self, v, rho):
+        if getattr(self.m, "SYMBOLIC", False):   # named functions of (v, rho, L)
+            return self.m.named("pair", lambda v, rho, L, causal: _two_row(self.m, v, rho, L, causal),
+                                shown=(("v", v, _POS), ("rho", rho, _REAL), ("L", self.L, _POS)),
+                                hidden=(("causal", self.causal, {"nonnegative": True}),),
+                                tex=lambda k: {"C2": r"C_{2}", "T2x": r"T_{2\times}", "PP": r"P_{2}"}[k],
+                                text=lambda k: k, numeric=lambda v, rho, L, causal: _memo(
+                                    _nm(), "pair", (v, rho, L, causal), lambda: _two_row(_nm(), v, rho, L, causal)))
         return _memo(self.m, "pair", (v, rho, self.L, self.causal),
                      lambda: _two_row(self.m, v, rho, self.L, self.causal))
 
@@ -757,9 +804,18 @@ def _row_value(m, name, v, n, k4=False):
     """The one-row statistic ``name`` of ``_ROW`` at row logit variance v and length n.
     ``k4``: instead 24 times its first-order response to a fourth cumulant kappa_4 of the iid
     key logits, per unit kappa_4 (see ``_row_stats``)."""
-    if getattr(m, "SYMBOLIC", False):        # the expression of this statistic alone
-        return _row_stats(m, v, n, (name,), k4)[name]
+    if getattr(m, "SYMBOLIC", False):        # the statistic as a named function of (v, n)
+        return m.named(f"row.{name}" + (".k4" if k4 else ""), lambda v, n: _row_stats(m, v, n, (name,), k4)[name],
+                       shown=(("v", v, _POS), ("n", n, _POS)), tex=_row_tex(name, k4), text=name + ("_k4" if k4 else ""),
+                       numeric=lambda v, n: _row_value(_nm(), name, v, n, k4))
     return _memo(m, "rows4" if k4 else "rows", (v, n), lambda: _row_stats(m, v, n, tuple(_ROW), k4))[name]
+
+
+def _row_tex(name, k4):
+    """LaTeX name of the one-row statistic ``name`` (``k4``: its fourth-cumulant response)."""
+    base = {"A2": r"A_{2}", "m1": r"m_{1}", "Bz": r"B_{z}", "Cz": r"C_{z}", "T2": r"T_{2}",
+            "trA2m1": r"T_{A}", "Ajj2": r"A_{jj}", "Ra": r"R_{a}"}[name]
+    return base + (r"^{(4)}" if k4 else "")
 
 
 def _edgeworth(c, t, v, n):
@@ -890,11 +946,13 @@ class Attention(Rule):
         "and key paths, finite-width corrections, multi-head, biases, causal masks)",
     )
 
-    def symbolic(self, modern: bool = False) -> dict:
-        """sympy expressions of the outputs.  By default those of plain attention (qk_norm = 0,
-        rope = 0; kv_heads does not enter): the QK-norm and rotary branches are written against
-        the same namespace, but with them the expressions grow from ~8e4 to ~7e6 nodes, which
-        no one reads; ``modern=True`` builds them (as sympy Piecewise in qk_norm and rope)."""
+    def symbolic(self, modern: bool = True) -> dict:
+        """sympy expressions of the outputs, QK-norm and rotary positions included (sympy
+        Piecewise in qk_norm and rope; kv_heads does not enter the moments).  The rotary cosine
+        sums, the one-row and row-pair softmax statistics and the Gamma and normal densities
+        are named quantities (:class:`sigprop.backend.symbolic.Defined`), each defined once
+        (``sigprop.backend.symbolic.where`` lists the definitions).  ``modern=False``: plain
+        attention's (qk_norm = 0, rope = 0)."""
         if modern:
             return super().symbolic()
         import sigprop.backend.symbolic as sm
