@@ -209,6 +209,12 @@ class Defined(sp.Function):
         var = self._body.variables[argindex - 1]
         return self._body.expr.diff(var).xreplace(dict(zip(self._body.variables, self.args)))
 
+    def _code(self, printer):
+        # code printers (lambdify's numpy, mpmath, math and plain Python) print the definition
+        return printer._print(self.definition())
+
+    _lambdacode = _pythoncode = _numpycode = _scipycode = _mpmathcode = _code
+
     def _latex(self, printer, exp=None):
         tex = self._tex
         if self._shown:
