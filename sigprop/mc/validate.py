@@ -209,7 +209,8 @@ default 8 weight draws x batch 4:
   variance is at least 0.998 (forward) and 0.99 (gradient) in 128 of 133 series at 8 draws
   (124 since the 102 causal rows were re-run on new samples: three more forward series, whose
   variance changes only 2.1-2.4x, fall to 0.9973-0.9978, and the causal Post-LN `torch-default`
-  96-layer dropout-0.1 gradient to 0.9855; see below).
+  96-layer dropout-0.1 gradient to 0.9855; 123 since the position model's pair-of-rows split:
+  the causal Post-LN `torch-default` 48-layer dropout-0 gradient 0.9909 -> 0.9873; see below).
   The misses measured again on independent 32-draw samples (seed 1; batch 4, the four new ones
   batch 8): eight of the nine meet
   the floor (the four new ones: Mix-LN `torch-default` 12 causal dropout 0 forward 0.99995,
