@@ -15,7 +15,7 @@ import json
 import numpy as np
 
 from sigprop.mc.model import input_gradient_profile
-from sigprop.model.predict import Predictor
+from sigprop.model.predict import Predictor, with_gains
 from sigprop.model.presets import resolve
 
 
@@ -27,7 +27,7 @@ def measure(arch: str, init: str | None, layers: int, L: int, d_model: int, tria
                 d_ff=4 * d_model, dropout=0.0)
     pr = Predictor(m)
     recs = pr.forward()
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     pos = positions if positions is not None else [0, 1, 2, 10, 100, L - 1]
     prof = recs[0].g_prof
     if pr.grid is not None:   # the node grid's profile, interpolated to each position

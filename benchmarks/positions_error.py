@@ -37,7 +37,7 @@ def run(model, exact_max, grid=None):
         t = time.perf_counter()
         pr = Predictor(model)
         recs = pr.forward()
-        grads = pr.backward(recs)
+        grads = pr.backward(recs)[0]
         pts = _points(model, recs, grads)
         dt = time.perf_counter() - t
     finally:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sigprop.model import positions, profile
-from sigprop.model.predict import Predictor, _points, predict
+from sigprop.model.predict import Predictor, _points, predict, with_gains
 from sigprop.model.presets import resolve
 
 
@@ -71,7 +71,8 @@ def _run(m, exact_max, monkeypatch):
     monkeypatch.setattr(positions, "EXACT_MAX", exact_max)
     pr = Predictor(m)
     recs = pr.forward()
-    grads = pr.backward(recs)
+    grads, gains = pr.backward(recs)
+    recs = with_gains(recs, gains)
     return _points(m, recs, grads), recs[0].g_prof, pr.grid
 
 
@@ -104,7 +105,7 @@ def test_a_long_sequence_runs_on_a_few_dozen_nodes():
     pr = Predictor(m)
     assert pr.npos == pr.grid.size < 70
     recs = pr.forward()
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     assert recs[0].g_prof.shape == (pr.grid.size,)
     assert all(np.isfinite(p.log_gvar) and np.isfinite(p.log_var) for p in predict(m))
 

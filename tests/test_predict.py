@@ -260,11 +260,11 @@ def test_postln_relu_ffn_hands_down_no_gradient_along_the_stream():
     # share along x below the FFNs 0.0000 (the skip/branch split gave 0.167), along the
     # all-ones vector 0.081-0.085 (predicted b^2 = 0.083); below the attentions 0.085-0.089
     # along x (attention is not homogeneous: left to the split, 0.094).
-    from sigprop.model.predict import Predictor, _generic_below
+    from sigprop.model.predict import Predictor, _generic_below, with_gains
     m = resolve("dslm-post", "dslm", n_layers=12, dropout=0.1, **SMALL)
     pr = Predictor(m)
     recs = pr.forward()
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     for rec in recs[-4:]:
         share_1, share_x = _generic_below(rec, (1.0, 1.0))
         if rec.kind == "ffn":
@@ -289,11 +289,11 @@ def test_postln_ffn_backward_euler_share_and_cross_term():
     # 2 a E[g_z . J^T g_z] / E|g_x|^2 per FFN sublayer is -0.39e-3 and -0.44e-3 (causal,
     # positions >= 32, two runs of 40 draws x batch 4; the old predictor: 0).
     import math
-    from sigprop.model.predict import Predictor, _generic_below
+    from sigprop.model.predict import Predictor, _generic_below, with_gains
     from sigprop.rules.residual import post_norm_cross_log_factor
     pr = Predictor(resolve("postln", "torch-default", n_layers=4, **SMALL))
     recs = pr.forward()
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     ffns = [r for r in recs if r.kind == "ffn"]
     for rec in ffns:
         _, share_x = _generic_below(rec, (1.0, 1.0))
@@ -345,11 +345,11 @@ def test_postln_attention_share_along_the_stream_matches_monte_carlo(r, rg, caus
     # token-specific part, with the key path's mean m1), 0.0222 +- 0.0001 (bidirectional, r 0.95,
     # rg 0.9: the gradient's shared part cancels the value path) and 0.0981 +- 0.0012 (causal,
     # r 0.99, rg 0.95); predicted 0.145, 0.021, 0.098; the split 0.170, 0.25, 0.32.
-    from sigprop.model.predict import Predictor
+    from sigprop.model.predict import Predictor, with_gains
     mc, cross_mc, cross_se, m = _attention_sublayer_mc(r, rg, causal, trials=1000)
     pr = Predictor(m)
     recs = pr.forward()[:1]            # the attention sublayer alone, the model's gradient above it
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     rec = recs[0]
     share = rec.att_along
     assert abs(share - mc) < 0.06 * mc, (share, mc)
@@ -364,12 +364,12 @@ def test_postln_attention_euler_sums_match_direct_evaluation():
     # gradient over positions: check them against the defining double sums, O(L^3), with the
     # uniform causal weights U_sj = 1/n_s (j <= s), the rule's A2 and m1 per row length, and a
     # random positive-definite W (mean diagonal 1)
-    from sigprop.model.predict import Predictor
+    from sigprop.model.predict import Predictor, with_gains
     m = resolve("postln", "torch-default", n_layers=1, dropout=0.1, causal=True, d_model=64, n_heads=2,
                 d_ff=256, seq_len=16, input_corr=0.6, grad_corr=0.3)
     pr = Predictor(m)
     recs = pr.forward()[:1]
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     rec = recs[0]
     L = m.seq_len
     rng = np.random.default_rng(0)
@@ -418,12 +418,12 @@ def test_postln_attention_euler_limits():
     # bidirectional, no dropout: with the gradient tokens independent (rg 0) the share is the
     # F_t term alone, (1 - pi) b^2 v_F / (v_x (a^2 + gain)) up to O(1/L) and the logit terms;
     # when they are as correlated as a collapsed stream (r = rg = 1) the terms cancel to O(1/L)
-    from sigprop.model.predict import Predictor
+    from sigprop.model.predict import Predictor, with_gains
     for r in (0.9999999, 0.5):
         m = resolve("postln", "torch-default", n_layers=1, dropout=0.0, causal=False, input_corr=r, **SMALL)
         pr = Predictor(m)
         recs = pr.forward()[:1]
-        pr.backward(recs)
+        recs = with_gains(recs, pr.backward(recs)[1])
         rec = recs[0]
         tot = rec.a ** 2 + rec.branch_gain
         vF = float(rec.branch_out.var)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sigprop.mc.model import input_gradient_profile, simulate
-from sigprop.model.predict import Predictor, predict
+from sigprop.model.predict import Predictor, predict, with_gains
 from sigprop.model.presets import resolve
 
 
@@ -38,7 +38,7 @@ def test_causal_gradient_profile_peaks_at_the_first_position():
     m = _model(True)
     pr = Predictor(m)
     recs = pr.forward()
-    pr.backward(recs)
+    recs = with_gains(recs, pr.backward(recs)[1])
     pred = recs[0].g_prof                       # profile entering sublayer 1 = the input
     rng = np.random.default_rng(1)
     acc = np.zeros(m.seq_len)

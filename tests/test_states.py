@@ -1,14 +1,16 @@
 """The predictor threads immutable states through its residual units (sigprop.model.states):
 each unit maps the stream state entering it to the one after it and, backward, the gradient
 state after it to the one entering it; trace points are made from the states.  Structural
-checks that a unit is a function of its state alone (no hidden carry-over in the predictor)."""
+checks that a unit is a function of its state alone (no hidden carry-over in the predictor),
+and that the backward pass only reads the forward pass's records and ops."""
 
 import math
 
+import numpy as np
 import pytest
 
 from sigprop.model import blocks, resolve
-from sigprop.model.predict import Predictor, _points, predict
+from sigprop.model.predict import Op, Predictor, _points, predict, with_gains
 from sigprop.model.states import GradState, StreamState, UnitGains
 
 SMALL = dict(d_model=64, n_heads=2, d_ff=256, seq_len=16)
@@ -27,7 +29,8 @@ MODELS = {
 def _passes(m):
     pr = Predictor(m)
     recs = pr.forward()
-    return pr, recs, pr.backward(recs)
+    grads, gains = pr.backward(recs)
+    return pr, with_gains(recs, gains), grads
 
 
 def _units(m):
@@ -91,10 +94,68 @@ def test_a_unit_is_a_function_of_its_states(name):
     again = []
     for unit, rec in zip(_units(m), recs):
         new, s_out = fresh._unit(rec.layer, unit, rec.s_in, rec.s_in)
-        assert s_out == rec.s_out
-        new.s_out = s_out                      # as the forward pass records it (the backward reads it)
+        assert s_out == rec.s_out and new.s_out == rec.s_out and new.gains is None
         again.append(new)
     below = grads[1:] + [pr.top_grad]
     for i in reversed(range(len(recs))):
-        assert fresh._unit_backward(again[i], below[i]) == grads[i]
-        assert again[i].gains == recs[i].gains
+        g, gains = fresh._unit_backward(again[i], below[i])
+        assert g == grads[i]
+        assert gains == recs[i].gains
+
+
+def _snapshot(obj):
+    """A deep copy of what a record holds, for comparison: tuples (records, ops, states)
+    field by field, dicts item by item, arrays copied; anything else (an interpolation table)
+    by identity."""
+    if isinstance(obj, tuple):
+        return (type(obj), tuple(_snapshot(v) for v in obj))
+    if isinstance(obj, dict):
+        return (dict, tuple((k, _snapshot(v)) for k, v in obj.items()))
+    if isinstance(obj, np.ndarray):
+        return (np.ndarray, obj.copy())
+    if isinstance(obj, (float, int, str, bool, type(None), np.floating)):
+        return obj
+    return ("id", id(obj))
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, tuple) and len(a) == 2 and a[0] is np.ndarray:
+        return isinstance(b, tuple) and b[0] is np.ndarray and np.array_equal(a[1], b[1], equal_nan=True)
+    if isinstance(a, tuple):
+        return isinstance(b, tuple) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and math.isnan(a):
+        return isinstance(b, float) and math.isnan(b)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_backward_leaves_the_records_as_the_forward_pass_made_them(name):
+    # every field of every record, op and state (parameter dicts item by item, arrays by
+    # value) is the same after the backward pass as before it; the records and ops are
+    # immutable (assignment raises); the backward pass's results come back beside them
+    m = MODELS[name]()
+    pr = Predictor(m)
+    recs = pr.forward()
+    before = _snapshot(tuple(recs))
+    grads, gains = pr.backward(recs)
+    assert _same(before, _snapshot(tuple(recs)))
+    assert len(gains) == len(recs) and all(r.gains is None for r in recs)
+    ops = [op for r in recs for part in (r.parts or (r,))
+           for op in (r.pre_ops or ()) + (part.branch_ops or ()) + (part.out_ops or ())]
+    assert ops and all(isinstance(op, Op) for op in ops)
+    for obj in [recs[0], ops[0]] + list(recs[0].parts or ()):
+        with pytest.raises(AttributeError):
+            obj.layer = 0 if not isinstance(obj, Op) else None      # frozen
+        with pytest.raises(AttributeError):
+            obj.params = {}
+    joined = with_gains(recs, gains)
+    assert [r.gains for r in joined] == gains
+    assert all(j[:-1] == r[:-1] for j, r in zip(joined, recs))
+    # a second backward pass over the same records gives the same numbers
+    again, gains2 = pr.backward(recs)
+    assert again == grads and len(gains2) == len(gains)
+    for g1, g2 in zip(gains, gains2):
+        assert g1[:3] == g2[:3] and g1.norm_params == g2.norm_params
+        assert (g1.g_prof is None) == (g2.g_prof is None)
+        if g1.g_prof is not None:
+            assert np.array_equal(g1.g_prof, g2.g_prof)

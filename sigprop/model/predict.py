@@ -64,93 +64,94 @@ SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "pla
                        "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 
 
-class Op:
-    """One rule application in a branch chain.
+class Op(NamedTuple):
+    """One rule application in a branch chain, as the forward pass met it (immutable: the
+    backward pass evaluates the rule's backward with parameters of its own where the gradient
+    state adds some, see :meth:`Predictor._unit_backward`)."""
 
-    (Plain classes with ``__slots__`` here rather than dataclasses: a dataclass is built with
-    ``exec`` at import, and the predictor's start-up paid ~10 ms for its dataclasses.)"""
-
-    __slots__ = ("rule", "params", "x", "table", "row", "repeated", "var_range")
-
-    def __init__(self, rule: str, params: dict, x: Forward | None = None, table: object = None,
-                 row: object = None, repeated: bool = False, var_range: tuple | None = None):
-        self.rule = rule
-        self.params = params
-        self.x = x                    # input state, recorded by the forward pass
-        self.table = table            # an interpolation table of this op alone, if used ...
-        self.row = row                # ... and its row at x
-        self.repeated = repeated      # its parameters are shared by at least BUILD_AFTER layers
-        self.var_range = var_range    # causal: the input variances of the layers sharing them
+    rule: str
+    params: dict
+    x: Forward | None = None      # input state
+    table: object = None          # an interpolation table of this op alone, if used ...
+    row: object = None            # ... and its row at x
+    repeated: bool = False        # its parameters are shared by at least BUILD_AFTER layers
+    var_range: tuple | None = None    # causal: the input variances of the layers sharing them
 
     def __repr__(self) -> str:
         return f"Op({self.rule!r}, {self.params!r})"
 
 
-class BranchRecord:
-    """What the forward pass recorded about one branch of a residual unit with several
-    (a parallel block), for the backward pass: the branch fields of :class:`SublayerRecord`."""
+class BranchRecord(NamedTuple):
+    """What the forward pass recorded about one branch of a residual unit, for the backward
+    pass (immutable): the branch fields of :class:`SublayerRecord`, which a unit with one
+    branch keeps itself, and a parallel block keeps per branch in its ``parts``."""
 
-    __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
-                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows", "key_w")
+    layer: int                    # 1-based
+    kind: str                     # "attention" | "ffn"
+    b: float                      # its branch scale
+    log_b2: float                 # log b^2 (-inf for a zero scale)
+    branch_ops: tuple | None = None   # the branch chain's ops (Op), when evaluated rule by rule
+    chain_table: object = None    # interpolation table of the whole branch chain, if used
+    chain_x: object = None        # ... and its row (every tabulated quantity) at the branch input
+    out_ops: tuple | None = None  # the norm on the branch output, if any
+    out_prof: object = None       # causal: the branch output's profile entering that norm
+    out_ratio: float = 1.0        # that norm's ratio-moment factor on the branch's gradient
+    # post ReLU FFN only (else None): per-element variance of the branch's departure from
+    # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases):
+    # sigprop.rules.activation.relu_ffn_euler_var
+    euler_var: float | None = None
+    # post attention only (else None): the rule's row statistics (A2, m1) of its softmax rows
+    # (causal: per row length), for sigprop.rules.attention.euler_terms
+    att_rows: object = None
+    # causal attention: the per-key weights (profile.key_weights) of its input's position structure
+    key_w: object = None
 
-    def __init__(self, layer: int, kind: str, b: float, log_b2: float):
-        self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
-        self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
-        self.out_ops = self.out_prof = self.euler_var = self.att_rows = self.key_w = None
-        self.out_ratio = 1.0
+
+#: BranchRecord's branch fields (its fields after ``log_b2``), also SublayerRecord's last ones but ``gains``
+_BRANCH_FIELDS = BranchRecord._fields[4:]
 
 
-class SublayerRecord:
-    """One residual unit (a sublayer, or a parallel block) as the forward pass met it: the
-    stream states entering it (``s_in``), after it (``s_out``) and, with a norm after the
-    residual sum, the sum's (``s_sum``), all :class:`~sigprop.model.states.StreamState`
-    without their position deviation; and what the backward pass reuses: its scales, its ops
-    with their inputs, the chain's table row, the branch output, the norms' position profiles.
-    The backward pass adds ``gains`` (:class:`~sigprop.model.states.UnitGains`) and, causal,
-    ``g_prof``.  A unit with one branch keeps the branch's fields itself; a parallel block's
-    branches are ``parts`` (:class:`BranchRecord`), and its own branch fields describe their
-    sum (b = 1).  The remaining attributes (``x_log_var``, ``out``, ``branch_gain``, ...) are
-    read-only views of the states and gains."""
+class SublayerRecord(NamedTuple):
+    """One residual unit (a sublayer, or a parallel block) as the forward pass met it
+    (immutable): the stream states entering it (``s_in``), after it (``s_out``) and, with a
+    norm after the residual sum, the sum's (``s_sum``), all
+    :class:`~sigprop.model.states.StreamState` without their position deviation; and what the
+    backward pass reuses: its scales, its ops with their inputs, the chain's table row, the
+    branch output, the norms' position profiles.  A unit with one branch keeps the branch's
+    fields (:class:`BranchRecord`'s) itself; a parallel block's branches are ``parts``, and its
+    own branch fields describe their sum (b = 1).  ``gains``
+    (:class:`~sigprop.model.states.UnitGains`) is None on the forward pass's record; the
+    records :func:`run` returns are those records with the backward pass's gains
+    (:func:`with_gains`).  The remaining attributes (``x_log_var``, ``out``, ``branch_gain``,
+    ``g_prof``, ...) are read-only views of the states and gains."""
 
-    __slots__ = ("layer", "kind", "post", "in_norm", "a", "b", "log_a2", "log_b2", "s_in", "s_sum", "s_out",
-                 "pre_ops", "branch_ops", "branch_out", "chain_table", "chain_x", "parts", "out_ops", "out_prof",
-                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof", "key_w")
-
-    def __init__(self, layer: int, kind: str, post: bool, in_norm: bool, a: float, b: float, log_a2: float,
-                 log_b2: float, s_in: StreamState):
-        self.layer = layer
-        self.kind = kind              # the trace point's name: "attention" | "ffn" | "block"
-        self.post = post              # a norm after the residual sum
-        self.in_norm = in_norm        # a norm before the branch(es)
-        self.a = a
-        self.b = b
-        self.log_a2 = log_a2          # log a^2 and log b^2 (-inf for a zero scale)
-        self.log_b2 = log_b2
-        self.s_in = s_in              # the stream entering the unit
-        self.s_sum = None             # post: the residual sum before the norm
-        self.s_out = None             # the stream after the unit
-        self.parts = None             # a parallel block: its branches (BranchRecord)
-        self.pre_ops: list | None = None      # the unit's norm (before the branch, or post: after the sum)
-        self.branch_ops: list | None = None   # the branch chain's ops, when evaluated rule by rule
-        self.branch_out: Forward | None = None    # the branch output (absolute units, before b)
-        self.chain_table = None       # interpolation table of the whole branch chain, if used
-        self.chain_x = None           # ... and its row (every tabulated quantity) at the branch input
-        self.out_ops = None           # the norm on the branch output, if any
-        self.out_prof = None          # causal: the branch output's profile entering that norm
-        self.out_ratio = 1.0          # that norm's ratio-moment factor on the branch's gradient
-        self.btok = (0.0, 1.0)        # per-token statistics of the branch output
-        self.ln_prof = None           # causal post: the norm's per-position gain profile (profile.layernorm_input)
-        # post ReLU FFN only (else None): per-element variance of the branch's departure from
-        # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases):
-        # sigprop.rules.activation.relu_ffn_euler_var
-        self.euler_var: float | None = None
-        # post attention only (else None): the rule's row statistics (A2, m1) of its softmax
-        # rows (causal: per row length), for sigprop.rules.attention.euler_terms
-        self.att_rows = None
-        # causal attention: the per-key weights (profile.key_weights) of its input's position structure
-        self.key_w = None
-        self.gains: UnitGains | None = None   # set by the backward pass
-        self.g_prof = None            # causal (backward): variance profile of the gradient entering the unit
+    layer: int
+    kind: str                     # the trace point's name: "attention" | "ffn" | "block"
+    post: bool                    # a norm after the residual sum
+    in_norm: bool                 # a norm before the branch(es)
+    a: float
+    b: float
+    log_a2: float                 # log a^2 and log b^2 (-inf for a zero scale)
+    log_b2: float
+    s_in: StreamState             # the stream entering the unit
+    s_sum: StreamState | None     # post: the residual sum before the norm
+    s_out: StreamState            # the stream after the unit
+    pre_ops: tuple | None         # the unit's norm (before the branch, or post: after the sum)
+    branch_out: Forward           # the branch output (absolute units, before b)
+    btok: tuple                   # per-token statistics of the branch output
+    ln_prof: object               # causal post: the norm's per-position gain profile (profile.layernorm_input)
+    parts: tuple | None           # a parallel block: its branches (BranchRecord)
+    # the branch fields (BranchRecord's, in its order)
+    branch_ops: tuple | None = None
+    chain_table: object = None
+    chain_x: object = None
+    out_ops: tuple | None = None
+    out_prof: object = None
+    out_ratio: float = 1.0
+    euler_var: float | None = None
+    att_rows: object = None
+    key_w: object = None
+    gains: UnitGains | None = None    # the backward pass's (with_gains)
 
     # read-only views of the states and gains
     x_log_var = property(lambda self: self.s_in.log_var, doc="log variance of the stream entering the unit")
@@ -170,10 +171,21 @@ class SublayerRecord:
                       doc="post: the norm's backward factor on the sum")
     att_along = property(lambda self: self.gains.att_along if self.gains else None,
                          doc="post attention: the share along the stream's direction below it")
+    g_prof = property(lambda self: self.gains.g_prof if self.gains else None,
+                      doc="causal: variance profile of the gradient entering the unit")
 
     def __repr__(self) -> str:
         return f"SublayerRecord(layer={self.layer}, kind={self.kind!r}, post={self.post})"
 
+
+_tuple_new = tuple.__new__
+
+
+def with_gains(records: list, gains: list) -> list:
+    """The records of the forward pass with the backward pass's ``gains`` (one
+    :class:`~sigprop.model.states.UnitGains` per record, :meth:`Predictor.backward`): new
+    records; the forward pass's are left as they are."""
+    return [_tuple_new(SublayerRecord, r[:-1] + (gn,)) for r, gn in zip(records, gains)]
 
 class StreamPoint(NamedTuple):
     """One point of the trace: the stream after a sublayer (or the input), in log variance."""
@@ -229,15 +241,18 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 _RESIDUAL = get("residual")
 
 
-def _fwd(op: Op, x: Forward) -> Forward:
-    op.x = x
-    return get(op.rule).fast(x, None, op.params)[0]
+def _fwd(op: Op) -> Forward:
+    """The op's rule forward at its recorded input."""
+    return get(op.rule).fast(op.x, None, op.params)[0]
 
 
-def _bwd(op: Op, g: Backward) -> Backward:
+def _bwd(op: Op, g: Backward, params: dict | None = None) -> Backward:
+    """The op's rule backward at its recorded input for gradient ``g``: with the op's
+    parameters, or ``params`` (the op's with the gradient state's additions, for a norm: see
+    Predictor._unit_backward; an op without a table)."""
     if op.table is not None:
         return op.table.backward_of(op.row, g)
-    return get(op.rule).fast(op.x, g, op.params, need_forward=False)[1]
+    return get(op.rule).fast(op.x, g, op.params if params is None else params, need_forward=False)[1]
 
 
 class _ResidualParams(NamedTuple):
@@ -302,10 +317,13 @@ def _mix_tokens(tok: tuple[float, float], ref: float, v1: float, v2: float,
     return combine_token_stats(v1, tok[0], tok[1], v2, btok[0], btok[1])
 
 
-def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float, float]:
+def _generic_below(rec: SublayerRecord, gen: tuple[float, float], log_bg: float | None = None,
+                   along: float | None = None) -> tuple[float, float]:
     """Shares (along 1, along the stream direction) of the gradient handed to the stream
     entering ``rec``, from the gradient's shares above it (``gen``).  Variance shares of the
-    two paths: skip a^2, branch branch_gain (relative, per unit gradient at the split).
+    two paths: skip a^2, branch branch_gain (relative, per unit gradient at the split;
+    ``log_bg``: its logarithm, and ``along``: a Post-LN attention's share along the stream,
+    as the backward pass found them; default: the record's ``gains``).
 
     * post, x' = LN(z), z = a x + b F: the skip part a J^T g is orthogonal to 1 exactly and
       to the LN output y ~ (a x + b F); so x . J^T g = -(b/a) F . J^T g, whose share is
@@ -334,14 +352,14 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float]) -> tuple[float
       isotropic (1, 1), like post's general branch."""
     # the shares from logarithms (a and b may be far outside float range when squared)
     log_a2 = rec.log_a2
-    log_bg = rec.gains.log_branch_gain
+    if log_bg is None:
+        log_bg, along = rec.gains.log_branch_gain, rec.gains.att_along
     if log_a2 == -math.inf and log_bg == -math.inf:
         return (1.0, 1.0)
     skip = _share(log_a2, log_bg)                      # a^2 / (a^2 + branch gain)
     if rec.post:
         branch = _share(log_bg, log_a2)
         clipped = min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT)
-        along = rec.gains.att_along
         if along is not None:                           # attention: see _attention_euler
             return (branch, along)
         if rec.euler_var is not None:                   # b^2 v_D / (v_x (a^2 + branch gain))
@@ -531,14 +549,14 @@ class Predictor:
         return out
 
     # -- branch chains -------------------------------------------------------------------
-    def _norm(self, tok: tuple[float, float]) -> Op:
-        """The model's norm as an op for a stream with per-token statistics ``tok`` =
-        (centred, kappa); one parameter dict per distinct ``tok`` (never changed: see
+    def _norm(self, tok: tuple[float, float], x: Forward | None = None) -> Op:
+        """The model's norm as an op at input ``x`` for a stream with per-token statistics
+        ``tok`` = (centred, kappa); one parameter dict per distinct ``tok`` (never changed: see
         Rule.fast)."""
         op = self._norm_ops.get(tok)
         if op is None:
             op = self._norm_ops[tok] = blocks.norm_params(self.model, tok)
-        return Op(*op)
+        return Op(op[0], op[1], x)
 
     def _log_sq(self, w: float) -> float:
         """log w^2 (-inf for 0), memoised per value."""
@@ -581,101 +599,111 @@ class Predictor:
                     return
                 rec, s = got
                 # the records keep the states without the position deviation (an L x L matrix)
-                kept = self._end = rec.s_out = s if s.dev is None else s._replace(dev=None)
+                kept = self._end = rec.s_out
                 records.append(rec)
 
     def _unit(self, layer: int, unit, s: StreamState, kept: StreamState):
         """One residual unit: (its record, the stream state after it) for the stream state
-        ``s`` entering it (``kept``: the same without its position deviation, for the record);
-        None where the softmax saturates (with ``stop_at_saturation``)."""
+        ``s`` entering it (``kept``: the same without its position deviation, for the record;
+        the record's state after the unit has none either); None where the softmax saturates
+        (with ``stop_at_saturation``)."""
         m, G = self.model, self.grid
         lv, x, tok, prof, dev = s.log_var, s.x, s.tok, s.prof, s.dev
         one = len(unit.branches) == 1
         br0 = unit.branches[0]
         b = br0.scale if one else 1.0
-        rec = SublayerRecord(layer, unit.label, unit.post_norm, unit.in_norm, unit.skip, b, self._log_sq(unit.skip),
-                             self._log_sq(b), kept)
+        a, log_a2, log_b2 = unit.skip, self._log_sq(unit.skip), self._log_sq(b)
         h = _real(lv, x)
         dev_in = dev
         xcov = None         # causal: the stream's covariance over positions (formed once)
+        pre_ops = ln_prof = None
         if unit.in_norm:
-            ln = self._norm(tok)
-            rec.pre_ops = [ln]
-            ln.x = h
-            h = get(ln.rule).fast(h, None, ln.params)[0]
+            ln = self._norm(tok, h)
+            pre_ops = (ln,)
+            h = _fwd(ln)
             if dev is not None:
                 # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
                 xcov = self._cov(x.corr, dev, prof)
                 c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
-            got = self._branch(rec, br0, unit, h, dev_in, tok)
+            got = self._branch(br0, unit, h, dev_in, tok)
             if got is None:
                 return None
-            y, bcov, logit_var = got
-            rec.btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
+            part, y, bcov, logit_var = got
+            branch = part[4:]
+            parts = None
+            btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
         else:
-            rec.parts = []
-            outs = []
+            parts, outs = [], []
             logit_var = None
             for br in unit.branches:
-                part = BranchRecord(layer, br.kind, br.scale, self._log_sq(br.scale))
-                got = self._branch(part, br, unit, h, dev_in, tok)
+                got = self._branch(br, unit, h, dev_in, tok)
                 if got is None:
                     return None
-                rec.parts.append(part)
-                if got[2] is not None:
-                    logit_var = got[2]
-                outs.append(got)
-            y, bcov = self._sum_branches(rec.parts, outs)
-        rec.branch_out = y
+                parts.append(got[0])
+                if got[3] is not None:
+                    logit_var = got[3]
+                outs.append(got[1:])
+            parts = tuple(parts)
+            y, bcov = self._sum_branches(parts, outs)
+            branch = ()
+            btok = (0.0, 1.0)
         blv, bx = _normalise(y)
         # log var of a x and of b y, and both in units of the larger
-        ref, v1, v2 = _weights(lv + rec.log_a2, blv + rec.log_b2)
-        zlv, z = _combine(ref, v1, x, rec.a, v2, bx, rec.b)
+        ref, v1, v2 = _weights(lv + log_a2, blv + log_b2)
+        zlv, z = _combine(ref, v1, x, a, v2, bx, b)
         if zlv == -math.inf:
             raise DomainError(
-                f"the residual stream vanishes in layer {layer}'s {unit.label} sublayer (skip scale {rec.a:g}, "
+                f"the residual stream vanishes in layer {layer}'s {unit.label} sublayer (skip scale {a:g}, "
                 f"and the branch adds {'nothing' if blv == -math.inf else 'nothing at branch scale 0'}): "
                 "sigprop follows a stream of positive variance only")
         if prof is not None:
-            w1 = _exp_rel(lv + rec.log_a2, zlv)
-            w2 = _exp_rel(blv + rec.log_b2, zlv)
+            w1 = _exp_rel(lv + log_a2, zlv)
+            w2 = _exp_rel(blv + log_b2, zlv)
             if xcov is None:
                 xcov = self._cov(x.corr, dev, prof)
             zcov = profile.mix(w1, xcov, w2, bcov)
             zcov /= float(np.trace(zcov)) / m.seq_len if G is None else G.mean_diag(zcov)
             if unit.post_norm:
-                rec.ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * bcov.diagonal(), rec.btok, self.d, G)
+                ln_prof = profile.layernorm_input(w1 * prof, tok, w2 * bcov.diagonal(), btok, self.d, G)
             prof = zcov.diagonal().copy()
-        tok = _mix_tokens(tok, ref, v1, v2, rec.btok)
+        tok = _mix_tokens(tok, ref, v1, v2, btok)
         if not unit.post_norm:
             if dev is not None:
                 _, dev = profile.deviation(zcov, G)
-            return rec, StreamState(zlv, z, tok, prof, dev, logit_var)
-        # the norm after the residual sum
-        rec.s_sum = StreamState(zlv, z, tok, prof, None, logit_var)
-        ln = self._norm(tok)
-        rec.pre_ops = [ln]
-        lv, x = _normalise(_fwd(ln, _real(zlv, z)))
-        if prof is not None:
-            # per position the norm divides by that position's std
-            c_out, dev = profile.deviation(profile.normalise(zcov), G)
-            x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
-            prof = profile.flat(m.seq_len, G)
-        return rec, StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
+            out = StreamState(zlv, z, tok, prof, dev, logit_var)
+            s_sum = None
+        else:
+            # the norm after the residual sum
+            s_sum = StreamState(zlv, z, tok, prof, None, logit_var)
+            ln = self._norm(tok, _real(zlv, z))
+            pre_ops = (ln,)
+            lv, x = _normalise(_fwd(ln))
+            if prof is not None:
+                # per position the norm divides by that position's std
+                c_out, dev = profile.deviation(profile.normalise(zcov), G)
+                x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
+                prof = profile.flat(m.seq_len, G)
+            out = StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
+        rec = SublayerRecord(layer, unit.label, unit.post_norm, unit.in_norm, a, b, log_a2, log_b2, kept, s_sum,
+                             _kept(out), pre_ops, y, btok, ln_prof, parts, *branch)
+        return rec, out
 
-    def _branch(self, rec, br, unit, h: Forward, dev_in, tok: tuple):
+    def _branch(self, br, unit, h: Forward, dev_in, tok: tuple):
         """One branch of a unit at its input ``h`` (after the unit's input norm, before the
-        norm scale; ``tok``: the stream's per-token statistics): the branch output (absolute
-        units, before the branch scale), causal its normalised covariance over positions, and
-        its attention's logit variance (None without attention); None where the softmax
-        saturates (with ``stop_at_saturation``: ``self.saturation`` says where)."""
+        norm scale; ``tok``: the stream's per-token statistics): its record
+        (:class:`BranchRecord`), the branch output (absolute units, before the branch scale),
+        causal its normalised covariance over positions, and its attention's logit variance
+        (None without attention); None where the softmax saturates (with
+        ``stop_at_saturation``: ``self.saturation`` says where)."""
         m, G, npos = self.model, self.grid, self.npos
         kind, l, n = br.kind, br.layer, br.norm_scale
+        euler_var = att_rows = key_w = out_ops = out_prof = None
+        out_ratio = 1.0
         if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and m.activation == "relu":
             s = m.ffn
-            rec.euler_var = relu_ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
+            euler_var = relu_ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
                                                float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
         chain = self._chain(kind, l, unit.in_norm, n)
         logit_var = None
@@ -690,24 +718,24 @@ class Predictor:
             logit_var = attention_logit_var(chain[-2][1], h_att)
         h_in = h
         if unit.post_norm and kind == "attention":
-            rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
-        h = self._branch_forward(rec, chain, h, dev_in is not None and kind == "attention")
+            att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
+        h, chain_table, chain_x, ops = self._branch_forward(kind, l, chain, h, dev_in is not None and kind == "attention")
         bcov = None
         if dev_in is not None and not h.var > 0:
             # a branch that adds nothing (all-zero output weights and biases): no
             # covariance over positions either
             bcov = np.zeros((npos, npos))
         elif dev_in is not None:
-            att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
+            att = next((o for o in ops or () if o.rule == "attention"), None)
             bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G, att.var_range) if att
                      else profile.flat(m.seq_len, G))
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
             # (the attention's deviation and key weights both start from the grid's prefix sums)
             pre = G.prefix_sums(dev_in) if att is not None and hasattr(G, "prefix_sums") else None
-            bcov = self._branch_deviation(rec, chain, att, h_in, dev_in, pre)
+            bcov = self._branch_deviation(chain_table, chain, att, h_in, dev_in, pre)
             if att is not None:
-                rec.key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
+                key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
             d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
             positions.set_diag(bcov, d)
@@ -718,20 +746,21 @@ class Predictor:
             # the norm on the branch output, per position.  Forward: as for a Gaussian-like
             # signal (its output has a fixed norm); backward: with the per-token statistics
             # of the branch's hidden layer (_out_norm_stats)
-            kappa, rec.out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm, tok)
-            on = self._norm(blocks.GAUSSIAN_TOKENS)
-            y = _fwd(on, h) if h.var > 0 else h
+            kappa, out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm, tok)
+            on = self._norm(blocks.GAUSSIAN_TOKENS, h if h.var > 0 else None)
+            y = _fwd(on) if h.var > 0 else h
             if kappa != 1.0:
-                on = self._norm((0.0, kappa))
-                on.x = h
-            rec.out_ops = [on]
+                on = self._norm((0.0, kappa), h)
+            out_ops = (on,)
             if bcov is not None and h.var > 0:
-                rec.out_prof = bcov.diagonal().copy()
+                out_prof = bcov.diagonal().copy()
                 c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
                 y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
                 bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
             h = y
-        return h, bcov, logit_var
+        part = BranchRecord(l + 1, kind, br.scale, self._log_sq(br.scale), ops, chain_table, chain_x, out_ops,
+                            out_prof, out_ratio, euler_var, att_rows, key_w)
+        return part, h, bcov, logit_var
 
     def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool, tok: tuple) -> tuple[float, float]:
         """A norm N on a branch output F = W h (W the output projection, h the branch's hidden
@@ -837,10 +866,11 @@ class Predictor:
         positions.set_diag(K, prof)
         return K
 
-    def _branch_deviation(self, rec: SublayerRecord, chain: tuple, att: Op | None, h: Forward,
+    def _branch_deviation(self, table, chain: tuple, att: Op | None, h: Forward,
                           dev: np.ndarray, pre=None) -> np.ndarray:
         """Deviation of the branch output's covariance over positions from the mean-field one
-        (absolute units, before the branch scale) for branch input ``h`` whose correlations
+        (absolute units, before the branch scale; ``table``: the chain's interpolation table,
+        if it has one) for branch input ``h`` whose correlations
         deviate from their mean by ``dev`` (see profile, "forward"); ``pre``: the position grid's
         prefix sums of ``dev`` (attention), where the caller has them."""
         if att is not None:
@@ -857,17 +887,17 @@ class Predictor:
         if hi - lo < 2e-3:
             e = 1e-3
             lo, hi = max(-1.0, h.corr - e), min(1.0, h.corr + e)
-            slope = (self._chain_cov(rec, chain, Forward(h.mean, h.var, hi))
-                     - self._chain_cov(rec, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
+            slope = (self._chain_cov(table, chain, Forward(h.mean, h.var, hi))
+                     - self._chain_cov(table, chain, Forward(h.mean, h.var, lo))) / (hi - lo)
             return slope * dev
         mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
-        rows_at = getattr(rec.chain_table, "rows_at", None)
+        rows_at = getattr(table, "rows_at", None)
         tr = None if rows_at is None else rows_at((mid + half * _PAIR_T).tolist(), h.var, h.mean)
         if tr is not None:
             # the seven table rows in one product: var * corr = var * (cov / var) (0 where var <= 0)
             vals = np.where(tr[1] > 0, tr[1] * (tr[2] / tr[1]), 0.0 * tr[1])
         else:
-            vals = [self._chain_cov(rec, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
+            vals = [self._chain_cov(table, chain, Forward(h.mean, h.var, mid + half * t)) for t in _PAIR_T.tolist()]
         # the interpolating polynomial (degree 6 through the 7 nodes) in the power basis of
         # the mapped variable t = (r - mid) / half, within [-1, 1], evaluated in place by
         # Horner's rule (a few passes over the matrix and no temporaries)
@@ -886,11 +916,11 @@ class Predictor:
         return out
 
     @staticmethod
-    def _chain_cov(rec: SublayerRecord, chain: tuple, h: Forward) -> float:
-        """Output covariance of a branch chain at input ``h`` (its table where it has one),
-        without recording anything."""
-        if rec.chain_table is not None:
-            y = rec.chain_table.forward_of(rec.chain_table.row(h))
+    def _chain_cov(table, chain: tuple, h: Forward) -> float:
+        """Output covariance of a branch chain at input ``h`` (its table ``table`` where it has
+        one)."""
+        if table is not None:
+            y = table.forward_of(table.row(h))
         else:
             y = h
             for rule, params in chain:
@@ -920,15 +950,17 @@ class Predictor:
             hit = self._chains[gid] = chain
         return hit
 
-    def _branch_forward(self, rec: SublayerRecord, chain: tuple, h: Forward,
-                        split: bool = False) -> Forward:
-        """The branch chain: through an interpolation table of the whole chain where one is
-        available (see sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal
-        model's position profile needs the attention op's own input and gradient), the
-        attention op through a table of its own where one is available."""
-        uses = self.repeats[rec.kind][rec.layer - 1]
+    def _branch_forward(self, kind: str, l: int, chain: tuple, h: Forward, split: bool = False):
+        """Layer ``l``'s (0-based) ``kind`` branch chain at input ``h``: through an
+        interpolation table of the whole chain where one is available (see
+        sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal model's
+        position profile needs the attention op's own input and gradient), the attention op
+        through a table of its own where one is available.  Returns (the output, the chain's
+        table and its row at ``h``, or None, None; the ops with their inputs (Op), or None
+        where the table was used)."""
+        uses = self.repeats[kind][l]
         eager = tables.worth_tabulating(chain, h, uses)
-        var_range = self.var_ranges.get(rec.layer - 1) if rec.kind == "attention" else None
+        var_range = self.var_ranges.get(l) if kind == "attention" else None
         if split:
             table = None
         elif var_range is not None:
@@ -946,38 +978,43 @@ class Predictor:
                 handle = self._handles[id(chain)] = self._tables.handle(chain)
             table = self._tables.get(chain, h, eager=eager, handle=handle, uses=uses)
         if table is not None:
-            rec.chain_table, rec.chain_x = table, table.row(h)
-            return table.forward_of(rec.chain_x)
-        ops = rec.branch_ops = [Op(rule, params) for rule, params in chain]
-        for op in ops:
-            op.repeated = eager
-            if split and op.rule == "attention":
+            row = table.row(h)
+            return table.forward_of(row), table, row, None
+        ops = []
+        for rule, params in chain:
+            if split and rule == "attention":
                 # causal: the attention op through a table of its own; over the correlation
                 # and the variance where the layers sharing it differ in their norm scale
                 # (LayerNorm Scaling: the position profile's per-row terms then come from a
                 # profile.RowsVarTable over the same range)
-                alone = ((op.rule, op.params),)
-                oh = self._op_handles.get(id(op.params))
-                if oh is None or oh[0] is not op.params:
-                    oh = self._op_handles[id(op.params)] = (op.params, self._tables.handle(alone))
+                alone = ((rule, params),)
+                oh = self._op_handles.get(id(params))
+                if oh is None or oh[0] is not params:
+                    oh = self._op_handles[id(params)] = (params, self._tables.handle(alone))
                 oh = oh[1]
                 if var_range is not None:
-                    op.var_range = var_range
                     t = self._tables.get_var(alone, h, *var_range, handle=oh)
                 else:
                     t = self._tables.get(alone, h, eager=eager, handle=oh, uses=uses)
                 if t is not None:
-                    op.x, op.table, op.row = h, t, t.row(h)
-                    h = t.forward_of(op.row)
+                    row = t.row(h)
+                    ops.append(Op(rule, params, h, t, row, eager, var_range))
+                    h = t.forward_of(row)
                     continue
-            h = _fwd(op, h)
-        return h
+                op = Op(rule, params, h, None, None, eager, var_range)
+            else:
+                op = Op(rule, params, h, None, None, eager)
+            ops.append(op)
+            h = _fwd(op)
+        return h, None, None, tuple(ops)
 
-    def backward(self, records: list[SublayerRecord]) -> list[GradState]:
-        """The gradient state (:class:`~sigprop.model.states.GradState`, without its
-        covariance over positions) at the input of every unit, top down; entry i is the
-        gradient w.r.t. the stream entering record i.  Sets every record's ``gains`` (and,
-        causal, ``g_prof``) and ``self.top_grad``, the gradient state after the last unit."""
+    def backward(self, records: list[SublayerRecord]) -> tuple[list[GradState], list[UnitGains]]:
+        """The backward pass, top down: (the gradient states, the units' gains).  Entry i of
+        the first is the gradient state (:class:`~sigprop.model.states.GradState`, without
+        its covariance over positions) w.r.t. the stream entering record i; of the second,
+        what the backward pass found for record i (:class:`~sigprop.model.states.UnitGains`;
+        :func:`with_gains` joins them to the records).  The records are only read.  Sets
+        ``self.top_grad``, the gradient state after the last unit."""
         m = self.model
         gc = m.grad.corr
         # the model's upstream gradient: isotropic (its shares along the all-ones vector and
@@ -988,18 +1025,18 @@ class Predictor:
         if m.final_norm:
             g = self._final_norm_backward(self._end, g)
         self.top_grad = _kept_grad(g)
-        out = [None] * len(records)
-        for i in range(len(records) - 1, -1, -1):
-            g = self._unit_backward(records[i], g)
+        n = len(records)
+        out, gains = [None] * n, [None] * n
+        for i in range(n - 1, -1, -1):
+            g, gains[i] = self._unit_backward(records[i], g)
             out[i] = g if g.w is None else g._replace(w=None)
-        return out
+        return out, gains
 
     def _final_norm_backward(self, s: StreamState, g: GradState) -> GradState:
         """Through the model's final norm (at the stream state ``s`` after the last unit): the
         upstream gradient ``g`` is given at its output."""
         G, w = self.grid, g.w
-        op = self._norm(s.tok)
-        op.x = _real(s.log_var, s.x)
+        op = self._norm(s.tok, _real(s.log_var, s.x))
         gb = _bwd(op, Backward(1.0, g.gcorr))
         kw = 1.0
         if w is not None:
@@ -1011,21 +1048,25 @@ class Predictor:
         slope = -_eps_share(s.log_var, self.model.norm_eps)
         return GradState(lg, gb.corr, (0.0, 0.0) if self.model.norm == "layernorm" else (1.0, 0.0), w, slope)
 
-    def _unit_backward(self, rec: SublayerRecord, g: GradState) -> GradState:
-        """One residual unit, top down: the gradient state w.r.t. the stream entering ``rec``
-        from the one after it (``g``); sets ``rec.gains`` (and, causal, ``rec.g_prof``)."""
+    def _unit_backward(self, rec: SublayerRecord, g: GradState) -> tuple[GradState, UnitGains]:
+        """One residual unit, top down: (the gradient state w.r.t. the stream entering
+        ``rec``, the unit's gains) from the gradient state after it (``g``).  ``rec`` is only
+        read: a norm whose backward reads the gradient state (the share along the directions
+        its Jacobian removes, the per-token slope) is evaluated with its op's parameters plus
+        those (a new dict, Rule.fast), which the gains keep as ``norm_params``."""
         G = self.grid
         lg, gc, gen, w, slope = g
         z_gain = 1.0
+        norm_params = None
         if rec.post:
             # through the norm after the residual sum, then split into skip and branch
             zlv = rec.s_sum.log_var
             ln = rec.pre_ops[0]
-            ln.params = {**ln.params, _GENERIC[ln.rule]: _generic_share(ln.rule, gen)}   # a new dict (Rule.fast)
-            gb = _bwd(ln, Backward(1.0, gc))
+            lp = norm_params = {**ln.params, _GENERIC[ln.rule]: _generic_share(ln.rule, gen)}
+            gb = _bwd(ln, Backward(1.0, gc), lp)
             kw = 1.0
             if w is not None:
-                kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q)), grid=G)
+                kw, kc, w = profile.layernorm_backward(w, rec.ln_prof, *_gains(lambda q: _bwd(ln, q, lp)), grid=G)
                 gb = Backward(gb.var, gb.corr * kc / kw)
             z_gain = gb.var * kw * math.exp(self._ln_log_adjust(zlv))
             lg = lg + math.log(gb.var * kw) + self._ln_log_adjust(zlv)
@@ -1042,18 +1083,19 @@ class Predictor:
         # depend on the branch's share, known only below)
         skip = _skip_share(rec) if slope else 0.0
         slope_norm = layernorm.token_slope_below(slope, skip, 0.0, 1.0, 0.0)[0]
-        if slope_norm and rec.kind == "ffn" and rec.pre_ops[0].rule in _SLOPE:
-            # the FFN's norm (attention mixes the tokens' gradients: its norm is left at 0)
-            op = rec.pre_ops[0]
-            op.params = {**op.params, _SLOPE[op.rule]: slope_norm}      # a new dict (Rule.fast)
         if rec.in_norm:
-            for op in reversed(rec.pre_ops):
-                if w is not None:
-                    vg, cg, gbr = _gains_at(lambda q: _bwd(op, q), gbr)
-                    k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, vg, cg, grid=G)
-                    ku, kc = ku * k, kc * k2
-                else:
-                    gbr = _bwd(op, gbr)
+            # (a plain pre-norm unit's norm is its input norm, pre_ops[0])
+            op = rec.pre_ops[0]
+            if slope_norm and rec.kind == "ffn" and op.rule in _SLOPE:
+                # the FFN's norm sees the slope (attention mixes the tokens' gradients: its
+                # norm is left at 0)
+                norm_params = {**op.params, _SLOPE[op.rule]: slope_norm}
+            if w is not None:
+                vg, cg, gbr = _gains_at(lambda q: _bwd(op, q, norm_params), gbr)
+                k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, vg, cg, grid=G)
+                ku, kc = ku * k, kc * k2
+            else:
+                gbr = _bwd(op, gbr, norm_params)
             lg_branch_extra += self._ln_log_adjust(rec.s_in.log_var)
         if w is not None:
             gbr = Backward(gbr.var * ku, gbr.corr * kc / ku)
@@ -1062,10 +1104,9 @@ class Predictor:
         along = cross = None
         if rec.att_rows is not None and rec.b and math.isfinite(log_bg):
             along, cross = self._attention_euler(rec, gc, w, relative=True, log_gain=log_bg)
-        rec.gains = UnitGains(log_bg, z_gain, along)
         if w is not None:
             w = profile.mix(_share(rec.log_a2, log_bg), w, _share(log_bg, rec.log_a2), u)
-        gen = _generic_below(rec, gen)
+        gen = _generic_below(rec, gen, log_bg, along)
         # below the unit: the skip part keeps slope_norm, the branch part scales as 1/(s_t + eps)
         slope_in = slope_norm
         if math.isfinite(log_bg) and _plain_pre(rec):
@@ -1087,9 +1128,8 @@ class Predictor:
                 w = w.copy()
                 positions.set_diag(w, np.maximum(dg, 0.0))
             lsum += math.log1p(c)
-        if w is not None:
-            rec.g_prof = w.diagonal().copy()
-        return GradState(lg + lsum, gsum.corr, gen, w, slope_in)
+        gains = UnitGains(log_bg, z_gain, along, None if w is None else w.diagonal().copy(), norm_params)
+        return GradState(lg + lsum, gsum.corr, gen, w, slope_in), gains
 
     def _branch_backward(self, rec, g: Backward, w):
         """Through one branch's output norm and rule chain (table or op by op), top down, for
@@ -1216,8 +1256,8 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
         pr = Predictor(model, stop_at_saturation, tables)
         try:
             records = pr.forward()
-            grads = pr.backward(records)
-            return records, grads, pr.saturation, pr.top_grad
+            grads, gains = pr.backward(records)
+            return with_gains(records, gains), grads, pr.saturation, pr.top_grad
         except (OverflowError, ZeroDivisionError, np.linalg.LinAlgError) as e:
             # the residual stream and the gradient are carried in log space; the inside of
             # one branch is not, and weight stds or scales near the float64 range take it out

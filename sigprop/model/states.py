@@ -60,8 +60,13 @@ class GradState(NamedTuple):
 
 class UnitGains(NamedTuple):
     """What the backward pass found for one residual unit, per unit gradient variance at its
-    residual split."""
+    residual split (the backward pass returns it beside the unit's record, which it only
+    reads)."""
 
     log_branch_gain: float        # log of the branch path's gain (b^2 and an input norm included)
     z_gain: float = 1.0           # Post-LN: the norm's backward factor on the sum
     att_along: float | None = None    # Post-LN attention: the share along the stream's direction below it
+    g_prof: object = None         # causal: variance profile over positions of the gradient entering the unit
+    norm_params: dict | None = None   # the parameters the unit's norm's backward was evaluated with, where
+                                  # the gradient state adds some to its op's (Post-LN: g_generic; a pre-norm
+                                  # FFN's input norm: g_slope); None where it used its op's own
