@@ -179,6 +179,7 @@ class SublayerRecord(NamedTuple):
 
 
 _tuple_new = tuple.__new__
+assert SublayerRecord._fields[-1] == "gains" and SublayerRecord._fields[-len(_BRANCH_FIELDS) - 1:-1] == _BRANCH_FIELDS
 
 
 def with_gains(records: list, gains: list) -> list:
@@ -405,8 +406,9 @@ def _skip_share(rec: SublayerRecord) -> float:
     return 0.0 if math.isnan(lx) else math.exp(min(0.0, lx))
 
 
-#: the norm rules' kappa of a normalised branch output (Predictor._out_norm_stats)
-_OUT_KAPPA = {"layernorm": layernorm.branch_output_kappa, "rmsnorm": rmsnorm.branch_output_kappa}
+#: the norm rules' kappa of a normalised branch output and factor on the branch's gradient
+#: (Predictor._out_norm_stats)
+_OUT_STATS = {"layernorm": layernorm.branch_output_stats, "rmsnorm": rmsnorm.branch_output_stats}
 
 
 def _generic_share(rule: str, gen: tuple[float, float]) -> float:
@@ -648,7 +650,7 @@ class Predictor:
             parts = tuple(parts)
             y, bcov = self._sum_branches(parts, outs)
             branch = ()
-            btok = (0.0, 1.0)
+            btok = blocks.GAUSSIAN_TOKENS
         blv, bx = _normalise(y)
         # log var of a x and of b y, and both in units of the larger
         ref, v1, v2 = _weights(lv + log_a2, blv + log_b2)
@@ -763,72 +765,39 @@ class Predictor:
         return part, h, bcov, logit_var
 
     def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool, tok: tuple) -> tuple[float, float]:
-        """A norm N on a branch output F = W h (W the output projection, h the branch's hidden
-        layer of width w over iid units, F's per-token norm divided out): (kappa of F for the
-        norm rule, the factor on the gradient variance at the branch input), first order in
-        1/w and 1/d.  Per token, with an upstream gradient independent of the input, the
-        gradient at the branch input is J^T W^T P G / rms(F), P = I - F F^T/|F|^2 and J the
-        hidden layer's Jacobian (A = |J|^2, B = |h|^2):
-
-        * 1/rms(F)^2: given h, F is Gaussian over W (the norm rule at kappa 1); |h|^2 adds its
-          relative variance v_B, and the Jacobian grows with it (relative covariance c_AB):
-          E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through its kappa
-          (the norm module's ``branch_output_kappa``: 1 + d v_B/2, LayerNorm (d - 1) v_B/2).
-        * P removes the direction of F, which carries more than the isotropic 1/d of W J's
-          energy: W^T W h ~ d h + (noise), so the extra share is |J^T h|^2/(A B), J^T h =
-          sum_k h_k grad h_k: (1 + k_ab)/w from the units' own terms plus, along the input x,
-          rho_x = beta_b^2 b_over_a/d (rules.base.TokenMoments).  After an input norm this
-          rho_x is given back: the input norm removes the x direction, and W J x = dF/dlog|x|
-          has lost its F part to P already, so the input norm removes |J x|^2/(|x|^2 A) - rho_x
-          where the norm rule takes 1/d; net, the two norms remove 1/d + (1 + k_ab)/w +
-          |J x|^2/(|x|^2 A) against the rules' 2/d, and with a pre-norm branch's |J x|^2/(|x|^2
-          A) against 1/d unchanged the difference is (1 + k_ab)/w.  Without an input norm
-          (output placement) P's extra share is (1 + k_ab)/w + rho_x.
-
-        So the factor is 1 - c_AB - (1 + k_ab)/w (- rho_x without an input norm), with
-        v_B = k_b/w + dq beta_b^2 and c_AB = k_ab/w + dq beta_a beta_b from the hidden unit's
-        statistics (its rule's token_moments: the activation or GLU rule, after the FFN's
-        inner dropout), dq the relative variance of the token's input mean square (0 after
-        an input norm; 2 kappa_x/d for the stream).  An attention branch's hidden layer is
-        its value projection (the linear rule's statistics: Gaussian entries, width
-        kv_heads d_head); the token's own input norm is taken not to reach it (values
-        averaged over the tokens: no beta terms).  The hidden dropout on F and the attention
+        """A norm on the output of branch ``chain`` at input ``h`` (``tok``: the stream's
+        per-token statistics; ``in_norm``: a norm before the branch): (its kappa, the factor
+        on the gradient variance at the branch input), from the statistics of the branch's
+        hidden layer, the input of its output projection (the norm rule's
+        ``branch_output_stats``, rules.layernorm.branch_output_terms, for the maths).  The
+        hidden layer is found by walking the chain: an attention branch's is its value
+        projection (rules.attention.value_token_moments); an FFN's the first activation or GLU
+        unit (its rule's token_moments, carried to the branch input through the linear layer
+        before it, TokenMoments.through_linear, and through the FFN's inner dropout), whose
+        width is the next linear layer's input.  The hidden dropout on F and the attention
         dropout are not modelled here."""
-        m = self.model
-        d = m.d_model
         x, t, width, share = h, None, None, 1.0
         for rule, params in chain:
             r = get(rule)
             if rule == "attention":
-                nkv = params.get("kv_heads", params["n_heads"])
-                lin = dict(d_in=d, d_out=nkv * params["d_head"], w_std=params["v_std"], b_std=params["v_bias_std"])
-                t = get("linear").token_moments(numeric, x, get("linear").param_values(lin))._replace(beta_b=0.0, beta_a=0.0)
-                width = lin["d_out"]
+                t, width = attention.value_token_moments(params, x)
                 break
             if t is None and rule not in ("linear", "residual", "dropout"):
-                t = r.token_moments(numeric, x, get(rule).param_values(params))
+                t = r.token_moments(numeric, x, r.param_values(params))
                 if rule in ("relu", "gelu", "silu"):
                     # moments in the pre-activation's variance: carried to the branch input
-                    # through the linear layer's weight share
-                    t = t._replace(beta_b=t.beta_b * share, beta_a=t.beta_a * share,
-                                   b_over_a=t.b_over_a / share if share > 0 else 0.0)
+                    t = t.through_linear(share)
             elif t is None and rule == "linear":
-                share *= r.token_moments(numeric, x, get(rule).param_values(params)).beta_b
+                share *= r.token_moments(numeric, x, r.param_values(params)).beta_b
             elif t is not None and rule == "dropout":
-                t = r.token_moments_after(t, get(rule).param_values(params))
+                t = r.token_moments_after(t, r.param_values(params))
             elif t is not None and rule == "linear":
                 width = params["d_in"]
                 break
             x = r.fast(x, None, params)[0]
         if t is None or width is None:
             return 1.0, 1.0
-        q = h.var + h.mean**2
-        dq = 0.0 if in_norm or not q > 0 else 2 * tok[1] / d * (h.var / q) ** 2
-        # (first order: kept below a quarter, the norm's harmonic mean then stays positive)
-        v_b = min(t.k_b / width + dq * t.beta_b**2, 0.25)
-        c_ab = t.k_ab / width + dq * t.beta_a * t.beta_b
-        removed = (1 + t.k_ab) / width + (0.0 if in_norm else t.beta_b**2 * t.b_over_a / d)
-        return _OUT_KAPPA[m.norm](v_b, d), max(1.0 - c_ab - removed, 0.5)
+        return _OUT_STATS[self.model.norm](t, width, self.d, h, tok[1], in_norm)
 
     def _sum_branches(self, parts: list, outs: list):
         """The sum b_1 y_1 + b_2 y_2 + ... of a parallel block's branch outputs (independent:

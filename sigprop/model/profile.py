@@ -85,13 +85,11 @@ def _rows_direct(params: dict, x: Forward, n: np.ndarray | None = None) -> dict:
 
 
 def _canonical(params: dict) -> dict:
-    """Every per-row term is homogeneous of degree 2 in v_std o_std (without value/output
-    biases) and only ratios and shapes of them are used here, so layers that differ only in
-    those scales (DeepScaleLM) share one table at reference scales."""
-    if params.get("v_bias_std", 0.0) or params.get("o_bias_std", 0.0):
-        return params
-    return {**params, "v_std": 1.0 / np.sqrt(params["d"]),
-            "o_std": 1.0 / np.sqrt(params["n_heads"] * params["d_head"])}
+    """Only ratios and shapes of the per-row terms are used here, and the attention rule makes
+    them homogeneous of degree 2 in v_std o_std (rules.attention.at_unit_value_gain), so layers
+    that differ only in those scales (DeepScaleLM) share one table at the rule's reference
+    scales."""
+    return attention_rule.at_unit_value_gain(params)
 
 
 def _row_values(r: dict) -> np.ndarray:

@@ -20,10 +20,12 @@ Which code writes which field:
 * ``logit_var``: ``rules.attention.logit_var`` at the unit's attention input;
 * ``log_gvar``, ``gcorr``: the rules' ``backward`` (norms, branch chains; the residual rule for
   the sum of the skip and branch gradients); ``gen``: the predictor's share split
-  (``predict._generic_below``, with ``rules.residual``'s Post-LN shares), read by the norm
-  rules as ``g_generic`` / ``g_generic_rms``; ``w`` (causal): ``model.profile``; ``slope``:
-  ``rules.layernorm.token_slope_below`` down a pre-norm unit (the final norm's backward sets
-  its start), read by the norm rules as ``g_slope`` / ``g_slope_rms``.
+  (``predict._generic_below``, with ``rules.residual``'s Post-LN shares), passed to a Post-LN
+  unit's norm rule as its backward parameter ``g_generic`` / ``g_generic_rms``; ``w``
+  (causal): ``model.profile``; ``slope``: ``rules.layernorm.token_slope_below`` down a
+  pre-norm unit (the final norm's backward sets its start), passed to an FFN's input norm as
+  ``g_slope`` / ``g_slope_rms``.  (Those parameters are a new dict per unit: the ops the
+  forward pass recorded are never changed.)
 """
 
 from __future__ import annotations

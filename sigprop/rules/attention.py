@@ -1313,6 +1313,34 @@ def value_gain(p: dict) -> float:
     return p["d"] * p["v_std"] ** 2 * p["n_heads"] * p["d_head"] * p["o_std"] ** 2
 
 
+def at_unit_value_gain(p: dict) -> dict:
+    """The parameters ``p`` (a dict) with the value path at unit gain (:func:`value_gain` 1:
+    v_std = 1/sqrt(d), o_std = 1/sqrt(H d_head)), where the rule is homogeneous of degree 2 in
+    v_std o_std: without value/output biases every output moment and every backward path
+    (and every per-row term of :meth:`Attention.rows`) carries v_std^2 o_std^2 as a factor,
+    so layers that differ only in those scales share these parameters up to that factor;
+    ``p`` itself where a bias breaks the homogeneity."""
+    if p.get("v_bias_std", 0.0) or p.get("o_bias_std", 0.0):
+        return p
+    return {**p, "v_std": 1.0 / np.sqrt(p["d"]), "o_std": 1.0 / np.sqrt(p["n_heads"] * p["d_head"])}
+
+
+def value_token_moments(p: dict, x: Forward):
+    """The attention branch's hidden layer, as a norm on the branch output sees it
+    (rules.layernorm.branch_output_terms): (its units' per-token statistics,
+    rules.base.TokenMoments; its width).  That layer is the value projection W_v x (width
+    kv_heads d_head; the linear rule's statistics: Gaussian entries) at the branch input
+    ``x``; the token's own input norm is taken not to reach it (the values are averaged over
+    the tokens: beta_b = beta_a = 0).  The attention dropout is not modelled here."""
+    from sigprop.backend import numeric
+    from sigprop.rules.base import REGISTRY
+    lin = REGISTRY["linear"]
+    width = p.get("kv_heads", p["n_heads"]) * p["d_head"]
+    t = lin.token_moments(numeric, x, lin.param_values(dict(d_in=p["d"], d_out=width, w_std=p["v_std"],
+                                                            b_std=p["v_bias_std"])))
+    return t._replace(beta_b=0.0, beta_a=0.0), width
+
+
 class EulerTerms(NamedTuple):
     """The attention branch's Euler terms at a Post-LN residual unit (:func:`euler_terms`), per
     unit variance of the gradient g below the norm and in units of the stream variance: per

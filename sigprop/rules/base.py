@@ -283,6 +283,15 @@ class TokenMoments(NamedTuple):
     beta_a: float
     b_over_a: float
 
+    def through_linear(self, share: float) -> "TokenMoments":
+        """The same unit's statistics with the input taken one linear layer further down
+        (h = act(W u): moments given in the pre-activation's mean square, carried to u's):
+        the pre-activation's mean square moves with u's by ``share``, the linear rule's
+        beta_b (its weight share of the variance), so the log slopes scale by ``share`` and
+        b_over_a divides by it (0 for a zero share)."""
+        return self._replace(beta_b=self.beta_b * share, beta_a=self.beta_a * share,
+                             b_over_a=self.b_over_a / share if share > 0 else 0.0)
+
 
 
 def _corr_where_defined(corr, var):

@@ -239,3 +239,51 @@ def branch_output_kappa(v_b, d):
     dropped), i.e. 2 kappa/(d - 1) with kappa = 1 + (d - 1) v_b/2.  Gaussian h-norms (v_b = 0)
     give kappa 1.  Plain arithmetic on floats or arrays."""
     return 1.0 + (d - 1) * v_b / 2
+
+
+def branch_output_terms(t, width, d, x, x_kappa, in_norm):
+    """A norm N on a branch output F = W h (W the output projection, h the branch's hidden
+    layer of width ``width`` over iid units with per-token statistics ``t``,
+    rules.base.TokenMoments; F's per-token norm divided out; d the model width): (v_B, the
+    factor on the gradient variance at the branch input), first order in 1/width and 1/d.
+    ``x``: the branch input's state (mean, variance), ``x_kappa`` its per-token variance
+    dispersion, ``in_norm``: a norm before the branch.  The norm kind enters only through
+    its kappa of v_B (this module's and rules.rmsnorm's ``branch_output_kappa``; their
+    ``branch_output_stats``).  Per token, with an upstream gradient independent of the
+    input, the gradient at the branch input is J^T W^T P G / rms(F), P = I - F F^T/|F|^2 and
+    J the hidden layer's Jacobian (A = |J|^2, B = |h|^2):
+
+    * 1/rms(F)^2: given h, F is Gaussian over W (the norm rule at kappa 1); |h|^2 adds its
+      relative variance v_B, and the Jacobian grows with it (relative covariance c_AB):
+      E[A/B] = (E A/E B)(1 + v_B - c_AB).  The norm rule takes v_B through its kappa
+      (``branch_output_kappa``: 1 + d v_B/2, LayerNorm (d - 1) v_B/2).
+    * P removes the direction of F, which carries more than the isotropic 1/d of W J's
+      energy: W^T W h ~ d h + (noise), so the extra share is |J^T h|^2/(A B), J^T h =
+      sum_k h_k grad h_k: (1 + k_ab)/w from the units' own terms plus, along the input x,
+      rho_x = beta_b^2 b_over_a/d (rules.base.TokenMoments).  After an input norm this
+      rho_x is given back: the input norm removes the x direction, and W J x = dF/dlog|x|
+      has lost its F part to P already, so the input norm removes |J x|^2/(|x|^2 A) - rho_x
+      where the norm rule takes 1/d; net, the two norms remove 1/d + (1 + k_ab)/w +
+      |J x|^2/(|x|^2 A) against the rules' 2/d, and with a pre-norm branch's |J x|^2/(|x|^2
+      A) against 1/d unchanged the difference is (1 + k_ab)/w.  Without an input norm
+      (output placement) P's extra share is (1 + k_ab)/w + rho_x.
+
+    So the factor is 1 - c_AB - (1 + k_ab)/w (- rho_x without an input norm), with
+    v_B = k_b/w + dq beta_b^2 and c_AB = k_ab/w + dq beta_a beta_b, dq the relative variance
+    of the token's input mean square (0 after an input norm; 2 kappa_x/d (var/(var +
+    mean^2))^2 for the stream).  First order: v_B is kept below a quarter (the norm's
+    harmonic mean then stays positive) and the factor above a half.  Plain floats."""
+    q = x.var + x.mean**2
+    dq = 0.0 if in_norm or not q > 0 else 2 * x_kappa / d * (x.var / q) ** 2
+    v_b = min(t.k_b / width + dq * t.beta_b**2, 0.25)
+    c_ab = t.k_ab / width + dq * t.beta_a * t.beta_b
+    removed = (1 + t.k_ab) / width + (0.0 if in_norm else t.beta_b**2 * t.b_over_a / d)
+    return v_b, max(1.0 - c_ab - removed, 0.5)
+
+
+def branch_output_stats(t, width, d, x, x_kappa, in_norm):
+    """A LayerNorm on a branch output: (its ``kappa``, the factor on the gradient variance
+    at the branch input), :func:`branch_output_terms` with this rule's
+    :func:`branch_output_kappa`."""
+    v_b, ratio = branch_output_terms(t, width, d, x, x_kappa, in_norm)
+    return branch_output_kappa(v_b, d), ratio

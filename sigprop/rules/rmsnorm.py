@@ -50,7 +50,7 @@ LayerNorm (sigprop.rules.layernorm.token_slope_factor).
 
 from sigprop import symbols
 from sigprop.rules.base import Param, Rule, register
-from sigprop.rules.layernorm import token_slope_factor
+from sigprop.rules.layernorm import branch_output_terms, token_slope_factor
 
 symbols.register("g_slope_rms", r"\lambda_{\mathrm{RMS}}", real=True)
 from sigprop.state import Backward, Forward
@@ -144,3 +144,11 @@ def branch_output_kappa(v_b, d):
     i.e. kappa_rms = 1 + d v_b/2.  Gaussian h-norms (v_b = 0) give 1.  Plain arithmetic on
     floats or arrays."""
     return 1.0 + d * v_b / 2
+
+
+def branch_output_stats(t, width, d, x, x_kappa, in_norm):
+    """An RMSNorm on a branch output: (its ``kappa_rms``, the factor on the gradient variance
+    at the branch input), rules.layernorm.branch_output_terms with this rule's
+    :func:`branch_output_kappa`."""
+    v_b, ratio = branch_output_terms(t, width, d, x, x_kappa, in_norm)
+    return branch_output_kappa(v_b, d), ratio
