@@ -180,6 +180,10 @@ class SublayerRecord(NamedTuple):
 
 _tuple_new = tuple.__new__
 assert SublayerRecord._fields[-1] == "gains" and SublayerRecord._fields[-len(_BRANCH_FIELDS) - 1:-1] == _BRANCH_FIELDS
+assert Op._fields == ("rule", "params", "x", "table", "row", "repeated", "var_range")
+assert UnitGains._fields == ("log_branch_gain", "z_gain", "att_along", "g_prof", "norm_params")
+#: the branch fields of a unit whose branches are its parts (their defaults)
+_NO_BRANCH = tuple(BranchRecord._field_defaults[f] for f in _BRANCH_FIELDS)
 
 
 def with_gains(records: list, gains: list) -> list:
@@ -187,6 +191,7 @@ def with_gains(records: list, gains: list) -> list:
     :class:`~sigprop.model.states.UnitGains` per record, :meth:`Predictor.backward`): new
     records; the forward pass's are left as they are."""
     return [_tuple_new(SublayerRecord, r[:-1] + (gn,)) for r, gn in zip(records, gains)]
+
 
 class StreamPoint(NamedTuple):
     """One point of the trace: the stream after a sublayer (or the input), in log variance."""
@@ -558,7 +563,7 @@ class Predictor:
         op = self._norm_ops.get(tok)
         if op is None:
             op = self._norm_ops[tok] = blocks.norm_params(self.model, tok)
-        return Op(op[0], op[1], x)
+        return _tuple_new(Op, (op[0], op[1], x, None, None, False, None))
 
     def _log_sq(self, w: float) -> float:
         """log w^2 (-inf for 0), memoised per value."""
@@ -632,8 +637,7 @@ class Predictor:
             got = self._branch(br0, unit, h, dev_in, tok)
             if got is None:
                 return None
-            part, y, bcov, logit_var = got
-            branch = part[4:]
+            branch, y, bcov, logit_var = got
             parts = None
             btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
         else:
@@ -643,13 +647,13 @@ class Predictor:
                 got = self._branch(br, unit, h, dev_in, tok)
                 if got is None:
                     return None
-                parts.append(got[0])
+                parts.append(_tuple_new(BranchRecord, (layer, br.kind, br.scale, self._log_sq(br.scale)) + got[0]))
                 if got[3] is not None:
                     logit_var = got[3]
                 outs.append(got[1:])
             parts = tuple(parts)
             y, bcov = self._sum_branches(parts, outs)
-            branch = ()
+            branch = _NO_BRANCH
             btok = blocks.GAUSSIAN_TOKENS
         blv, bx = _normalise(y)
         # log var of a x and of b y, and both in units of the larger
@@ -688,14 +692,16 @@ class Predictor:
                 x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
                 prof = profile.flat(m.seq_len, G)
             out = StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
-        rec = SublayerRecord(layer, unit.label, unit.post_norm, unit.in_norm, a, b, log_a2, log_b2, kept, s_sum,
-                             _kept(out), pre_ops, y, btok, ln_prof, parts, *branch)
+        # (SublayerRecord's fields in order, the gains None: tuple.__new__ directly, for speed)
+        rec = _tuple_new(SublayerRecord, (layer, unit.label, unit.post_norm, unit.in_norm, a, b, log_a2, log_b2, kept,
+                                          s_sum, out if out.dev is None else out._replace(dev=None), pre_ops, y, btok,
+                                          ln_prof, parts) + branch + (None,))
         return rec, out
 
     def _branch(self, br, unit, h: Forward, dev_in, tok: tuple):
         """One branch of a unit at its input ``h`` (after the unit's input norm, before the
-        norm scale; ``tok``: the stream's per-token statistics): its record
-        (:class:`BranchRecord`), the branch output (absolute units, before the branch scale),
+        norm scale; ``tok``: the stream's per-token statistics): its record's branch fields
+        (:class:`BranchRecord`'s after ``log_b2``, a tuple), the branch output (absolute units, before the branch scale),
         causal its normalised covariance over positions, and its attention's logit variance
         (None without attention); None where the softmax saturates (with
         ``stop_at_saturation``: ``self.saturation`` says where)."""
@@ -760,9 +766,8 @@ class Predictor:
                 y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
                 bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
             h = y
-        part = BranchRecord(l + 1, kind, br.scale, self._log_sq(br.scale), ops, chain_table, chain_x, out_ops,
-                            out_prof, out_ratio, euler_var, att_rows, key_w)
-        return part, h, bcov, logit_var
+        # the branch fields, in BranchRecord's order (_BRANCH_FIELDS)
+        return (ops, chain_table, chain_x, out_ops, out_prof, out_ratio, euler_var, att_rows, key_w), h, bcov, logit_var
 
     def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool, tok: tuple) -> tuple[float, float]:
         """A norm on the output of branch ``chain`` at input ``h`` (``tok``: the stream's
@@ -1097,7 +1102,7 @@ class Predictor:
                 w = w.copy()
                 positions.set_diag(w, np.maximum(dg, 0.0))
             lsum += math.log1p(c)
-        gains = UnitGains(log_bg, z_gain, along, None if w is None else w.diagonal().copy(), norm_params)
+        gains = _tuple_new(UnitGains, (log_bg, z_gain, along, None if w is None else w.diagonal().copy(), norm_params))
         return GradState(lg + lsum, gsum.corr, gen, w, slope_in), gains
 
     def _branch_backward(self, rec, g: Backward, w):
@@ -1202,8 +1207,8 @@ class Predictor:
 def run_top(model, tables: TableCache | None = None):
     """:func:`run`, and the gradient state (``GradState``: log variance, corr, ...) w.r.t. the
     stream after the last sublayer: the model's upstream gradient, or below its final norm."""
-    records, grads, _, top = _run(model, False, tables)
-    return records, grads, top
+    records, grads, gains, _, top = _run(model, False, tables)
+    return with_gains(records, gains), grads, top
 
 
 def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], list]:
@@ -1211,8 +1216,8 @@ def run(model, tables: TableCache | None = None) -> tuple[list[SublayerRecord], 
     them (:meth:`Predictor.backward`).  The cyclic
     garbage collector is paused meanwhile: the records hold no cycles, and with it running
     the pass re-scanned the growing heap again and again."""
-    records, grads, _, _ = _run(model, False, tables)
-    return records, grads
+    records, grads, gains, _, _ = _run(model, False, tables)
+    return with_gains(records, gains), grads
 
 
 def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
@@ -1226,7 +1231,7 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
         try:
             records = pr.forward()
             grads, gains = pr.backward(records)
-            return with_gains(records, gains), grads, pr.saturation, pr.top_grad
+            return records, grads, gains, pr.saturation, pr.top_grad
         except (OverflowError, ZeroDivisionError, np.linalg.LinAlgError) as e:
             # the residual stream and the gradient are carried in log space; the inside of
             # one branch is not, and weight stds or scales near the float64 range take it out
@@ -1255,7 +1260,7 @@ def predict(model, stop_at_saturation: bool = False, tables: TableCache | None =
     model's upstream gradient (``model.grad``) at the output of the last predicted
     sublayer, as for the model cut off there."""
     with _no_gc():
-        records, grads, sat, top = _run(model, stop_at_saturation, tables)
+        records, grads, _, sat, top = _run(model, stop_at_saturation, tables)
         pts = Points(_points(model, records, grads, top))
     if sat is not None:
         pts.saturation_layer, pts.domain_note = sat
