@@ -21,6 +21,7 @@ units of the larger of its two inputs).  Nothing overflows, nothing becomes NaN.
 from __future__ import annotations
 
 import math
+from collections import namedtuple
 from typing import NamedTuple
 
 import numpy as np
@@ -64,94 +65,90 @@ SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "pla
                        "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 
 
-class Op(NamedTuple):
+# (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:
+# typing's class creation turns every field annotation into a ForwardRef; these three classes
+# took 0.83 ms to create that way, 0.32 ms this way; a named tuple rather than a __slots__ class
+# with a __setattr__ that raises: building one that way cost ~3 us against ~0.3 us)
+class Op(namedtuple("Op", ("rule", "params", "x", "table", "row", "repeated", "var_range"),
+                    defaults=(None, None, None, False, None))):
     """One rule application in a branch chain, as the forward pass met it (immutable: the
     backward pass evaluates the rule's backward with parameters of its own where the gradient
-    state adds some, see :meth:`Predictor._unit_backward`)."""
+    state adds some, see :meth:`Predictor._unit_backward`):
 
-    rule: str
-    params: dict
-    x: Forward | None = None      # input state
-    table: object = None          # an interpolation table of this op alone, if used ...
-    row: object = None            # ... and its row at x
-    repeated: bool = False        # its parameters are shared by at least BUILD_AFTER layers
-    var_range: tuple | None = None    # causal: the input variances of the layers sharing them
+    * ``rule``, ``params``: the rule's name and parameters;
+    * ``x``: its input state;
+    * ``table``, ``row``: an interpolation table of this op alone, if used, and its row at x;
+    * ``repeated``: its parameters are shared by at least BUILD_AFTER layers;
+    * ``var_range``: causal, the input variances of the layers sharing them."""
+
+    __slots__ = ()
 
     def __repr__(self) -> str:
         return f"Op({self.rule!r}, {self.params!r})"
 
 
-class BranchRecord(NamedTuple):
+#: the branch fields of a record (BranchRecord's after ``log_b2``; SublayerRecord's last ones
+#: but ``gains``)
+_BRANCH_FIELDS = ("branch_ops", "chain_table", "chain_x", "out_ops", "out_prof", "out_ratio", "euler_var",
+                  "att_rows", "key_w")
+#: their defaults (a record's without those)
+_NO_BRANCH = (None, None, None, None, None, 1.0, None, None, None)
+
+
+class BranchRecord(namedtuple("BranchRecord", ("layer", "kind", "b", "log_b2") + _BRANCH_FIELDS,
+                              defaults=_NO_BRANCH)):
     """What the forward pass recorded about one branch of a residual unit, for the backward
-    pass (immutable): the branch fields of :class:`SublayerRecord`, which a unit with one
-    branch keeps itself, and a parallel block keeps per branch in its ``parts``."""
+    pass (immutable): the branch fields, which a unit with one branch keeps itself
+    (:class:`SublayerRecord`) and a parallel block keeps per branch in its ``parts``.
 
-    layer: int                    # 1-based
-    kind: str                     # "attention" | "ffn"
-    b: float                      # its branch scale
-    log_b2: float                 # log b^2 (-inf for a zero scale)
-    branch_ops: tuple | None = None   # the branch chain's ops (Op), when evaluated rule by rule
-    chain_table: object = None    # interpolation table of the whole branch chain, if used
-    chain_x: object = None        # ... and its row (every tabulated quantity) at the branch input
-    out_ops: tuple | None = None  # the norm on the branch output, if any
-    out_prof: object = None       # causal: the branch output's profile entering that norm
-    out_ratio: float = 1.0        # that norm's ratio-moment factor on the branch's gradient
-    # post ReLU FFN only (else None): per-element variance of the branch's departure from
-    # Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases):
-    # sigprop.rules.activation.relu_ffn_euler_var
-    euler_var: float | None = None
-    # post attention only (else None): the rule's row statistics (A2, m1) of its softmax rows
-    # (causal: per row length), for sigprop.rules.attention.euler_terms
-    att_rows: object = None
-    # causal attention: the per-key weights (profile.key_weights) of its input's position structure
-    key_w: object = None
+    * ``layer`` (1-based), ``kind`` ("attention" | "ffn"), ``b`` (its branch scale),
+      ``log_b2`` (log b^2; -inf for a zero scale);
+    * ``branch_ops``: the branch chain's ops (:class:`Op`), when evaluated rule by rule;
+    * ``chain_table``, ``chain_x``: the interpolation table of the whole branch chain, if
+      used, and its row (every tabulated quantity) at the branch input;
+    * ``out_ops``: the norm on the branch output, if any; ``out_prof``: causal, the branch
+      output's profile entering it; ``out_ratio``: its ratio-moment factor on the branch's
+      gradient (Predictor._out_norm_stats);
+    * ``euler_var``: post ReLU FFN only (else None), the per-element variance of the branch's
+      departure from Euler's identity, D = F(x) - J_F x (absolute units; 0 without biases:
+      sigprop.rules.activation.relu_ffn_euler_var);
+    * ``att_rows``: post attention only (else None), the rule's row statistics (A2, m1) of
+      its softmax rows (causal: per row length), for sigprop.rules.attention.euler_terms;
+    * ``key_w``: causal attention, the per-key weights (profile.key_weights) of its input's
+      position structure."""
+
+    __slots__ = ()
 
 
-#: BranchRecord's branch fields (its fields after ``log_b2``), also SublayerRecord's last ones but ``gains``
-_BRANCH_FIELDS = BranchRecord._fields[4:]
-
-
-class SublayerRecord(NamedTuple):
+class SublayerRecord(namedtuple("SublayerRecord",
+                                ("layer", "kind", "post", "in_norm", "a", "b", "log_a2", "log_b2", "s_in", "s_sum",
+                                 "s_out", "pre_ops", "branch_out", "btok", "ln_prof", "parts")
+                                + _BRANCH_FIELDS + ("gains",), defaults=_NO_BRANCH + (None,))):
     """One residual unit (a sublayer, or a parallel block) as the forward pass met it
-    (immutable): the stream states entering it (``s_in``), after it (``s_out``) and, with a
-    norm after the residual sum, the sum's (``s_sum``), all
-    :class:`~sigprop.model.states.StreamState` without their position deviation; and what the
-    backward pass reuses: its scales, its ops with their inputs, the chain's table row, the
-    branch output, the norms' position profiles.  A unit with one branch keeps the branch's
-    fields (:class:`BranchRecord`'s) itself; a parallel block's branches are ``parts``, and its
-    own branch fields describe their sum (b = 1).  ``gains``
-    (:class:`~sigprop.model.states.UnitGains`) is None on the forward pass's record; the
-    records :func:`run` returns are those records with the backward pass's gains
-    (:func:`with_gains`).  The remaining attributes (``x_log_var``, ``out``, ``branch_gain``,
-    ``g_prof``, ...) are read-only views of the states and gains."""
+    (immutable):
 
-    layer: int
-    kind: str                     # the trace point's name: "attention" | "ffn" | "block"
-    post: bool                    # a norm after the residual sum
-    in_norm: bool                 # a norm before the branch(es)
-    a: float
-    b: float
-    log_a2: float                 # log a^2 and log b^2 (-inf for a zero scale)
-    log_b2: float
-    s_in: StreamState             # the stream entering the unit
-    s_sum: StreamState | None     # post: the residual sum before the norm
-    s_out: StreamState            # the stream after the unit
-    pre_ops: tuple | None         # the unit's norm (before the branch, or post: after the sum)
-    branch_out: Forward           # the branch output (absolute units, before b)
-    btok: tuple                   # per-token statistics of the branch output
-    ln_prof: object               # causal post: the norm's per-position gain profile (profile.layernorm_input)
-    parts: tuple | None           # a parallel block: its branches (BranchRecord)
-    # the branch fields (BranchRecord's, in its order)
-    branch_ops: tuple | None = None
-    chain_table: object = None
-    chain_x: object = None
-    out_ops: tuple | None = None
-    out_prof: object = None
-    out_ratio: float = 1.0
-    euler_var: float | None = None
-    att_rows: object = None
-    key_w: object = None
-    gains: UnitGains | None = None    # the backward pass's (with_gains)
+    * ``layer``; ``kind``, the trace point's name ("attention" | "ffn" | "block"); ``post``: a
+      norm after the residual sum; ``in_norm``: a norm before the branch(es);
+    * ``a``, ``b``: the skip and branch scales, ``log_a2``, ``log_b2`` their log squares (-inf
+      for a zero scale);
+    * ``s_in``, ``s_sum``, ``s_out``: the stream states entering the unit, (post) of the
+      residual sum before the norm, and after the unit, all
+      :class:`~sigprop.model.states.StreamState` without their position deviation;
+    * ``pre_ops``: the unit's norm (before the branch, or post: after the sum);
+    * ``branch_out``: the branch output (absolute units, before b); ``btok``: its per-token
+      statistics; ``ln_prof``: causal post, the norm's per-position gain profile
+      (profile.layernorm_input);
+    * ``parts``: a parallel block's branches (:class:`BranchRecord`), whose own branch fields
+      then describe their sum (b = 1); else None, and the unit keeps its branch's fields
+      (:class:`BranchRecord`'s, in its order) itself;
+    * ``gains`` (:class:`~sigprop.model.states.UnitGains`): None on the forward pass's record;
+      the records :func:`run` returns are those records with the backward pass's gains
+      (:func:`with_gains`).
+
+    The remaining attributes (``x_log_var``, ``out``, ``branch_gain``, ``g_prof``, ...) are
+    read-only views of the states and gains."""
+
+    __slots__ = ()
 
     # read-only views of the states and gains
     x_log_var = property(lambda self: self.s_in.log_var, doc="log variance of the stream entering the unit")
@@ -179,11 +176,7 @@ class SublayerRecord(NamedTuple):
 
 
 _tuple_new = tuple.__new__
-assert SublayerRecord._fields[-1] == "gains" and SublayerRecord._fields[-len(_BRANCH_FIELDS) - 1:-1] == _BRANCH_FIELDS
-assert Op._fields == ("rule", "params", "x", "table", "row", "repeated", "var_range")
 assert UnitGains._fields == ("log_branch_gain", "z_gain", "att_along", "g_prof", "norm_params")
-#: the branch fields of a unit whose branches are its parts (their defaults)
-_NO_BRANCH = tuple(BranchRecord._field_defaults[f] for f in _BRANCH_FIELDS)
 
 
 def with_gains(records: list, gains: list) -> list:
@@ -401,13 +394,13 @@ def _plain_pre(rec: SublayerRecord) -> bool:
     return rec.in_norm and not rec.post and rec.parts is None and rec.out_ops is None
 
 
-def _skip_share(rec: SublayerRecord) -> float:
+def _skip_share(rec: SublayerRecord, plain: bool) -> float:
     """The skip path's share a^2 v_in / v_out of a :func:`_plain_pre` unit's output variance (at
     most 1), the ``skip_share`` of rules.layernorm.token_slope_below; 0 for other units (the
-    slope is not carried through them)."""
-    if not _plain_pre(rec):
+    slope is not carried through them; ``plain``: whether ``rec`` is a plain pre-norm unit)."""
+    if not plain:
         return 0.0
-    lx = rec.log_a2 + rec.x_log_var - rec.out_log_var
+    lx = rec.log_a2 + rec.s_in.log_var - rec.s_out.log_var
     return 0.0 if math.isnan(lx) else math.exp(min(0.0, lx))
 
 
@@ -1030,6 +1023,8 @@ class Predictor:
         those (a new dict, Rule.fast), which the gains keep as ``norm_params``."""
         G = self.grid
         lg, gc, gen, w, slope = g
+        log_a2, b, s_in = rec.log_a2, rec.b, rec.s_in
+        plain = _plain_pre(rec)
         z_gain = 1.0
         norm_params = None
         if rec.post:
@@ -1048,14 +1043,14 @@ class Predictor:
         # branch path: b * Out^T Dropout^T F^T (after an input norm: (n N)^T)
         # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
         if rec.parts is None:
-            gbr, u, ku, kc = self._branch_backward(rec, Backward(1.0 if rec.b else 0.0, gc), w)
-            lg_branch_extra = rec.log_b2 if rec.b else 0.0
+            gbr, u, ku, kc = self._branch_backward(rec, Backward(1.0 if b else 0.0, gc), w)
+            lg_branch_extra = rec.log_b2 if b else 0.0
         else:
             gbr, u, lg_branch_extra = self._parts_backward(rec.parts, gc, w)
             ku = kc = 1.0
         # the slope the unit's input norm sees (rules.layernorm.token_slope_below; it does not
         # depend on the branch's share, known only below)
-        skip = _skip_share(rec) if slope else 0.0
+        skip = _skip_share(rec, plain) if slope else 0.0
         slope_norm = layernorm.token_slope_below(slope, skip, 0.0, 1.0, 0.0)[0]
         if rec.in_norm:
             # (a plain pre-norm unit's norm is its input norm, pre_ops[0])
@@ -1066,33 +1061,33 @@ class Predictor:
                 norm_params = {**op.params, _SLOPE[op.rule]: slope_norm}
             if w is not None:
                 vg, cg, gbr = _gains_at(lambda q: _bwd(op, q, norm_params), gbr)
-                k, k2, u = profile.layernorm_backward(u, rec.s_in.prof, vg, cg, grid=G)
+                k, k2, u = profile.layernorm_backward(u, s_in.prof, vg, cg, grid=G)
                 ku, kc = ku * k, kc * k2
             else:
                 gbr = _bwd(op, gbr, norm_params)
-            lg_branch_extra += self._ln_log_adjust(rec.s_in.log_var)
+            lg_branch_extra += self._ln_log_adjust(s_in.log_var)
         if w is not None:
             gbr = Backward(gbr.var * ku, gbr.corr * kc / ku)
         # a zero gradient stays zero whatever the norm's factor (b = 0, or a zero stream)
         log_bg = math.log(gbr.var) + lg_branch_extra if gbr.var > 0 else -math.inf
         along = cross = None
-        if rec.att_rows is not None and rec.b and math.isfinite(log_bg):
+        if rec.att_rows is not None and b and math.isfinite(log_bg):
             along, cross = self._attention_euler(rec, gc, w, relative=True, log_gain=log_bg)
         if w is not None:
-            w = profile.mix(_share(rec.log_a2, log_bg), w, _share(log_bg, rec.log_a2), u)
+            w = profile.mix(_share(log_a2, log_bg), w, _share(log_bg, log_a2), u)
         gen = _generic_below(rec, gen, log_bg, along)
         # below the unit: the skip part keeps slope_norm, the branch part scales as 1/(s_t + eps)
         slope_in = slope_norm
-        if math.isfinite(log_bg) and _plain_pre(rec):
-            v_in = math.exp(min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT))
-            slope_in = layernorm.token_slope_below(slope, skip, _share(log_bg, rec.log_a2), v_in,
+        if math.isfinite(log_bg) and plain:
+            v_in = math.exp(min(max(s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT))
+            slope_in = layernorm.token_slope_below(slope, skip, _share(log_bg, log_a2), v_in,
                                                    self.model.norm_eps)[1]
         # skip path a, branch path g (relative to exp(lg)); independent: variances add
-        ref, v1, v2 = _weights(rec.log_a2, log_bg)
+        ref, v1, v2 = _weights(log_a2, log_bg)
         lsum, gsum = _combine(ref, v1, Forward(0.0, 1.0, gc), rec.a, v2, Forward(0.0, 1.0, gbr.corr), 1.0)
-        if rec.euler_var is not None and rec.b and lsum > -math.inf:
+        if rec.euler_var is not None and b and lsum > -math.inf:
             lsum += residual.post_norm_cross_log_factor(
-                rec.log_b2, min(max(rec.s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT), lsum,
+                rec.log_b2, min(max(s_in.log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT), lsum,
                 float(rec.branch_out.var), rec.euler_var, self.d)
         if cross is not None and lsum > -math.inf:
             # per position, in units of the sum a^2 + gain (= exp(lsum); _attention_euler)
