@@ -105,6 +105,7 @@ class Rule:
     """Base class; subclasses set the class attributes and implement forward/backward."""
 
     _fast_memo: dict | None = None    # see fast(): id(params) -> (params, namespace), per rule
+    _fast_defaults: dict | None = None    # see fast(): every parameter's default, per rule
 
     name: str = ""
     title: str = ""
@@ -218,7 +219,10 @@ class Rule:
         if hit is not None and hit[0] is params:
             p = hit[1]
         else:
-            p = SimpleNamespace(**{q.name: q.default for q in self.params})
+            defaults = self._fast_defaults
+            if defaults is None:
+                defaults = self._fast_defaults = {q.name: q.default for q in self.params}
+            p = SimpleNamespace(**defaults)
             p.__dict__.update(params)
             if len(memo) > 4096:
                 memo.clear()
