@@ -23,6 +23,8 @@ MODELS = {
     "output-swiglu": lambda: resolve("preln", "normal", n_layers=3, placement="output", ffn="swiglu", **SMALL),
     "postln-causal": lambda: resolve("postln", "torch-default", n_layers=3, causal=True, **SMALL),
     "preln-causal-final": lambda: resolve("preln", "normal", n_layers=3, causal=True, final_norm=True, **SMALL),
+    "output-causal": lambda: resolve("preln", "normal", n_layers=3, placement="output", causal=True, **SMALL),
+    "parallel-causal": lambda: resolve("preln", "normal", n_layers=3, block="parallel", causal=True, **SMALL),
 }
 
 
