@@ -91,12 +91,12 @@ class BranchRecord:
     (a parallel block), for the backward pass: the branch fields of :class:`SublayerRecord`."""
 
     __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
-                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows", "key_w")
+                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows", "key_w", "pair_gain")
 
     def __init__(self, layer: int, kind: str, b: float, log_b2: float):
         self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
         self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
-        self.out_ops = self.out_prof = self.euler_var = self.att_rows = self.key_w = None
+        self.out_ops = self.out_prof = self.euler_var = self.att_rows = self.key_w = self.pair_gain = None
         self.out_ratio = 1.0
 
 
@@ -114,7 +114,7 @@ class SublayerRecord:
 
     __slots__ = ("layer", "kind", "post", "in_norm", "a", "b", "log_a2", "log_b2", "s_in", "s_sum", "s_out",
                  "pre_ops", "branch_ops", "branch_out", "chain_table", "chain_x", "parts", "out_ops", "out_prof",
-                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof", "key_w")
+                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof", "key_w", "pair_gain")
 
     def __init__(self, layer: int, kind: str, post: bool, in_norm: bool, a: float, b: float, log_a2: float,
                  log_b2: float, s_in: StreamState):
@@ -149,6 +149,9 @@ class SublayerRecord:
         self.att_rows = None
         # causal attention: the per-key weights (profile.key_weights) of its input's position structure
         self.key_w = None
+        # causal position-wise branch: its backward's covariance gain per pair of positions at
+        # that pair's input correlation over the gain at the mean (Predictor._pair_gain)
+        self.pair_gain = None
         self.gains: UnitGains | None = None   # set by the backward pass
         self.g_prof = None            # causal (backward): variance profile of the gradient entering the unit
 
@@ -227,6 +230,21 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 
 
 _RESIDUAL = get("residual")
+
+
+#: id(norm params) -> (those params, the same with eps 0), for _without_eps
+_EPS0: dict = {}
+
+
+def _without_eps(params: dict) -> dict:
+    """A norm's parameters with eps 0 (one dict per parameter dict: Rule.fast memoises on
+    the identity)."""
+    hit = _EPS0.get(id(params))
+    if hit is None or hit[0] is not params:
+        if len(_EPS0) > 4096:
+            _EPS0.clear()
+        hit = _EPS0[id(params)] = (params, {**params, "eps": 0.0})
+    return hit[1]
 
 
 def _fwd(op: Op, x: Forward) -> Forward:
@@ -608,8 +626,15 @@ class Predictor:
                 xcov = self._cov(x.corr, dev, prof)
                 c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
+        elif dev is not None and float(np.ptp(prof)) > 1e-12:
+            # no input norm, a stream whose variance differs over positions (branch-output
+            # norms near eps, profile.branch_norm_eps): the branch sees the stream's
+            # correlations K_ij / sqrt(K_ii K_jj), the profile apart (_branch: prof_in)
+            xcov = self._cov(x.corr, dev, prof)
+            c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
+            h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
-            got = self._branch(rec, br0, unit, h, dev_in, tok)
+            got = self._branch(rec, br0, unit, h, dev_in, tok, None if unit.in_norm else prof)
             if got is None:
                 return None
             y, bcov, logit_var = got
@@ -620,7 +645,7 @@ class Predictor:
             logit_var = None
             for br in unit.branches:
                 part = BranchRecord(layer, br.kind, br.scale, self._log_sq(br.scale))
-                got = self._branch(part, br, unit, h, dev_in, tok)
+                got = self._branch(part, br, unit, h, dev_in, tok, None if unit.in_norm else prof)
                 if got is None:
                     return None
                 rec.parts.append(part)
@@ -665,12 +690,14 @@ class Predictor:
             prof = profile.flat(m.seq_len, G)
         return rec, StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
 
-    def _branch(self, rec, br, unit, h: Forward, dev_in, tok: tuple):
+    def _branch(self, rec, br, unit, h: Forward, dev_in, tok: tuple, prof_in=None):
         """One branch of a unit at its input ``h`` (after the unit's input norm, before the
         norm scale; ``tok``: the stream's per-token statistics): the branch output (absolute
         units, before the branch scale), causal its normalised covariance over positions, and
         its attention's logit variance (None without attention); None where the softmax
-        saturates (with ``stop_at_saturation``: ``self.saturation`` says where)."""
+        saturates (with ``stop_at_saturation``: ``self.saturation`` says where).  ``prof_in``:
+        causal, without an input norm, the stream's variance profile over positions (a
+        position-wise branch with an output norm then carries it, :meth:`_chain_log_slopes`)."""
         m, G, npos = self.model, self.grid, self.npos
         kind, l, n = br.kind, br.layer, br.norm_scale
         if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and m.activation == "relu":
@@ -689,6 +716,7 @@ class Predictor:
                     return None
             logit_var = attention_logit_var(chain[-2][1], h_att)
         h_in = h
+        jac = None
         if unit.post_norm and kind == "attention":
             rec.att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
         h = self._branch_forward(rec, chain, h, dev_in is not None and kind == "attention")
@@ -701,15 +729,33 @@ class Predictor:
             att = next((o for o in rec.branch_ops or () if o.rule == "attention"), None)
             bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G, att.var_range) if att
                      else profile.flat(m.seq_len, G))
+            if (att is None and br.out_norm and prof_in is not None and h.var > 0
+                    and float(np.ptp(prof_in)) > 1e-12):
+                # a position-wise branch on a stream whose variance differs over positions
+                # (no input norm): output variance and backward gain at position t are the
+                # chain's at the input variance v p_t, power laws in p_t with the chain's log
+                # slopes at v (bprof not normalised: the mean over positions enters bv); the
+                # gain profile is folded into the output norm's divisor (profile.branch_norm_eps)
+                s_f, s_b = self._chain_log_slopes(chain, h_in)
+                bprof = prof_in ** s_f
+                jac = prof_in ** s_b
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
             # (the attention's deviation and key weights both start from the grid's prefix sums)
             pre = G.prefix_sums(dev_in) if att is not None and hasattr(G, "prefix_sums") else None
             bcov = self._branch_deviation(rec, chain, att, h_in, dev_in, pre)
+            if att is None:
+                rec.pair_gain = self._pair_gain(chain, h_in, dev_in)
             if att is not None:
                 rec.key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
             d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
+            if jac is not None:
+                # the pair (t, s): the chain's covariance at the pair's correlation, scaled as
+                # its two variances (p_t p_s)^(slope/2)
+                sq = np.sqrt(bprof)
+                bcov *= sq[:, None]
+                bcov *= sq[None, :]
             positions.set_diag(bcov, d)
             bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
             h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
@@ -719,17 +765,26 @@ class Predictor:
             # signal (its output has a fixed norm); backward: with the per-token statistics
             # of the branch's hidden layer (_out_norm_stats)
             kappa, rec.out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm, tok)
-            on = self._norm(blocks.GAUSSIAN_TOKENS)
+            on = on0 = self._norm(blocks.GAUSSIAN_TOKENS)
             y = _fwd(on, h) if h.var > 0 else h
             if kappa != 1.0:
                 on = self._norm((0.0, kappa))
                 on.x = h
             rec.out_ops = [on]
             if bcov is not None and h.var > 0:
-                rec.out_prof = bcov.diagonal().copy()
-                c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
-                y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
-                bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
+                # per position the norm divides by sqrt(Q q_t + eps) (profile.branch_norm_eps):
+                # eps in units of the rule's harmonic mean square Q from the rule itself
+                y0 = get(on0.rule).fast(h, None, _without_eps(on0.params))[0]
+                eps_rel = max(float(y0.var) / float(y.var) - 1.0, 0.0) if y.var > 0 else 0.0
+                gain, oprof, rec.out_prof = profile.branch_norm_eps(bcov.diagonal().copy(), eps_rel, jac, G)
+                K = profile.normalise(bcov)
+                if eps_rel > 0.0:
+                    s = np.sqrt(oprof)
+                    K *= s[:, None]
+                    K *= s[None, :]
+                c_out, dev_b = profile.deviation(K, G)
+                y = Forward(y.mean, y.var * gain, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
+                bcov = self._cov(y.corr, dev_b, oprof if eps_rel > 0.0 else profile.flat(m.seq_len, G))
             h = y
         return h, bcov, logit_var
 
@@ -884,6 +939,72 @@ class Predictor:
         out -= p0
         positions.set_diag(out, 0.0)
         return out
+
+    @staticmethod
+    def _pair_gain(chain: tuple, h: Forward, dev: np.ndarray):
+        """Per pair of positions, the position-wise chain's backward covariance gain (per unit
+        upstream covariance) at that pair's input correlation r = corr + dev over the gain at
+        the mean-field correlation (1 on the diagonal), for :meth:`_branch_backward`; None
+        where the pairs' range is below 2e-3 or the gain at the mean vanishes.  The gradient
+        of two tokens through a gated or plain FFN correlates about as their inputs do (the
+        Jacobians share W and differ by the units' slopes at the two inputs): the first
+        positions, less correlated with the rest, pass less of the gradient's covariance
+        (measured on olmo2, 48 layers: the (0, 1) correlation through the FFN x 0.25 against
+        0.49 at the mean).  The gain is a polynomial through the Chebyshev nodes over the
+        pairs' range, as the forward's pair covariance (_branch_deviation); each node runs the
+        chain rule by rule (no table)."""
+        R = np.clip(h.corr + dev, -1.0, 1.0)
+        lo, hi = min(float(R.min()), h.corr), max(float(R.max()), h.corr)
+        if hi - lo < 2e-3:
+            return None
+
+        def cg(r):
+            x, xs = Forward(h.mean, h.var, float(r)), []
+            for rule, params in chain:
+                xs.append(x)
+                x = get(rule).fast(x, None, params)[0]
+
+            def bwd(g):
+                for (rule, params), xi in zip(reversed(chain), reversed(xs)):
+                    g = get(rule).fast(xi, g, params, need_forward=False)[1]
+                return g
+            return _gains(bwd)[1]
+        mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
+        c = (_PAIR_INV @ np.array([cg(mid + half * t) for t in _PAIR_T.tolist()])).tolist()
+        t0, ref = (h.corr - mid) / half, 0.0
+        for ck in c[::-1]:
+            ref = ref * t0 + ck
+        if not abs(ref) > 1e-12 * max(abs(x) for x in c):
+            return None
+        R -= mid
+        R *= 1.0 / half
+        out = np.full_like(R, c[-1])
+        for ck in c[-2::-1]:
+            out *= R
+            out += ck
+        out /= ref
+        positions.set_diag(out, 1.0)
+        return out
+
+    @staticmethod
+    def _chain_log_slopes(chain: tuple, h: Forward, step: float = 0.05) -> tuple[float, float]:
+        """(d log var_out / d log var_in, d log g_in / d log var_in) of a branch chain at input
+        ``h`` (central differences at var e^(+-step), rule by rule, the input mean and
+        correlation held; g_in the gradient variance at the chain input for a unit gradient of
+        correlation 0 at its output): the exponents of the output variance and backward gain
+        of a position whose input variance is p times the mean, first order in log p (exact for
+        a homogeneous chain: a gated FFN with small pre-activations has ~2 and ~1)."""
+        def at(v):
+            x, xs = Forward(h.mean, v, h.corr), []
+            for rule, params in chain:
+                xs.append(x)
+                x = get(rule).fast(x, None, params)[0]
+            g = Backward(1.0, 0.0)
+            for (rule, params), xi in zip(reversed(chain), reversed(xs)):
+                g = get(rule).fast(xi, g, params, need_forward=False)[1]
+            return math.log(float(x.var)), math.log(float(g.var))
+        hi, lo = at(float(h.var) * math.exp(step)), at(float(h.var) * math.exp(-step))
+        return (hi[0] - lo[0]) / (2 * step), (hi[1] - lo[1]) / (2 * step)
 
     @staticmethod
     def _chain_cov(rec: SublayerRecord, chain: tuple, h: Forward) -> float:
@@ -1123,6 +1244,11 @@ class Predictor:
                         u = profile.positionwise(u, vg, cg)
                         continue
                 g = _bwd(op, g)
+        if w is not None and rec.pair_gain is not None:
+            # a position-wise branch: each pair's covariance at its own input correlation
+            m0 = profile.mean_off(u, G)
+            u = u * rec.pair_gain
+            kc *= profile._ratio(profile.mean_off(u, G), m0)
         # the output norm's ratio-moment factor (_out_norm_stats; 1 without that norm)
         return Backward(g.var * rec.out_ratio, g.corr), u, ku, kc
 
