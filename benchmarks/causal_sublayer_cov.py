@@ -17,8 +17,8 @@ off-diagonal; and the step's gain (mean diagonal over that of ``out``).
 
 Prediction: the predictor's normalised covariance over positions (position grid; positions 0..3
 are nodes of it) after the same steps (profile.layernorm_backward of the output norm,
-profile.positionwise / profile.attention_backward of each branch op, the unit's mix), and the
-branch gain exp(log_bg) of each unit (rec.gains: the branch's gradient variance per unit
+profile.positionwise / profile.attention_backward of each branch op, ``branch``: what the
+branch's backward returns, the unit's mix), and the branch gain exp(log_bg) of each unit (rec.gains: the branch's gradient variance per unit
 gradient at the sublayer output)."""
 
 from __future__ import annotations
@@ -189,6 +189,15 @@ def predicted(m, upto: int) -> dict:
         return out
 
     pr._unit_backward = unit
+    orig_branch = pr._branch_backward
+
+    def branch(rec, g, w):
+        out = orig_branch(rec, g, w)
+        if cur and out[1] is not None:
+            cur[-1].append(("branch", summ(out[1])))
+        return out
+
+    pr._branch_backward = branch
     try:
         pr.backward(recs)
     finally:

@@ -91,12 +91,12 @@ class BranchRecord:
     (a parallel block), for the backward pass: the branch fields of :class:`SublayerRecord`."""
 
     __slots__ = ("layer", "kind", "b", "log_b2", "branch_ops", "chain_table", "chain_x", "branch_out",
-                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows", "key_w", "pair_gain")
+                 "out_ops", "out_prof", "out_ratio", "euler_var", "att_rows", "key_w")
 
     def __init__(self, layer: int, kind: str, b: float, log_b2: float):
         self.layer, self.kind, self.b, self.log_b2 = layer, kind, b, log_b2
         self.branch_ops = self.chain_table = self.chain_x = self.branch_out = None
-        self.out_ops = self.out_prof = self.euler_var = self.att_rows = self.key_w = self.pair_gain = None
+        self.out_ops = self.out_prof = self.euler_var = self.att_rows = self.key_w = None
         self.out_ratio = 1.0
 
 
@@ -114,7 +114,7 @@ class SublayerRecord:
 
     __slots__ = ("layer", "kind", "post", "in_norm", "a", "b", "log_a2", "log_b2", "s_in", "s_sum", "s_out",
                  "pre_ops", "branch_ops", "branch_out", "chain_table", "chain_x", "parts", "out_ops", "out_prof",
-                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof", "key_w", "pair_gain")
+                 "out_ratio", "btok", "ln_prof", "euler_var", "att_rows", "gains", "g_prof", "key_w")
 
     def __init__(self, layer: int, kind: str, post: bool, in_norm: bool, a: float, b: float, log_a2: float,
                  log_b2: float, s_in: StreamState):
@@ -149,9 +149,6 @@ class SublayerRecord:
         self.att_rows = None
         # causal attention: the per-key weights (profile.key_weights) of its input's position structure
         self.key_w = None
-        # causal position-wise branch: its backward's covariance gain per pair of positions at
-        # that pair's input correlation over the gain at the mean (Predictor._pair_gain)
-        self.pair_gain = None
         self.gains: UnitGains | None = None   # set by the backward pass
         self.g_prof = None            # causal (backward): variance profile of the gradient entering the unit
 
@@ -744,8 +741,6 @@ class Predictor:
             # (the attention's deviation and key weights both start from the grid's prefix sums)
             pre = G.prefix_sums(dev_in) if att is not None and hasattr(G, "prefix_sums") else None
             bcov = self._branch_deviation(rec, chain, att, h_in, dev_in, pre)
-            if att is None:
-                rec.pair_gain = self._pair_gain(chain, h_in, dev_in)
             if att is not None:
                 rec.key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
             d = bcov.diagonal() + h.var * bprof
@@ -938,52 +933,6 @@ class Predictor:
             p0 = p0 * t0 + ck
         out -= p0
         positions.set_diag(out, 0.0)
-        return out
-
-    @staticmethod
-    def _pair_gain(chain: tuple, h: Forward, dev: np.ndarray):
-        """Per pair of positions, the position-wise chain's backward covariance gain (per unit
-        upstream covariance) at that pair's input correlation r = corr + dev over the gain at
-        the mean-field correlation (1 on the diagonal), for :meth:`_branch_backward`; None
-        where the pairs' range is below 2e-3 or the gain at the mean vanishes.  The gradient
-        of two tokens through a gated or plain FFN correlates about as their inputs do (the
-        Jacobians share W and differ by the units' slopes at the two inputs): the first
-        positions, less correlated with the rest, pass less of the gradient's covariance
-        (measured on olmo2, 48 layers: the (0, 1) correlation through the FFN x 0.25 against
-        0.49 at the mean).  The gain is a polynomial through the Chebyshev nodes over the
-        pairs' range, as the forward's pair covariance (_branch_deviation); each node runs the
-        chain rule by rule (no table)."""
-        R = np.clip(h.corr + dev, -1.0, 1.0)
-        lo, hi = min(float(R.min()), h.corr), max(float(R.max()), h.corr)
-        if hi - lo < 2e-3:
-            return None
-
-        def cg(r):
-            x, xs = Forward(h.mean, h.var, float(r)), []
-            for rule, params in chain:
-                xs.append(x)
-                x = get(rule).fast(x, None, params)[0]
-
-            def bwd(g):
-                for (rule, params), xi in zip(reversed(chain), reversed(xs)):
-                    g = get(rule).fast(xi, g, params, need_forward=False)[1]
-                return g
-            return _gains(bwd)[1]
-        mid, half = 0.5 * (lo + hi), 0.5 * (hi - lo)
-        c = (_PAIR_INV @ np.array([cg(mid + half * t) for t in _PAIR_T.tolist()])).tolist()
-        t0, ref = (h.corr - mid) / half, 0.0
-        for ck in c[::-1]:
-            ref = ref * t0 + ck
-        if not abs(ref) > 1e-12 * max(abs(x) for x in c):
-            return None
-        R -= mid
-        R *= 1.0 / half
-        out = np.full_like(R, c[-1])
-        for ck in c[-2::-1]:
-            out *= R
-            out += ck
-        out /= ref
-        positions.set_diag(out, 1.0)
         return out
 
     @staticmethod
@@ -1244,11 +1193,6 @@ class Predictor:
                         u = profile.positionwise(u, vg, cg)
                         continue
                 g = _bwd(op, g)
-        if w is not None and rec.pair_gain is not None:
-            # a position-wise branch: each pair's covariance at its own input correlation
-            m0 = profile.mean_off(u, G)
-            u = u * rec.pair_gain
-            kc *= profile._ratio(profile.mean_off(u, G), m0)
         # the output norm's ratio-moment factor (_out_norm_stats; 1 without that norm)
         return Backward(g.var * rec.out_ratio, g.corr), u, ku, kc
 

@@ -16,7 +16,8 @@ them over positions:
 
 * forward: the attention branch output has profile var(n_i) / mean; a sum a x + b y mixes
   the profiles with the variance weights; a LayerNorm output is flat (every token has unit
-  variance);
+  variance), except a norm on a branch output whose input is comparable to its eps
+  (:func:`branch_norm_eps`);
 * backward, the gradient is carried as a covariance matrix over positions C (L x L, mean
   diagonal 1): the gradients of the first positions are strongly correlated with each other
   (measured: ~0.27 among positions 0..7 where the average correlation is 0.02), because
@@ -42,7 +43,9 @@ them over positions:
   deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input; Post-LN: of its
   harmonic per-token variance, layernorm_input);
 * position-wise maps (FFN, dropout, scales, LayerNorm) scale the diagonal by their
-  variance gain and the off-diagonal by their covariance gain (the rules' own gains).
+  variance gain and the off-diagonal by their covariance gain (the rules' own gains, at the
+  mean correlation: a pair of positions whose input correlation differs passes a different
+  share, not modelled; docs/design.md).
 """
 
 from __future__ import annotations
