@@ -423,7 +423,8 @@ passes (layer 1's attention 8.58 against 8.41 +- 0.44; 0.283 to 0.145, R^2 0.999
 0.99984); and the guard rows pass: 12 layers dropout 0
 (gradient error max 0.109 to 0.131) and 0.1 (0.096 to 0.114), 48 layers dropout 0 (0.113 to
 0.102), 96 layers dropout 0 (0.151 to 0.162, R^2 0.99785 to 0.99767), Pre-LN `output` causal dropout 0 at 12 (0.029 to 0.029) and 48
-layers (0.085 to 0.086, R^2 0.99843 both). The 96-layer
+layers (0.085 to 0.086, R^2 0.99843 both), torch-default 12 layers dropout 0 (0.084 to 0.087)
+and 0.1 (0.027 to 0.030), 48 layers dropout 0 (0.089 to 0.090) and 0.1 (0.040 to 0.042). The 96-layer
 dropout-0 row is the one near its edge:
 its gradient is 12-16% low at layers 1-8 (layer 1's attention predicted over measured 0.867,
 layer 2's 0.838, within 3 standard errors; 0.85-0.87 at layers 2-8 before, where layer 1's FFN
