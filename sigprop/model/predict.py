@@ -240,6 +240,21 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 _RESIDUAL = get("residual")
 
 
+#: id(norm params) -> (those params, the same with eps 0), for _without_eps
+_EPS0: dict = {}
+
+
+def _without_eps(params: dict) -> dict:
+    """A norm's parameters with eps 0 (one dict per parameter dict: Rule.fast memoises on
+    the identity)."""
+    hit = _EPS0.get(id(params))
+    if hit is None or hit[0] is not params:
+        if len(_EPS0) > 4096:
+            _EPS0.clear()
+        hit = _EPS0[id(params)] = (params, {**params, "eps": 0.0})
+    return hit[1]
+
+
 def _fwd(op: Op) -> Forward:
     """The op's rule forward at its recorded input."""
     return get(op.rule).fast(op.x, None, op.params)[0]
@@ -626,8 +641,15 @@ class Predictor:
                 xcov = self._cov(x.corr, dev, prof)
                 c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
+        elif dev is not None and float(np.ptp(prof)) > 1e-12:
+            # no input norm, a stream whose variance differs over positions (branch-output
+            # norms near eps, profile.branch_norm_eps): the branch sees the stream's
+            # correlations K_ij / sqrt(K_ii K_jj), the profile apart (_branch: prof_in)
+            xcov = self._cov(x.corr, dev, prof)
+            c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
+            h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
-            got = self._branch(br0, unit, h, dev_in, tok)
+            got = self._branch(br0, unit, h, dev_in, tok, None if unit.in_norm else prof)
             if got is None:
                 return None
             branch, y, bcov, logit_var = got
@@ -637,7 +659,7 @@ class Predictor:
             parts, outs = [], []
             logit_var = None
             for br in unit.branches:
-                got = self._branch(br, unit, h, dev_in, tok)
+                got = self._branch(br, unit, h, dev_in, tok, None if unit.in_norm else prof)
                 if got is None:
                     return None
                 parts.append(_tuple_new(BranchRecord, (layer, br.kind, br.scale, self._log_sq(br.scale)) + got[0]))
@@ -691,13 +713,15 @@ class Predictor:
                                           ln_prof, parts) + branch + (None,))
         return rec, out
 
-    def _branch(self, br, unit, h: Forward, dev_in, tok: tuple):
+    def _branch(self, br, unit, h: Forward, dev_in, tok: tuple, prof_in=None):
         """One branch of a unit at its input ``h`` (after the unit's input norm, before the
         norm scale; ``tok``: the stream's per-token statistics): its record's branch fields
         (:class:`BranchRecord`'s after ``log_b2``, a tuple), the branch output (absolute units, before the branch scale),
         causal its normalised covariance over positions, and its attention's logit variance
         (None without attention); None where the softmax saturates (with
-        ``stop_at_saturation``: ``self.saturation`` says where)."""
+        ``stop_at_saturation``: ``self.saturation`` says where).  ``prof_in``: causal, without an
+        input norm, the stream's variance profile over positions (a position-wise branch with an
+        output norm then carries it, :meth:`_chain_log_slopes`)."""
         m, G, npos = self.model, self.grid, self.npos
         kind, l, n = br.kind, br.layer, br.norm_scale
         euler_var = att_rows = key_w = out_ops = out_prof = None
@@ -718,6 +742,7 @@ class Predictor:
                     return None
             logit_var = attention_logit_var(chain[-2][1], h_att)
         h_in = h
+        jac = None
         if unit.post_norm and kind == "attention":
             att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
         h, chain_table, chain_x, ops = self._branch_forward(kind, l, chain, h, dev_in is not None and kind == "attention")
@@ -730,6 +755,16 @@ class Predictor:
             att = next((o for o in ops or () if o.rule == "attention"), None)
             bprof = (profile.attention_forward(att.params, att.x, self._rows(att), G, att.var_range) if att
                      else profile.flat(m.seq_len, G))
+            if (att is None and br.out_norm and prof_in is not None and h.var > 0
+                    and float(np.ptp(prof_in)) > 1e-12):
+                # a position-wise branch on a stream whose variance differs over positions
+                # (no input norm): output variance and backward gain at position t are the
+                # chain's at the input variance v p_t, power laws in p_t with the chain's log
+                # slopes at v (bprof not normalised: the mean over positions enters bv); the
+                # gain profile is folded into the output norm's divisor (profile.branch_norm_eps)
+                s_f, s_b = self._chain_log_slopes(chain, h_in)
+                bprof = prof_in ** s_f
+                jac = prof_in ** s_b
             # the branch output's covariance over positions: the rule's (mean, profile)
             # plus the deviation the input's position structure adds
             # (the attention's deviation and key weights both start from the grid's prefix sums)
@@ -739,6 +774,12 @@ class Predictor:
                 key_w = profile.key_weights(att.params, att.x, dev_in, G, pre)
             d = bcov.diagonal() + h.var * bprof
             bcov += h.var * h.corr
+            if jac is not None:
+                # the pair (t, s): the chain's covariance at the pair's correlation, scaled as
+                # its two variances (p_t p_s)^(slope/2)
+                sq = np.sqrt(bprof)
+                bcov *= sq[:, None]
+                bcov *= sq[None, :]
             positions.set_diag(bcov, d)
             bv = float(np.trace(bcov)) / m.seq_len if G is None else G.mean_diag(bcov)
             h = Forward(h.mean, bv, _clip_corr(profile.mean_off(bcov, G) / bv))
@@ -748,16 +789,25 @@ class Predictor:
             # signal (its output has a fixed norm); backward: with the per-token statistics
             # of the branch's hidden layer (_out_norm_stats)
             kappa, out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm, tok)
-            on = self._norm(blocks.GAUSSIAN_TOKENS, h if h.var > 0 else None)
+            on = on0 = self._norm(blocks.GAUSSIAN_TOKENS, h if h.var > 0 else None)
             y = _fwd(on) if h.var > 0 else h
             if kappa != 1.0:
                 on = self._norm((0.0, kappa), h)
             out_ops = (on,)
             if bcov is not None and h.var > 0:
-                out_prof = bcov.diagonal().copy()
-                c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
-                y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
-                bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
+                # per position the norm divides by sqrt(Q q_t + eps) (profile.branch_norm_eps):
+                # eps in units of the rule's harmonic mean square Q from the rule itself
+                y0 = get(on0.rule).fast(h, None, _without_eps(on0.params))[0]
+                eps_rel = max(float(y0.var) / float(y.var) - 1.0, 0.0) if y.var > 0 else 0.0
+                gain, oprof, out_prof = profile.branch_norm_eps(bcov.diagonal().copy(), eps_rel, jac, G)
+                K = profile.normalise(bcov)
+                if eps_rel > 0.0:
+                    s = np.sqrt(oprof)
+                    K *= s[:, None]
+                    K *= s[None, :]
+                c_out, dev_b = profile.deviation(K, G)
+                y = Forward(y.mean, y.var * gain, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
+                bcov = self._cov(y.corr, dev_b, oprof if eps_rel > 0.0 else profile.flat(m.seq_len, G))
             h = y
         # the branch fields, in BranchRecord's order (_BRANCH_FIELDS)
         return (ops, chain_table, chain_x, out_ops, out_prof, out_ratio, euler_var, att_rows, key_w), h, bcov, logit_var
@@ -881,6 +931,26 @@ class Predictor:
         out -= p0
         positions.set_diag(out, 0.0)
         return out
+
+    @staticmethod
+    def _chain_log_slopes(chain: tuple, h: Forward, step: float = 0.05) -> tuple[float, float]:
+        """(d log var_out / d log var_in, d log g_in / d log var_in) of a branch chain at input
+        ``h`` (central differences at var e^(+-step), rule by rule, the input mean and
+        correlation held; g_in the gradient variance at the chain input for a unit gradient of
+        correlation 0 at its output): the exponents of the output variance and backward gain
+        of a position whose input variance is p times the mean, first order in log p (exact for
+        a homogeneous chain: a gated FFN with small pre-activations has ~2 and ~1)."""
+        def at(v):
+            x, xs = Forward(h.mean, v, h.corr), []
+            for rule, params in chain:
+                xs.append(x)
+                x = get(rule).fast(x, None, params)[0]
+            g = Backward(1.0, 0.0)
+            for (rule, params), xi in zip(reversed(chain), reversed(xs)):
+                g = get(rule).fast(xi, g, params, need_forward=False)[1]
+            return math.log(float(x.var)), math.log(float(g.var))
+        hi, lo = at(float(h.var) * math.exp(step)), at(float(h.var) * math.exp(-step))
+        return (hi[0] - lo[0]) / (2 * step), (hi[1] - lo[1]) / (2 * step)
 
     @staticmethod
     def _chain_cov(table, chain: tuple, h: Forward) -> float:

@@ -16,7 +16,8 @@ them over positions:
 
 * forward: the attention branch output has profile var(n_i) / mean; a sum a x + b y mixes
   the profiles with the variance weights; a LayerNorm output is flat (every token has unit
-  variance);
+  variance), except a norm on a branch output whose input is comparable to its eps
+  (:func:`branch_norm_eps`);
 * backward, the gradient is carried as a covariance matrix over positions C (L x L, mean
   diagonal 1): the gradients of the first positions are strongly correlated with each other
   (measured: ~0.27 among positions 0..7 where the average correlation is 0.02), because
@@ -42,7 +43,9 @@ them over positions:
   deviation: C_ik / sqrt(f_i f_k) (f the profile of the LayerNorm's input; Post-LN: of its
   harmonic per-token variance, layernorm_input);
 * position-wise maps (FFN, dropout, scales, LayerNorm) scale the diagonal by their
-  variance gain and the off-diagonal by their covariance gain (the rules' own gains).
+  variance gain and the off-diagonal by their covariance gain (the rules' own gains, at the
+  mean correlation: a pair of positions whose input correlation differs passes a different
+  share, not modelled; docs/design.md).
 """
 
 from __future__ import annotations
@@ -733,6 +736,37 @@ def layernorm_input(v1: np.ndarray, tok1: tuple, v2: np.ndarray, tok2: tuple, d:
     c, k = combine_token_stats(v1, tok1[0], tok1[1], v2, tok2[0], tok2[1])
     c0, k0 = combine_token_stats(float(mean(v1)), tok1[0], tok1[1], float(mean(v2)), tok2[0], tok2[1])
     return harmonic_token_var(v, d, c, k) / harmonic_token_var(float(mean(v)), d, c0, k0)
+
+
+def branch_norm_eps(q: np.ndarray, eps_rel: float, jac: np.ndarray | None = None,
+                    grid=None) -> tuple[float, np.ndarray, np.ndarray]:
+    """A norm on a branch output (placements peri, output) whose input has the variance
+    profile ``q`` over positions (mean 1) and the mean-field (harmonic) mean square Q, with
+    ``eps_rel`` = eps / Q (the norm's floor in units of Q; the norm rule's output variance is
+    1/(1 + eps_rel) and its gradient gain goes with 1/(Q + eps)).  Per position t the norm
+    divides by sqrt(Q q_t + eps), so its output has variance o_t = q_t / (q_t + eps_rel) and its
+    backward gain is 1/(Q q_t + eps): where the branch output is comparable to eps (the
+    first layers of a stream that starts from a small embedding: olmo2's layer-1 attention
+    output ~1e-6 against eps 1e-6) the output is not flat over positions, and a causal row
+    whose output is larger (row 0 copies one value, long rows average many) keeps more of it.
+    ``jac``: the branch's own backward gain per position relative to its mean-field value
+    (a position-wise branch whose input profile is not flat, see
+    ``Predictor._chain_log_slopes``), folded into the divisor.
+
+    Returns (the mean output variance over the rule's value 1/(1 + eps_rel), the output
+    profile o / mean(o), the per-position divisor f_t = (q_t + eps_rel) / ((1 + eps_rel) jac_t)
+    for :func:`layernorm_backward`, which divides the gradient's variance at position t by f_t
+    and takes the mean over positions relative to the flat profile).  eps_rel = 0 and jac = 1
+    give (1, q / q = flat, q) up to rounding.  Approximations: the per-token fluctuation of
+    the mean square within a position is the rule's (its harmonic mean Q at every position);
+    eps/Q first order in the norm's finite-d terms, as the rule."""
+    mean = np.mean if grid is None else grid.mean
+    o = q / (q + eps_rel)
+    mo = float(mean(o))
+    f = (q + eps_rel) / (1.0 + eps_rel)
+    if jac is not None:
+        f = f / jac
+    return mo * (1.0 + eps_rel), o / mo, f
 
 
 def layernorm_backward(C: np.ndarray, f: np.ndarray, var_gain: float = 1.0,
