@@ -606,7 +606,7 @@ class Predictor:
             if dev is not None:
                 # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
                 xcov = self._cov(x.corr, dev, prof)
-                c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
+                c_in, dev_in = profile.normalised_deviation(xcov, G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
             got = self._branch(rec, br0, unit, h, dev_in, tok)
@@ -651,7 +651,8 @@ class Predictor:
         tok = _mix_tokens(tok, ref, v1, v2, rec.btok)
         if not unit.post_norm:
             if dev is not None:
-                _, dev = profile.deviation(zcov, G)
+                # (zcov is this unit's own matrix, not needed after its deviation)
+                _, dev = profile.deviation(zcov, G, inplace=True)
             return rec, StreamState(zlv, z, tok, prof, dev, logit_var)
         # the norm after the residual sum
         rec.s_sum = StreamState(zlv, z, tok, prof, None, logit_var)
@@ -660,7 +661,7 @@ class Predictor:
         lv, x = _normalise(_fwd(ln, _real(zlv, z)))
         if prof is not None:
             # per position the norm divides by that position's std
-            c_out, dev = profile.deviation(profile.normalise(zcov), G)
+            c_out, dev = profile.normalised_deviation(zcov, G)
             x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
             prof = profile.flat(m.seq_len, G)
         return rec, StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
@@ -727,7 +728,7 @@ class Predictor:
             rec.out_ops = [on]
             if bcov is not None and h.var > 0:
                 rec.out_prof = bcov.diagonal().copy()
-                c_out, dev_b = profile.deviation(profile.normalise(bcov), G)
+                c_out, dev_b = profile.normalised_deviation(bcov, G)
                 y = Forward(y.mean, y.var, _clip_corr(y.corr + c_out - profile.mean_off(bcov, G)))
                 bcov = self._cov(y.corr, dev_b, profile.flat(m.seq_len, G))
             h = y
@@ -851,7 +852,9 @@ class Predictor:
         # covariance C(r) at that pair's input correlation r = corr + dev (wide limit), taken
         # from a polynomial through Chebyshev nodes over the pairs' range (a curved C, such as
         # a gated FFN's, moves the mean over the pairs too: a first-order term in dev did not)
-        R = np.clip(h.corr + dev, -1.0, 1.0)
+        R = h.corr + dev
+        np.minimum(R, 1.0, out=R)                   # (np.clip's values, without its wrapper)
+        np.maximum(R, -1.0, out=R)
         lo, hi = float(R.min()), float(R.max())
         lo, hi = min(lo, h.corr), max(hi, h.corr)
         if hi - lo < 2e-3:
