@@ -2,7 +2,8 @@
 rounding): the per-key weights' series as a per-row quadratic against the series written out in
 R1 and R2, its node coefficients through the table store, the node grid's shared prefix sums,
 several table rows in one product, the rotary row moments memoised, the attention backward's
-pair kernels' diagonal as a sum of two, the per-row terms memoised for a prediction."""
+pair kernels' diagonal as a sum of two, the per-row terms memoised for a prediction, the
+correlation matrix's deviation formed in place."""
 
 import math
 
@@ -95,6 +96,25 @@ def test_pair_kernel_diagonal_is_the_sum_of_the_two_kernels():
     # (the last key, which no pair of rows attends to, is 0 up to rounding)
     np.testing.assert_allclose(np.diag(g.UtXU(Co)) + g.UtXU_diag(Mk), want, rtol=1e-13,
                                atol=1e-13 * np.max(np.abs(want)))
+
+
+@pytest.mark.parametrize("L", [None, 300])
+def test_normalised_deviation_in_place_equals_the_plain_form(L):
+    """profile.normalised_deviation (the deviation written over the correlation matrix) and
+    deviation(inplace=True) against deviation(normalise(K)) as written before: bit for bit."""
+    g = None if L is None else positions.grid_for(L)
+    nb = 40 if g is None else g.size
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((nb, nb + 3))
+    K = A @ A.T / nb + 0.3
+    Kc = K.copy()
+    want = profile.deviation(profile.normalise(K), g)
+    got = profile.normalised_deviation(K, g)
+    assert got[0] == want[0] and np.array_equal(got[1], want[1])
+    assert np.array_equal(K, Kc)                         # its input is left alone
+    c, S = profile.deviation(Kc, g, inplace=True)
+    plain = profile.deviation(K, g)
+    assert S is Kc and c == plain[0] and np.array_equal(S, plain[1])
 
 
 def _relu_chain():

@@ -181,8 +181,8 @@ def _saturating(depth: np.ndarray, lv: np.ndarray, y: np.ndarray) -> tuple[float
     (``y``: the max-normalised series, fitted to relative residuals), with relaxation length L
     (q = e^(-1/L)) between 1/4 layer and SATURATION_MAX_LENGTH of the depth: (R^2 in log space,
     c1, length), or None when the depth allows no such length.  q is searched on a
-    logarithmic grid of lengths (c0, c1 by least squares at each), refined once around the
-    best."""
+    logarithmic grid of lengths (c0, c1 by least squares at each: :func:`_fits_on_bases`, all
+    lengths of a grid at once), refined once around the best."""
     span = float(depth[-1] - depth[0])
     top = SATURATION_MAX_LENGTH * span
     if top <= 0.25:
@@ -190,22 +190,57 @@ def _saturating(depth: np.ndarray, lv: np.ndarray, y: np.ndarray) -> tuple[float
     x = depth - depth[0]
     best = None
     lengths = np.geomspace(0.25, top, 48)
+    w = 1.0 / np.abs(y)
     for _ in range(2):
-        for length in lengths:
-            q = math.exp(-1.0 / length)
-            basis = q ** x
-            fit, c1 = _fit(basis, lv)                       # in log space
-            r2 = _r2_log(lv, None, fit)
-            fy, c1y = _fit(basis, y, relative=True)        # and on the linear scale
-            r2y = _r2_log(lv, fy)
-            if r2y > r2:
-                r2, c1 = r2y, c1y
-            if best is None or r2 > best[0]:
-                best = (float(r2), c1, float(length))
+        bases = np.exp(-1.0 / lengths)[:, None] ** x[None, :]
+        fit, c1 = _fits_on_bases(bases, lv)                       # in log space
+        fy, c1y = _fits_on_bases(bases, y, w)                     # and on the linear scale
+        r2 = _r2_log_rows(lv, None, fit)
+        r2y = _r2_log_rows(lv, fy)
+        for j, length in enumerate(lengths.tolist()):
+            r, c = (r2y[j], c1y[j]) if r2y[j] > r2[j] else (r2[j], c1[j])
+            if best is None or r > best[0]:
+                best = (float(r), float(c), float(length))
         i = np.searchsorted(lengths, best[2])
         lo, hi = lengths[max(i - 1, 0)], lengths[min(i + 1, len(lengths) - 1)]
         lengths = np.geomspace(lo, hi, 17)
     return best
+
+
+def _fits_on_bases(B: np.ndarray, y: np.ndarray, w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The least-squares lines y ~ c0 + c1 b through (b, y) for every row b of ``B`` at once:
+    (fitted values, one row per row of B; the slopes c1).  ``w``: minimise the weighted
+    residuals w (y - fit) (as :func:`_fit` with ``relative``, w = 1/|y|).  The normal equations
+    of two parameters in centred form (weighted means of b and y taken out first), which is
+    what :func:`_fit`'s ``lstsq`` solves, to rounding, for the bases here (b = q^x, not
+    constant over x)."""
+    if w is None:
+        bm = B.mean(axis=1)
+        ym = float(y.mean())
+        Bc = B - bm[:, None]
+        c1 = (Bc @ (y - ym)) / np.einsum("ij,ij->i", Bc, Bc)
+    else:
+        W = w * w
+        sw = float(W.sum())
+        bm = (B @ W) / sw
+        ym = float(W @ y) / sw
+        Bc = B - bm[:, None]
+        c1 = ((Bc * W) @ (y - ym)) / ((Bc * Bc) @ W)
+    c0 = ym - c1 * bm
+    return c0[:, None] + c1[:, None] * B, c1
+
+
+def _r2_log_rows(lv: np.ndarray, fitted_y: np.ndarray | None, fitted_log: np.ndarray | None = None) -> np.ndarray:
+    """:func:`_r2_log` for every row of the fits ``fitted_y`` (or ``fitted_log``) at once."""
+    if fitted_log is None:
+        bad = np.any(~np.isfinite(fitted_y) | (fitted_y <= 0), axis=1)
+        fitted_log = np.log(np.where(bad[:, None], 1.0, fitted_y))
+    else:
+        bad = np.zeros(len(fitted_log), dtype=bool)
+    resid = lv[None, :] - fitted_log
+    ss = np.sum((lv - lv.mean()) ** 2)
+    r2 = 1.0 - np.sum(resid**2, axis=1) / ss if ss > 0 else np.ones(len(fitted_log))
+    return np.where(bad, -np.inf, r2)
 
 
 def _settled(lv: np.ndarray) -> bool:

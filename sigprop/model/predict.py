@@ -639,14 +639,14 @@ class Predictor:
             if dev is not None:
                 # per position: the branch input's correlations are K_ij / sqrt(K_ii K_jj)
                 xcov = self._cov(x.corr, dev, prof)
-                c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
+                c_in, dev_in = profile.normalised_deviation(xcov, G)
                 h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         elif dev is not None and float(np.ptp(prof)) > 1e-12:
             # no input norm, a stream whose variance differs over positions (branch-output
             # norms near eps, profile.branch_norm_eps): the branch sees the stream's
             # correlations K_ij / sqrt(K_ii K_jj), the profile apart (_branch: prof_in)
             xcov = self._cov(x.corr, dev, prof)
-            c_in, dev_in = profile.deviation(profile.normalise(xcov), G)
+            c_in, dev_in = profile.normalised_deviation(xcov, G)
             h = Forward(h.mean, h.var, _clip_corr(h.corr + c_in - x.corr))
         if one:
             got = self._branch(br0, unit, h, dev_in, tok, None if unit.in_norm else prof)
@@ -692,7 +692,8 @@ class Predictor:
         tok = _mix_tokens(tok, ref, v1, v2, btok)
         if not unit.post_norm:
             if dev is not None:
-                _, dev = profile.deviation(zcov, G)
+                # (zcov is this unit's own matrix, not needed after its deviation)
+                _, dev = profile.deviation(zcov, G, inplace=True)
             out = StreamState(zlv, z, tok, prof, dev, logit_var)
             s_sum = None
         else:
@@ -703,7 +704,7 @@ class Predictor:
             lv, x = _normalise(_fwd(ln))
             if prof is not None:
                 # per position the norm divides by that position's std
-                c_out, dev = profile.deviation(profile.normalise(zcov), G)
+                c_out, dev = profile.normalised_deviation(zcov, G)
                 x = Forward(x.mean, x.var, _clip_corr(x.corr + c_out - profile.mean_off(zcov, G)))
                 prof = profile.flat(m.seq_len, G)
             out = StreamState(lv, x, blocks.NORM_TOKENS, prof, dev, logit_var)
@@ -898,7 +899,9 @@ class Predictor:
         # covariance C(r) at that pair's input correlation r = corr + dev (wide limit), taken
         # from a polynomial through Chebyshev nodes over the pairs' range (a curved C, such as
         # a gated FFN's, moves the mean over the pairs too: a first-order term in dev did not)
-        R = np.clip(h.corr + dev, -1.0, 1.0)
+        R = h.corr + dev
+        np.minimum(R, 1.0, out=R)                   # (np.clip's values, without its wrapper)
+        np.maximum(R, -1.0, out=R)
         lo, hi = float(R.min()), float(R.max())
         lo, hi = min(lo, h.corr), max(hi, h.corr)
         if hi - lo < 2e-3:

@@ -863,9 +863,20 @@ def normalise(K: np.ndarray) -> np.ndarray:
     return out
 
 
-def deviation(K: np.ndarray, grid=None) -> tuple[float, np.ndarray]:
-    """(off-diagonal mean, off-diagonal deviation with a zero diagonal) of a matrix."""
+def deviation(K: np.ndarray, grid=None, inplace: bool = False) -> tuple[float, np.ndarray]:
+    """(off-diagonal mean, off-diagonal deviation with a zero diagonal) of a matrix;
+    ``inplace``: the deviation written over K (which the caller no longer needs)."""
     c = mean_off(K, grid)
-    S = K - c
+    if inplace:
+        K -= c
+        S = K
+    else:
+        S = K - c
     set_diag(S, 0.0)
     return c, S
+
+
+def normalised_deviation(K: np.ndarray, grid=None) -> tuple[float, np.ndarray]:
+    """``deviation(normalise(K), grid)``, the same numbers with one matrix fewer: the
+    correlation matrix's off-diagonal mean and its deviation from it (zero diagonal)."""
+    return deviation(normalise(K), grid, inplace=True)
