@@ -52,7 +52,7 @@ import functools
 import numpy as np
 
 from sigprop.backend import numeric
-from sigprop.model import store, tables
+from sigprop.model import pair_rows, store, tables
 from sigprop.model.positions import cumsum_inplace, set_diag
 from sigprop.rules import attention as attention_rule, get
 from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
@@ -435,10 +435,12 @@ def _one_row_off(r: dict, a: np.ndarray, d: np.ndarray, kap, UtDU, n: np.ndarray
     return out
 
 
-def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
+def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None) -> np.ndarray:
     """The gradient covariance over positions at the attention input for covariance C at
     its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`;
-    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`)."""
+    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`; ``vw``: the value
+    and key paths' pair-of-rows weights over the positions, :func:`sigprop.model.pair_rows.pair_weights`
+    (None: the first-order 1 - 1/min of :func:`_pair_scales`))."""
     L = len(C)
     diag, a = _terms(r, np.diag(C).copy())
     if kw is not None:
@@ -449,8 +451,13 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
     kf_diag, kf_off, kk_diag = exact_positions(L).flat_kernel_means
     # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
     # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat value
-    kv, kk = _pair_scales(r, kf_diag, kk_diag)
-    pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
+    if vw is None:
+        kv, kk = _pair_scales(r, kf_diag, kk_diag)
+        pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
+    else:
+        Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
+        pairs = pair_rows.pair_terms(r, np.diag(K), kf_diag, _UtXU_diag(Co * Wo), float(np.mean(_UtXU_diag(Wo))),
+                                     _UtXU_diag(Co * Ko), float(np.mean(_UtXU_diag(Ko))))
     ko = float(r["cross_c"]) / kf_off
     K *= ko
     Co *= float(r["qry_c"])
@@ -479,9 +486,9 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
     return diag, _pair_terms(r, d, n)
 
 
-def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None) -> np.ndarray:
+def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
-    quadratures, sigprop.model.positions)."""
+    quadratures, sigprop.model.positions; ``vw`` over the grid's nodes)."""
     Co = _offdiag(C)
     Mk = Co * grid.key_pair_weights()
     K = grid.UtXU(Co)
@@ -495,8 +502,13 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None) -> np
         f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
     kf_diag, kf_off, kk_diag = grid.flat_kernel_means
-    kv, kk = _pair_scales(r, kf_diag, kk_diag)
-    pairs = kv * dK + kk * dM
+    if vw is None:
+        kv, kk = _pair_scales(r, kf_diag, kk_diag)
+        pairs = kv * dK + kk * dM
+    else:
+        pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]),
+                                     grid.mean(grid.UtXU_diag(_offdiag(vw[0]))), grid.UtXU_diag(Co * vw[1]),
+                                     grid.mean(grid.UtXU_diag(_offdiag(vw[1]))))
     ko = float(r["cross_c"]) / kf_off
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
@@ -679,7 +691,8 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     kap = _offset_kernel(params, grid, len(C) if grid is None else None)
     if grid is not None:
         r = rows(params, x, table, grid, var_range)
-        o = _attention_cov_graded(r, C, grid, kw, kap)
+        vw = pair_rows.pair_weights(params, x, grid.n) if params.get("causal") else None
+        o = _attention_cov_graded(r, C, grid, kw, kap, vw)
         t = grid.mean_diag(o)
         t1, off1 = _flat_stats_graded(r, grid, float(g.corr), kap)
         if not (t > 0 and t1 > 0):
@@ -687,7 +700,8 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
         return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
     r = rows(params, x, table, None, var_range)
     L = len(C)
-    o = _attention_cov(r, C, kw, kap)
+    vw = pair_rows.pair_weights(params, x, np.arange(1.0, L + 1)) if params.get("causal") else None
+    o = _attention_cov(r, C, kw, kap, vw)
     t = np.trace(o) / L
     t1, off1 = _flat_stats(r, L, float(g.corr), kap)
     if not (t > 0 and t1 > 0):

@@ -1092,6 +1092,73 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
 
 
 
+def pair_law_mean(params: dict, x: Forward) -> tuple[float, float]:
+    """(mean row logit variance, mean row-pair logit correlation) of the two-row statistics
+    at attention input ``x`` (``_Ctx.pair_law``; rotary positions: its shifted variance and
+    rotated correlation)."""
+    from sigprop.backend import numeric as m
+    p = _RULE.param_values(params)
+    xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        c = _Ctx(m, xx, p, rope=bool(p.rope), check=False)
+        v, _, rho, _ = c.pair_law()
+    return float(np.asarray(v, float).ravel()[0]), float(np.asarray(rho, float).ravel()[0])
+
+
+def pair_length_ratios(v: float, rho: float, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """(R, K) over two causal rows of n_a <= n_b keys (row i the shorter, all its keys shared
+    with row i', whose further n_b - n_a keys enter only its normaliser), iid N(0, v) logits
+    per row, correlated rho between the two rows on each shared key (the longer row's extra
+    keys independent of row i's):
+
+    * R = n_a n_b E[P_ij P_i'j] for one shared key j, = n_b C2(n_a, n_b) with the rule's
+      C2 = E sum_{j < n_a} P_ij P_i'j at two given lengths: the value path's pair-of-rows weight
+      relative to uniform weights (1 with a one-key row; to first order 1 + rho v (1 - 1/n_a));
+    * K = n_b T2x(n_a, n_b), T2x = E tr(A_i A_i') (A = diag(P) - P P^T, over the shared keys):
+      the key path's, relative to its uniform-weight value (1 - 1/n_a, the same first order).
+
+    Attention dropout leaves both: the masks of two different rows are independent.
+    Symmetric matrices over the given ``lengths`` (positive integers; the diagonal: two rows
+    of equal length sharing every key).  Exact double integrals (the rows' normalisers by
+    1/S = int exp(-t S) dt, t = e^u, as :func:`_two_row`), one integration for every pair."""
+    from sigprop.backend import numeric as m
+    lengths = np.asarray(lengths, dtype=float)
+    k = len(lengths)
+    pairs = [(a, b) for a in range(k) for b in range(a, k)]
+    R, K = np.ones((k, k)), np.zeros((k, k))
+    v = max(float(v), 1e-12)
+    rho = float(np.clip(rho, -0.999, 0.999))
+    g0, g1, g2 = _gs(m)
+    inner = [(g0, g0), (g1, g1), (g1, g2), (g2, g1), (g2, g2), (None, g0)]
+    sd = np.sqrt(v)
+    lo = -np.log(max(lengths.max(), 2.0)) - v / 2 - 3 * sd - 18.0
+
+    def outer(u, w, S):
+        phi2, pq, pq2, p2q, p2q2, phi1 = S
+        phi2 = np.maximum(phi2, 0.0)                     # (interpolation may undershoot 0)
+        l2 = np.log(np.maximum(phi2, 1e-300))
+        l1 = np.log(np.maximum(phi1, 1e-300))
+        one = pq - pq2 - p2q + p2q2
+        two = pq * pq
+        res = []
+        for a, b in pairs:
+            na, nb = lengths[a], lengths[b]
+            if na == 1:          # a one-key row: P = 1, A = 0
+                res.append(np.exp((nb - 1) * l1) * pq)
+                res.append(0 * pq)
+                continue
+            e = na * np.exp((na - 2) * l2 + (nb - na) * l1)
+            res.append(e * phi2 * pq)
+            res.append(e * (phi2 * one + (na - 1) * two))
+        return tuple(res)
+
+    vals = m.integrate_smoothed2(outer, inner, v, rho, window=(lo, 8.5 * sd + 5.0))
+    for t, (a, b) in enumerate(pairs):
+        R[a, b] = R[b, a] = lengths[b] * float(vals[2 * t])
+        K[a, b] = K[b, a] = lengths[b] * float(vals[2 * t + 1])
+    return R, K
+
+
 #: the smallest per-key logit variance, relative to the row's, that :func:`key_weights` uses
 #: (the first-order scales of a strongly structured stream could fall below 0)
 KEY_REL_MIN = 0.02
