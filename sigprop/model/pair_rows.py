@@ -116,3 +116,16 @@ def pair_terms(r: dict, dK: np.ndarray, kf_diag: float, dW: np.ndarray, w_flat: 
     if w_flat:
         out = out + (soft / w_flat) * dW
     return out
+
+
+def pair_cov_kernel(r: dict, Ku: np.ndarray, ku_off: float, Kk: np.ndarray, kk_off: float, L: int) -> np.ndarray:
+    """The pair-of-rows covariance of keys j != j' (the rule's ``cross_c``): its key-path part,
+    -``cross_k`` / (L - 1) (each row's key-path gradients sum to zero, so a pair of rows' key
+    covariances over j != j' are minus their j = j' terms), on U^T (C' o K) U (``Kk``, flat
+    off-diagonal mean ``kk_off``), as its variance part; the rest (value path) on U^T C' U
+    (``Ku``, ``ku_off``).  Returns the scaled kernel (a new array)."""
+    ck = -float(r["cross_k"]) / (L - 1) if L > 1 else 0.0
+    out = ((float(r["cross_c"]) - ck) / ku_off) * Ku
+    if kk_off:
+        out += (ck / kk_off) * Kk
+    return out

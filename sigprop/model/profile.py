@@ -454,12 +454,12 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None) -> np.nda
     if vw is None:
         kv, kk = _pair_scales(r, kf_diag, kk_diag)
         pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
+        K *= float(r["cross_c"]) / kf_off
     else:
         Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
         pairs = pair_rows.pair_terms(r, np.diag(K), kf_diag, _UtXU_diag(Co * Wo), float(np.mean(_UtXU_diag(Wo))),
                                      _UtXU_diag(Co * Ko), float(np.mean(_UtXU_diag(Ko))))
-    ko = float(r["cross_c"]) / kf_off
-    K *= ko
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, _UtXU(Co * Ko), mean_off(_UtXU(Ko)), L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
@@ -509,10 +509,13 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=No
         pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]),
                                      grid.mean(grid.UtXU_diag(_offdiag(vw[0]))), grid.UtXU_diag(Co * vw[1]),
                                      grid.mean(grid.UtXU_diag(_offdiag(vw[1]))))
-    ko = float(r["cross_c"]) / kf_off
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
-    K *= ko
+    if vw is None:
+        K *= float(r["cross_c"]) / kf_off
+    else:
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, grid.UtXU(Co * vw[1]), grid.mean_off(grid.UtXU(_offdiag(vw[1]))),
+                                      grid.L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
