@@ -30,8 +30,8 @@ apart, up to the sequence length: 15 lengths and 120 pairs at L 128; 0.1-2 s per
 one core, growing with v), memoised on v rounded to ``V_STEP`` in log and rho to ``RHO_STEP``;
 the positions' (or a grid's nodes') lengths in between by bilinear interpolation in
 (log n_i, log n_i'), within 2-3% (W) and 2-5% (K) of the direct values at v 2-60.  Where rho v
-is below ``LINEAR`` the first-order weights 1 - 1/min are used (both shapes within 2% of them at
-rho v 0.02)."""
+is below ``LINEAR`` the position model keeps its first-order weights 1 - 1/min (both shapes
+within 2% of them at rho v 0.02) and the key path's pair covariance at uniform weights."""
 
 from __future__ import annotations
 
@@ -82,17 +82,17 @@ def _interp_matrix(T: np.ndarray, n: np.ndarray) -> np.ndarray:
     return A
 
 
-def pair_weights(params: dict, x, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def pair_weights(params: dict, x, n: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(W, K) over the row lengths ``n`` (positions, or a grid's nodes) at attention input
     ``x``: the value path's softmax weights W = R - 1 and the key path's K
-    (:func:`sigprop.rules.attention.pair_length_ratios`); both the first-order
-    1 - 1/min(n_a, n_b) where rho v < ``LINEAR``.  Only their shapes matter to the caller (it
-    normalises each)."""
+    (:func:`sigprop.rules.attention.pair_length_ratios`); None where rho v < ``LINEAR`` (the
+    caller keeps the first-order weights 1 - 1/min(n_a, n_b), and the key path's pair
+    covariance at uniform weights).  Only their shapes matter to the caller (it normalises
+    each)."""
     n = np.asarray(n, dtype=float)
     v, rho = attention_rule.pair_law_mean(params, x)
     if not (np.isfinite(v) and np.isfinite(rho)) or abs(rho) * v < LINEAR:
-        M = 1.0 - 1.0 / np.minimum.outer(n, n)
-        return M, M
+        return None
     qv = float(np.exp(np.round(np.log(v) / V_STEP) * V_STEP))
     qrho = float(np.round(rho / RHO_STEP) * RHO_STEP)
     L = int(max(n.max(), 2))
