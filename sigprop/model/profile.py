@@ -29,7 +29,10 @@ them over positions:
   (``cross_u``) distributed as diag(U^T C' U) (C' = C off the diagonal), and the rest of it
   (the value path's softmax part, first order ~ (1 - 1/min(n_i, n_i')), and the key-path part
   ``cross_k``) as diag(U^T (C' o M) U), M_ii' = 1 - 1/min(n_i, n_i') (_key_pair_weights,
-  _pair_scales);
+  _pair_scales); where the row logit variance times the rows' logit correlation is at least
+  ``pair_rows.LINEAR``, the two paths' weights at the two rows' lengths instead
+  (:mod:`sigprop.model.pair_rows`), the key path's part of ``cross_c`` (-``cross_k``/(L - 1))
+  then with them too;
   covariance of keys j != j': ``sum_{i >= max(j, j')} C_ii same_c(n_i) / (n_i (n_i - 1))``
   (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
   ``qry_c`` C'_jj' (with rotary positions the key path's part of the one-row term, ``same_k``,
