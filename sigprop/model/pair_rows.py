@@ -39,6 +39,7 @@ import functools
 
 import numpy as np
 
+from sigprop.model import store
 from sigprop.rules import attention as attention_rule
 
 #: every row length up to HEAD is a table length
@@ -50,6 +51,10 @@ V_STEP = 0.05
 RHO_STEP = 0.01
 #: below this rho v, the first-order weights 1 - 1/min(n_i, n_i')
 LINEAR = 0.02
+#: rotary positions: below rho v = LINEAR / SCREEN at the shifted logit variance before its
+#: fourth-cumulant Newton step (``attention.pair_law_mean(newton=False)``, which costs no row
+#: integrals), the first-order weights without taking the step
+SCREEN = 1.25
 
 
 def table_lengths(L: int) -> np.ndarray:
@@ -65,7 +70,18 @@ def table_lengths(L: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=512)
 def _table(qv: float, qrho: float, L: int) -> tuple[np.ndarray, np.ndarray]:
-    R, K = attention_rule.pair_length_ratios(qv, qrho, table_lengths(L))
+    """(R, K) on :func:`table_lengths` (L) at (qv, qrho), through the on-disk table store
+    (:mod:`sigprop.model.store`): built once, then loaded (the same float64 numbers).  Memoised
+    per process; read-only."""
+    T = table_lengths(L)
+    k = len(T)
+    skey = store.key("pairrows", float(qv), float(qrho), int(L))
+    arr = store.load(skey)
+    if arr is not None and arr.size == 2 * k * k:
+        R, K = arr[:k * k].reshape(k, k), arr[k * k:].reshape(k, k)
+    else:
+        R, K = attention_rule.pair_length_ratios(qv, qrho, T)
+        store.save(skey, np.concatenate([R.ravel(), K.ravel()]))
     R.setflags(write=False)
     K.setflags(write=False)
     return R, K
@@ -82,6 +98,15 @@ def _interp_matrix(T: np.ndarray, n: np.ndarray) -> np.ndarray:
     return A
 
 
+@functools.lru_cache(maxsize=64)
+def _interp_for(L: int, nkey: bytes) -> np.ndarray:
+    """:func:`_interp_matrix` of the table of L at the row lengths packed in ``nkey`` (the same
+    positions or grid nodes at every layer), memoised; read-only."""
+    A = _interp_matrix(table_lengths(L), np.frombuffer(nkey, dtype=float))
+    A.setflags(write=False)
+    return A
+
+
 def pair_weights(params: dict, x, n: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(W, K) over the row lengths ``n`` (positions, or a grid's nodes) at attention input
     ``x``: the value path's softmax weights W = R - 1 and the key path's K
@@ -90,15 +115,28 @@ def pair_weights(params: dict, x, n: np.ndarray) -> tuple[np.ndarray, np.ndarray
     covariance at uniform weights).  Only their shapes matter to the caller (it normalises
     each)."""
     n = np.asarray(n, dtype=float)
-    v, rho = attention_rule.pair_law_mean(params, x)
+    v, rho = attention_rule.pair_law_mean(params, x, newton=False)
+    if params.get("rope"):
+        if np.isfinite(v) and np.isfinite(rho) and abs(rho) * v < LINEAR / SCREEN:
+            return None
+        v, rho = attention_rule.pair_law_mean(params, x)
     if not (np.isfinite(v) and np.isfinite(rho)) or abs(rho) * v < LINEAR:
         return None
     qv = float(np.exp(np.round(np.log(v) / V_STEP) * V_STEP))
     qrho = float(np.round(rho / RHO_STEP) * RHO_STEP)
-    L = int(max(n.max(), 2))
+    return _weights(qv, qrho, int(max(n.max(), 2)), n.tobytes())
+
+
+@functools.lru_cache(maxsize=256)
+def _weights(qv: float, qrho: float, L: int, nkey: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(W, K) at the row lengths packed in ``nkey``, memoised: the same (read-only) arrays
+    for every layer whose (v, rho) round to the same key."""
     R, K = _table(qv, qrho, L)
-    A = _interp_matrix(table_lengths(L), n)
-    return A @ (R - 1.0) @ A.T, A @ K @ A.T
+    A = _interp_for(L, nkey)
+    W, K = A @ (R - 1.0) @ A.T, A @ K @ A.T
+    W.setflags(write=False)
+    K.setflags(write=False)
+    return W, K
 
 
 def pair_terms(r: dict, dK: np.ndarray, kf_diag: float, dW: np.ndarray, w_flat: float,

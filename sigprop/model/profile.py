@@ -459,10 +459,11 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None) -> np.nda
         pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
         K *= float(r["cross_c"]) / kf_off
     else:
-        Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
-        pairs = pair_rows.pair_terms(r, np.diag(K), kf_diag, _UtXU_diag(Co * Wo), float(np.mean(_UtXU_diag(Wo))),
-                                     _UtXU_diag(Co * Ko), float(np.mean(_UtXU_diag(Ko))))
-        K = pair_rows.pair_cov_kernel(r, K, kf_off, _UtXU(Co * Ko), mean_off(_UtXU(Ko)), L)
+        w_flat, m_flat, kk_off = _pair_flat_means(vw, None)
+        Kk = _UtXU(Co * vw[1])
+        pairs = pair_rows.pair_terms(r, np.diag(K), kf_diag, _UtXU_diag(Co * vw[0]), w_flat,
+                                     np.diag(Kk).copy(), m_flat)
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
@@ -489,6 +490,32 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
     return diag, _pair_terms(r, d, n)
 
 
+#: id(vw) -> (vw, grid, flat means) for :func:`_pair_flat_means`
+_PAIR_FLAT: dict = {}
+
+
+def _pair_flat_means(vw, grid) -> tuple[float, float, float]:
+    """The flat-covariance references of the pair weights ``vw`` = (W, K) (read-only arrays of
+    :func:`sigprop.model.pair_rows.pair_weights`, the same objects for every layer of one
+    (v, rho) key): the means of diag(U^T W' U) and diag(U^T K' U) and the off-diagonal mean
+    of U^T K' U (' : the diagonal set to 0), over the positions (``grid`` None) or the grid's
+    nodes; memoised on the arrays' identity."""
+    hit = _PAIR_FLAT.get(id(vw))
+    if hit is not None and hit[0] is vw and hit[1] is grid:
+        return hit[2]
+    Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
+    if grid is None:
+        Kk = _UtXU(Ko)
+        out = (float(np.mean(_UtXU_diag(Wo))), float(np.mean(np.diag(Kk))), float(mean_off(Kk)))
+    else:
+        Kk = grid.UtXU(Ko)
+        out = (float(grid.mean(grid.UtXU_diag(Wo))), float(grid.mean(np.diag(Kk))), float(grid.mean_off(Kk)))
+    if len(_PAIR_FLAT) > 256:
+        _PAIR_FLAT.clear()
+    _PAIR_FLAT[id(vw)] = (vw, grid, out)
+    return out
+
+
 def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
     quadratures, sigprop.model.positions; ``vw`` over the grid's nodes)."""
@@ -509,16 +536,16 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=No
         kv, kk = _pair_scales(r, kf_diag, kk_diag)
         pairs = kv * dK + kk * dM
     else:
-        pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]),
-                                     grid.mean(grid.UtXU_diag(_offdiag(vw[0]))), grid.UtXU_diag(Co * vw[1]),
-                                     grid.mean(grid.UtXU_diag(_offdiag(vw[1]))))
+        w_flat, m_flat, kk_off = _pair_flat_means(vw, grid)
+        Kk = grid.UtXU(Co * vw[1])
+        pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]), w_flat,
+                                     np.diag(Kk).copy(), m_flat)
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
     if vw is None:
         K *= float(r["cross_c"]) / kf_off
     else:
-        K = pair_rows.pair_cov_kernel(r, K, kf_off, grid.UtXU(Co * vw[1]), grid.mean_off(grid.UtXU(_offdiag(vw[1]))),
-                                      grid.L)
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, grid.L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap

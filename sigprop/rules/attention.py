@@ -651,7 +651,7 @@ class _Ctx:
         return rope.get(name, lambda v, n, b, kb, k4: r4(name, v, n, k4))
 
     # -- two rows --------------------------------------------------------------------------
-    def pair_law(self):
+    def pair_law(self, newton: bool = True):
         """(mean logit variance, its relative variance, mean and variance of the row-pair
         logit correlation rho), for the pair statistics.  Rotary positions: two rows' token-
         varying logits of one key correlate by the cosine of their rotated query directions,
@@ -668,7 +668,8 @@ class _Ctx:
             return self.s_mean, self.relvar, self.ra, self.rho_var
         m = self.m
         ve, beta, kb, relvar, k4 = self.shifted(self.L)
-        ve = self.pair_variance(ve, k4)
+        if newton:
+            ve = self.pair_variance(ve, k4)
         kf, ef2, eqf = self.fieldL
         kk = self.dh / 2
         var_q = kk / (kk + 1) * (self.k2L + self.dL) - kb**2
@@ -1092,16 +1093,18 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
 
 
 
-def pair_law_mean(params: dict, x: Forward) -> tuple[float, float]:
+def pair_law_mean(params: dict, x: Forward, newton: bool = True) -> tuple[float, float]:
     """(mean row logit variance, mean row-pair logit correlation) of the two-row statistics
     at attention input ``x`` (``_Ctx.pair_law``; rotary positions: its shifted variance and
-    rotated correlation)."""
+    rotated correlation).  ``newton=False`` (rotary positions): the shifted variance before
+    the fourth-cumulant Newton step of ``_Ctx.pair_variance`` (four row integrals, ~8 ms;
+    without rotary positions there is no such step and both are the same)."""
     from sigprop.backend import numeric as m
     p = _RULE.param_values(params)
     xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         c = _Ctx(m, xx, p, rope=bool(p.rope), check=False)
-        v, _, rho, _ = c.pair_law()
+        v, _, rho, _ = c.pair_law(newton)
     return float(np.asarray(v, float).ravel()[0]), float(np.asarray(rho, float).ravel()[0])
 
 
