@@ -275,6 +275,24 @@ def _rope_row_moments(m, L, base, dh):
     return compute()
 
 
+#: :func:`_rope_shift_moments` per (n, base, d_head), numeric scalars
+_ROPE_SHIFT: dict = {}
+
+
+def _rope_shift_moments(m, n, base, dh):
+    """(kbar(n), :func:`_kappa_sq`, M2 and D of :func:`_kappa_moments`) at n keys for
+    ``_Ctx.shifted``: functions of the positions and the rotary frequencies alone, memoised for
+    numeric scalar arguments (the same numbers)."""
+    def compute():
+        kb = _kappa_bar(m, n, base, dh)
+        _, m2, dd = _kappa_moments(m, n, base, dh)
+        return (kb, _kappa_sq(m, n, base, dh), m2, dd)
+
+    if not getattr(m, "SYMBOLIC", False) and np.ndim(n) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
+        return _bounded(_ROPE_SHIFT, (float(n), float(base), float(dh)), 256, compute)
+    return compute()
+
+
 def _kappa_sq(m, n, base, dh):
     """sum_i ((2/dh) (1 - F_i(n)))^2, F_i(n) the mean of cos((j - l) theta_i) over a row's key
     pairs: with w_i = vsh (2/dh)(1 - F_i) the within-row variance frequency i contributes,
@@ -572,10 +590,9 @@ class _Ctx:
         length and variance.  (Matching them into an effective variance, the large-L limit
         v + (7/12) kappa_4, is off by about 2x at L 256 and logit variance 2-4.)"""
         m = self.m
-        kb = self.kbar(n)
+        kb, ksq, m2, dd = _rope_shift_moments(m, n, self.base, self.dh)
         ws = self.vsh * (1 - kb)
-        w2 = self.vsh**2 * _kappa_sq(m, n, self.base, self.dh)
-        _, m2, dd = _kappa_moments(m, n, self.base, self.dh)
+        w2 = self.vsh**2 * ksq
         kk = self.dh / 2
         k2 = (n + n * (n - 1) * kk / (kk + 1) * (m2 + dd)) / n**2
         kh = 2 / self.d * (1 - k2)
