@@ -13,8 +13,9 @@ positions i != k (a deep causal stack's shape: the first positions carry the gra
 correlated); ``flat``: correlation rho everywhere.  Monte Carlo (float64, NumPy Generator seeded
 with ``--seed``; new weights, inputs, dropout masks and gradients per trial):
 sigprop.mc's attention component, its backward split by path.  Prediction: the position model's
-covariance (profile._attention_cov) for the whole layer and for each path alone (the rule's
-per-row terms by path).  Printed: entries (0,0) (1,1) (2,2) (3,3) (0,1) (0,2) (1,2) (0,5), the mean
+covariance (profile._attention_cov) for the whole layer (``pred all``: with the value path's pair-of-rows
+weights at the two rows' lengths, sigprop.model.pair_rows; ``pred all1``: with their first-order
+form 1 - 1/min) and for each path alone (the rule's per-row terms by path, first-order weights).  Printed: entries (0,0) (1,1) (2,2) (3,3) (0,1) (0,2) (1,2) (0,5), the mean
 diagonal and off-diagonal, and the standard errors over trials under each measured row."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from sigprop.backend import numeric
 from sigprop.mc.components.attention import AttentionMC
+from sigprop.model import pair_rows
 from sigprop.model import profile as PF
 from sigprop.rules import attention as AT
 from sigprop.rules import get
@@ -139,7 +141,8 @@ def main() -> None:
     for nm in NAMES:
         show("pred " + nm, PF._attention_cov(rows[nm], C, None, kap))
         show("meas " + nm, meas[nm].mean(0), meas[nm])
-    show("pred all", PF._attention_cov(full, C, None, kap))
+    show("pred all1", PF._attention_cov(full, C, None, kap))
+    show("pred all", PF._attention_cov(full, C, None, kap, pair_rows.pair_weights(params, x, np.arange(1.0, L + 1))))
     show("meas all", meas["all"].mean(0), meas["all"])
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sigprop.mc.components.attention import AttentionMC
+from sigprop.model import pair_rows
 from sigprop.model import profile as PF
 from sigprop.state import Forward
 
@@ -59,8 +60,9 @@ def test_first_positions_gradient_variance(p):
     C = _upstream()
     K = _sampled(params, C, trials=300, batch=4, seed=0)
     mean, se = K.mean(0), K.std(0, ddof=1) / np.sqrt(len(K))
-    r = PF._rows_direct(params, Forward(np.float64(0.0), np.float64(1.0), np.float64(R)))
-    pred = PF._attention_cov(r, C)
+    x = Forward(np.float64(0.0), np.float64(1.0), np.float64(R))
+    r = PF._rows_direct(params, x)
+    pred = PF._attention_cov(r, C, vw=pair_rows.pair_weights(params, x, np.arange(1.0, L + 1)))
     for j in range(3):
         tol = 3 * se[j, j] + 0.01 * mean[j, j]
         assert abs(pred[j, j] - mean[j, j]) < tol, (j, pred[j, j], mean[j, j], se[j, j])
@@ -141,3 +143,53 @@ def test_rotary_key_path_first_pairs():
     for j in range(3):
         tol = 3 * se[j, j + 1] + 0.02 * mean[1, 1]
         assert abs(pred[j, j + 1] - mean[j, j + 1]) < tol, (j, pred[j, j + 1], mean[j, j + 1], se[j, j + 1])
+
+
+def _sampled_ratios(v: float, rho: float, na: int, nb: int, draws: int, seed: int):
+    """From sampled softmax rows (row i: n_a iid N(0, v) logits; row i': n_b, correlated rho
+    with row i's on the first n_a keys): n_b sum_{j < n_a} P_ij P_i'j (the value path's ratio R)
+    and n_b tr(A_i A_i') over the shared keys, A = diag(P) - P P^T (the key path's K); each as
+    (mean, standard error)."""
+    rng = np.random.default_rng(seed)
+    z = np.sqrt(v) * rng.standard_normal((draws, nb))
+    z2 = rho * z + np.sqrt(1 - rho**2) * np.sqrt(v) * rng.standard_normal((draws, nb))
+    P = np.exp(z[:, :na] - z[:, :na].max(1, keepdims=True))
+    P /= P.sum(1, keepdims=True)
+    Q = np.exp(z2 - z2.max(1, keepdims=True))
+    Q /= Q.sum(1, keepdims=True)
+    Q = Q[:, :na]
+    pq = (P * Q).sum(1)
+    r = nb * pq
+    k = nb * (pq - (P * Q * Q).sum(1) - (P * P * Q).sum(1) + pq**2)
+    return [(float(x.mean()), float(x.std() / np.sqrt(draws))) for x in (r, k)]
+
+
+@pytest.mark.parametrize("v,rho", [(16.0, 0.3), (16.0, 0.85), (2.0, 0.9)])
+def test_pair_length_ratios_against_sampling(v, rho):
+    """The two-row ratios at two given row lengths (exact double integrals) against sampled
+    softmax rows, seed 0, 100000 draws per pair: within 4 standard errors plus 0.3% (of R; of
+    K plus 0.002 absolute).  And their limits: R = 1 and K = 0 with a one-key row."""
+    from sigprop.rules.attention import pair_length_ratios
+
+    lengths = [1, 2, 3, 5, 16]
+    R, K = pair_length_ratios(v, rho, lengths)
+    assert np.allclose(R[0], 1.0, atol=1e-3) and np.allclose(K[0], 0.0, atol=1e-6)
+    for a, b in [(1, 2), (1, 4), (2, 3), (2, 4), (3, 4)]:
+        (mr, sr), (mk, sk) = _sampled_ratios(v, rho, lengths[a], lengths[b], 100_000, 0)
+        assert abs(R[a, b] - mr) < 4 * sr + 0.003 * mr, (lengths[a], lengths[b], R[a, b], mr, sr)
+        assert abs(K[a, b] - mk) < 4 * sk + 0.003 * abs(mk) + 0.002, (lengths[a], lengths[b], K[a, b], mk, sk)
+
+
+def test_pair_length_weights_first_order():
+    """At a small logit variance both pair weights take the first-order shape the position
+    model used before: R - 1 = rho v (1 - 1/min(n_i, n_i')) within 1% at rho v = 0.009, and
+    K = 1 - 1/min(n_i, n_i') within 1% (its uniform-weight value)."""
+    from sigprop.rules.attention import pair_length_ratios
+
+    lengths = np.array([1.0, 2.0, 3.0, 4.0, 8.0, 64.0])
+    v, rho = 0.01, 0.9
+    R, K = pair_length_ratios(v, rho, lengths)
+    M = 1.0 - 1.0 / np.minimum.outer(lengths, lengths)
+    off = ~np.eye(len(lengths), dtype=bool)
+    assert np.allclose((R - 1.0)[off], rho * v * M[off], rtol=0.01, atol=1e-7)
+    assert np.allclose(K[off], M[off], rtol=0.01, atol=1e-7)

@@ -546,7 +546,50 @@ few per cent. What is left, measured on the same sampled layer: beyond first ord
 weight rises more steeply with the shorter row's length than 1 - 1/min(n_i, n_i') ((R - 1) /
 (1 - 1/min) 0.3-0.5 at min 2 and 3, 0.65-0.7 at 4, 0.8 at 5), so at these logit variances the
 split still leaves too much of the pair term on short rows; the two-row statistics at two
-given row lengths (the rule's C2 per pair of lengths) are not computed."""
+given row lengths (the rule's C2 per pair of lengths) are not computed.
+Modelled since (2026-11-28): the pair-of-rows weights at the two rows' lengths
+(`sigprop.model.pair_rows`; design.md, "Causal models: positions"). The rule's two-row integrals at
+two given lengths, at the layer's mean row logit variance v and row-pair logit correlation rho,
+give the value path's R = n_i n_i' E[A_ij A_i'j] and the key path's K = n_max T2x of the pair
+(checked against sampled softmax rows, tests/test_position_pair_rows.py); the key path's pair
+covariance of keys j != j' (-cross_k / (L - 1), each row's key gradients summing to zero) follows K
+too. Attention dropout does not enter them (different rows' masks are independent). A deep stream's
+rows are strongly correlated (rho ~0.9, its token correlation), so at v ~16 the weights rise
+steeply with both lengths (R - 1: 0.66 for a two-key row with a three-key row, 35 for two 128-key
+rows; K: 0.06 and 4.0), far from the first-order 1 - 1/min. One sampled layer
+(`benchmarks/causal_layer_cov.py --d 64 --heads 2 --seq-len 16 --corr 0.85 --qk 3.2`, logit
+variance ~16, 200 draws x batch 4, seed 0), dropout 0.1, first-order split -> length weights:
+position 0's gradient 15.03 -> 14.37 against 13.77 +- 0.36, position 1 8.19 -> 7.54 against 7.48 +-
+0.32, entry (0, 1) -1.20 -> -0.78 against -0.79 +- 0.17; dropout 0: position 0 12.44 -> 11.78
+against 11.98 +- 0.26, position 1 5.97 -> 5.32 against 5.19 +- 0.17 (at input correlation 0.3, rho
+0.3, both within 0.03 of before). This row, re-simulated (NumPy, seed 0, 8 x 4) and judged on the
+same draws with the rules before and after: input gradient 134.4 -> 153.7 against 155.6 +- 4.6,
+failing points 65 -> 11, gradient error max 0.136 -> 0.054, R^2 0.9924 -> 0.9989. Measured over
+predicted gradient 1.01 at the input, 1.04 at layer 4, 1.05 at layers 10-20 (1.14-1.16 before),
+1.03 at 30, 1.01 at 44; the attention step at layer 26 0.0444 against 0.0467 (0.0410 before); those
+at layers 16-37 still 1-8% short, at layers 2-5 2-13% long. The 11 failing points are layers 11-16
+(gradient 5.1-5.4% low, 4.1-5.3 standard errors). On the same draws the other causal rows of the
+`output` placement pass as before: 48 layers dropout 0 gradient error max 0.085 -> 0.079 (R^2
+0.9984 -> 0.9987), 12 layers dropout 0 / 0.1 0.029 -> 0.030 / 0.022 -> 0.023; `peri` causal 48
+dropout 0.1 is unchanged (its logit variance, 0.01, stays below rho v 0.02, where the first-order
+weights are kept). `olmo2` (modern floor, 48 layers, causal, stored draws 8 x 4, seed 0): own init
+dropout 0 passes (gradient error max 0.113 -> 0.108, input gradient 12893 -> 12762 against 11986 +-
+454), dropout 0.1 fails at one point as before, for another reason (layer 1's attention 7.40 ->
+7.33 against 6.09 +- 0.31; input 12213 -> 12052 against 11136 +- 727); torch-default dropout 0.1
+passes (0.040 -> 0.041; input 10004 -> 9881 against 9623 +- 526), dropout 0 passes (0.089 -> 0.091;
+input 10429 -> 10322 against 9840 +- 428). What is still missing shows in the whole-model probe
+(`benchmarks/causal_grad_correlation.py`, 4 draws x batch 4, seed 0): position 0's gradient
+variance over the mean at layers 7 / 13 / 25 / 43 is now 21.0 / 15.3 / 9.4 / 3.0 against 17.4 +-
+1.1 / 13.1 +- 0.8 / 7.7 +- 0.6 / 2.9 +- 0.3 (17.8 / 12.7 / 7.9 with the first-order split), corr(0,
+1) -0.074 / -0.140 / -0.163 / -0.087 against -0.085 +- 0.015 / -0.150 +- 0.023 / -0.186 +- 0.014 /
+-0.123 +- 0.018, the branch ratio 0.97 / 0.93 / 0.95 / 0.99 against 0.94 +- 0.02 / 0.90 +- 0.04 /
+0.94 +- 0.03 / 0.99 +- 0.05: the mean gradient is right to a few per cent but the first position
+gets 15-22% too much. The per-key weights' re-weighting of the pair sums (`profile._weighted`)
+still takes the first-order pair shape; given the length weights instead, position 0 comes to 20.4
+/ 14.9 / 9.1 and corr(0, 1) to -0.083 / -0.152 / -0.175, but the row's gradient is worse (32
+failing points, input 151.0), so it is not used. Cost: one table of 120 two-row integrals per layer
+(0.1-1.4 s each at v 2-60), so predicting this row took 104 s against 58 s before on the same
+loaded 2-core machine; rows below rho v 0.02 compute none."""
 
 
 #: independent, larger samples of the configurations that miss at 8 draws (see NOTES)

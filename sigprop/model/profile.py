@@ -30,7 +30,10 @@ them over positions:
   (``cross_u``) distributed as diag(U^T C' U) (C' = C off the diagonal), and the rest of it
   (the value path's softmax part, first order ~ (1 - 1/min(n_i, n_i')), and the key-path part
   ``cross_k``) as diag(U^T (C' o M) U), M_ii' = 1 - 1/min(n_i, n_i') (_key_pair_weights,
-  _pair_scales);
+  _pair_scales); where the row logit variance times the rows' logit correlation is at least
+  ``pair_rows.LINEAR``, the two paths' weights at the two rows' lengths instead
+  (:mod:`sigprop.model.pair_rows`), the key path's part of ``cross_c`` (-``cross_k``/(L - 1))
+  then with them too;
   covariance of keys j != j': ``sum_{i >= max(j, j')} C_ii same_c(n_i) / (n_i (n_i - 1))``
   (value and key paths within one row) + the rule's ``cross_c`` distributed as U^T C' U +
   ``qry_c`` C'_jj' (with rotary positions the key path's part of the one-row term, ``same_k``,
@@ -55,7 +58,7 @@ import functools
 import numpy as np
 
 from sigprop.backend import numeric
-from sigprop.model import store, tables
+from sigprop.model import pair_rows, store, tables
 from sigprop.model.positions import cumsum_inplace, set_diag
 from sigprop.rules import attention as attention_rule, get
 from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
@@ -436,10 +439,12 @@ def _one_row_off(r: dict, a: np.ndarray, d: np.ndarray, kap, UtDU, n: np.ndarray
     return out
 
 
-def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
+def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None) -> np.ndarray:
     """The gradient covariance over positions at the attention input for covariance C at
     its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`;
-    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`)."""
+    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`; ``vw``: the value
+    and key paths' pair-of-rows weights over the positions, :func:`sigprop.model.pair_rows.pair_weights`
+    (None: the first-order 1 - 1/min of :func:`_pair_scales`))."""
     L = len(C)
     diag, a = _terms(r, np.diag(C).copy())
     if kw is not None:
@@ -450,10 +455,16 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None) -> np.ndarray:
     kf_diag, kf_off, kk_diag = exact_positions(L).flat_kernel_means
     # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
     # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat value
-    kv, kk = _pair_scales(r, kf_diag, kk_diag)
-    pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
-    ko = float(r["cross_c"]) / kf_off
-    K *= ko
+    if vw is None:
+        kv, kk = _pair_scales(r, kf_diag, kk_diag)
+        pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
+        K *= float(r["cross_c"]) / kf_off
+    else:
+        w_flat, m_flat, kk_off = _pair_flat_means(vw, None)
+        Kk = _UtXU(Co * vw[1])
+        pairs = pair_rows.pair_terms(r, np.diag(K), kf_diag, _UtXU_diag(Co * vw[0]), w_flat,
+                                     np.diag(Kk).copy(), m_flat)
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
@@ -480,9 +491,35 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
     return diag, _pair_terms(r, d, n)
 
 
-def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None) -> np.ndarray:
+#: id(vw) -> (vw, grid, flat means) for :func:`_pair_flat_means`
+_PAIR_FLAT: dict = {}
+
+
+def _pair_flat_means(vw, grid) -> tuple[float, float, float]:
+    """The flat-covariance references of the pair weights ``vw`` = (W, K) (read-only arrays of
+    :func:`sigprop.model.pair_rows.pair_weights`, the same objects for every layer of one
+    (v, rho) key): the means of diag(U^T W' U) and diag(U^T K' U) and the off-diagonal mean
+    of U^T K' U (' : the diagonal set to 0), over the positions (``grid`` None) or the grid's
+    nodes; memoised on the arrays' identity."""
+    hit = _PAIR_FLAT.get(id(vw))
+    if hit is not None and hit[0] is vw and hit[1] is grid:
+        return hit[2]
+    Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
+    if grid is None:
+        Kk = _UtXU(Ko)
+        out = (float(np.mean(_UtXU_diag(Wo))), float(np.mean(np.diag(Kk))), float(mean_off(Kk)))
+    else:
+        Kk = grid.UtXU(Ko)
+        out = (float(grid.mean(grid.UtXU_diag(Wo))), float(grid.mean(np.diag(Kk))), float(grid.mean_off(Kk)))
+    if len(_PAIR_FLAT) > 256:
+        _PAIR_FLAT.clear()
+    _PAIR_FLAT[id(vw)] = (vw, grid, out)
+    return out
+
+
+def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=None) -> np.ndarray:
     """:func:`_attention_cov` on a position grid (sums over positions as the grid's
-    quadratures, sigprop.model.positions)."""
+    quadratures, sigprop.model.positions; ``vw`` over the grid's nodes)."""
     Co = _offdiag(C)
     Mk = Co * grid.key_pair_weights()
     K = grid.UtXU(Co)
@@ -496,12 +533,20 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None) -> np
         f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
     kf_diag, kf_off, kk_diag = grid.flat_kernel_means
-    kv, kk = _pair_scales(r, kf_diag, kk_diag)
-    pairs = kv * dK + kk * dM
-    ko = float(r["cross_c"]) / kf_off
+    if vw is None:
+        kv, kk = _pair_scales(r, kf_diag, kk_diag)
+        pairs = kv * dK + kk * dM
+    else:
+        w_flat, m_flat, kk_off = _pair_flat_means(vw, grid)
+        Kk = grid.UtXU(Co * vw[1])
+        pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]), w_flat,
+                                     np.diag(Kk).copy(), m_flat)
     # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
     # the output's diagonal is set below)
-    K *= ko
+    if vw is None:
+        K *= float(r["cross_c"]) / kf_off
+    else:
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, grid.L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
@@ -680,7 +725,8 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     kap = _offset_kernel(params, grid, len(C) if grid is None else None)
     if grid is not None:
         r = rows(params, x, table, grid, var_range)
-        o = _attention_cov_graded(r, C, grid, kw, kap)
+        vw = pair_rows.pair_weights(params, x, grid.n) if params.get("causal") else None
+        o = _attention_cov_graded(r, C, grid, kw, kap, vw)
         t = grid.mean_diag(o)
         t1, off1 = _flat_stats_graded(r, grid, float(g.corr), kap)
         if not (t > 0 and t1 > 0):
@@ -688,7 +734,8 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
         return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
     r = rows(params, x, table, None, var_range)
     L = len(C)
-    o = _attention_cov(r, C, kw, kap)
+    vw = pair_rows.pair_weights(params, x, np.arange(1.0, L + 1)) if params.get("causal") else None
+    o = _attention_cov(r, C, kw, kap, vw)
     t = np.trace(o) / L
     t1, off1 = _flat_stats(r, L, float(g.corr), kap)
     if not (t > 0 and t1 > 0):

@@ -275,6 +275,24 @@ def _rope_row_moments(m, L, base, dh):
     return compute()
 
 
+#: :func:`_rope_shift_moments` per (n, base, d_head), numeric scalars
+_ROPE_SHIFT: dict = {}
+
+
+def _rope_shift_moments(m, n, base, dh):
+    """(kbar(n), :func:`_kappa_sq`, M2 and D of :func:`_kappa_moments`) at n keys for
+    ``_Ctx.shifted``: functions of the positions and the rotary frequencies alone, memoised for
+    numeric scalar arguments (the same numbers)."""
+    def compute():
+        kb = _kappa_bar(m, n, base, dh)
+        _, m2, dd = _kappa_moments(m, n, base, dh)
+        return (kb, _kappa_sq(m, n, base, dh), m2, dd)
+
+    if not getattr(m, "SYMBOLIC", False) and np.ndim(n) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
+        return _bounded(_ROPE_SHIFT, (float(n), float(base), float(dh)), 256, compute)
+    return compute()
+
+
 def _kappa_sq(m, n, base, dh):
     """sum_i ((2/dh) (1 - F_i(n)))^2, F_i(n) the mean of cos((j - l) theta_i) over a row's key
     pairs: with w_i = vsh (2/dh)(1 - F_i) the within-row variance frequency i contributes,
@@ -572,10 +590,9 @@ class _Ctx:
         length and variance.  (Matching them into an effective variance, the large-L limit
         v + (7/12) kappa_4, is off by about 2x at L 256 and logit variance 2-4.)"""
         m = self.m
-        kb = self.kbar(n)
+        kb, ksq, m2, dd = _rope_shift_moments(m, n, self.base, self.dh)
         ws = self.vsh * (1 - kb)
-        w2 = self.vsh**2 * _kappa_sq(m, n, self.base, self.dh)
-        _, m2, dd = _kappa_moments(m, n, self.base, self.dh)
+        w2 = self.vsh**2 * ksq
         kk = self.dh / 2
         k2 = (n + n * (n - 1) * kk / (kk + 1) * (m2 + dd)) / n**2
         kh = 2 / self.d * (1 - k2)
@@ -651,7 +668,7 @@ class _Ctx:
         return rope.get(name, lambda v, n, b, kb, k4: r4(name, v, n, k4))
 
     # -- two rows --------------------------------------------------------------------------
-    def pair_law(self):
+    def pair_law(self, newton: bool = True):
         """(mean logit variance, its relative variance, mean and variance of the row-pair
         logit correlation rho), for the pair statistics.  Rotary positions: two rows' token-
         varying logits of one key correlate by the cosine of their rotated query directions,
@@ -668,7 +685,8 @@ class _Ctx:
             return self.s_mean, self.relvar, self.ra, self.rho_var
         m = self.m
         ve, beta, kb, relvar, k4 = self.shifted(self.L)
-        ve = self.pair_variance(ve, k4)
+        if newton:
+            ve = self.pair_variance(ve, k4)
         kf, ef2, eqf = self.fieldL
         kk = self.dh / 2
         var_q = kk / (kk + 1) * (self.k2L + self.dL) - kb**2
@@ -1090,6 +1108,75 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
             m.expect_gamma(lambda v: _row_value(m, nm, v, n), c.s_mean + 0 * n, c.relvar + 0 * n, n=_NS),
             dtype=float), n.shape) for nm in ("A2", "m1")])
 
+
+
+def pair_law_mean(params: dict, x: Forward, newton: bool = True) -> tuple[float, float]:
+    """(mean row logit variance, mean row-pair logit correlation) of the two-row statistics
+    at attention input ``x`` (``_Ctx.pair_law``; rotary positions: its shifted variance and
+    rotated correlation).  ``newton=False`` (rotary positions): the shifted variance before
+    the fourth-cumulant Newton step of ``_Ctx.pair_variance`` (four row integrals, ~8 ms;
+    without rotary positions there is no such step and both are the same)."""
+    from sigprop.backend import numeric as m
+    p = _RULE.param_values(params)
+    xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        c = _Ctx(m, xx, p, rope=bool(p.rope), check=False)
+        v, _, rho, _ = c.pair_law(newton)
+    return float(np.asarray(v, float).ravel()[0]), float(np.asarray(rho, float).ravel()[0])
+
+
+def pair_length_ratios(v: float, rho: float, lengths) -> tuple[np.ndarray, np.ndarray]:
+    """(R, K) over two causal rows of n_a <= n_b keys (row i the shorter, all its keys shared
+    with row i', whose further n_b - n_a keys enter only its normaliser), iid N(0, v) logits
+    per row, correlated rho between the two rows on each shared key (the longer row's extra
+    keys independent of row i's):
+
+    * R = n_a n_b E[P_ij P_i'j] for one shared key j, = n_b C2(n_a, n_b) with the rule's
+      C2 = E sum_{j < n_a} P_ij P_i'j at two given lengths: the value path's pair-of-rows weight
+      relative to uniform weights (1 with a one-key row; to first order 1 + rho v (1 - 1/n_a));
+    * K = n_b T2x(n_a, n_b), T2x = E tr(A_i A_i') (A = diag(P) - P P^T, over the shared keys):
+      the key path's, relative to its uniform-weight value (1 - 1/n_a, the same first order).
+
+    Attention dropout leaves both: the masks of two different rows are independent.
+    Symmetric matrices over the given ``lengths`` (positive integers; the diagonal: two rows
+    of equal length sharing every key).  Exact double integrals (the rows' normalisers by
+    1/S = int exp(-t S) dt, t = e^u, as :func:`_two_row`), one integration for every pair."""
+    from sigprop.backend import numeric as m
+    lengths = np.asarray(lengths, dtype=float)
+    k = len(lengths)
+    pairs = [(a, b) for a in range(k) for b in range(a, k)]
+    R, K = np.ones((k, k)), np.zeros((k, k))
+    v = max(float(v), 1e-12)
+    rho = float(np.clip(rho, -0.999, 0.999))
+    g0, g1, g2 = _gs(m)
+    inner = [(g0, g0), (g1, g1), (g1, g2), (g2, g1), (g2, g2), (None, g0)]
+    sd = np.sqrt(v)
+    lo = -np.log(max(lengths.max(), 2.0)) - v / 2 - 3 * sd - 18.0
+
+    def outer(u, w, S):
+        phi2, pq, pq2, p2q, p2q2, phi1 = S
+        phi2 = np.maximum(phi2, 0.0)                     # (interpolation may undershoot 0)
+        l2 = np.log(np.maximum(phi2, 1e-300))
+        l1 = np.log(np.maximum(phi1, 1e-300))
+        one = pq - pq2 - p2q + p2q2
+        two = pq * pq
+        res = []
+        for a, b in pairs:
+            na, nb = lengths[a], lengths[b]
+            if na == 1:          # a one-key row: P = 1, A = 0
+                res.append(np.exp((nb - 1) * l1) * pq)
+                res.append(0 * pq)
+                continue
+            e = na * np.exp((na - 2) * l2 + (nb - na) * l1)
+            res.append(e * phi2 * pq)
+            res.append(e * (phi2 * one + (na - 1) * two))
+        return tuple(res)
+
+    vals = m.integrate_smoothed2(outer, inner, v, rho, window=(lo, 8.5 * sd + 5.0))
+    for t, (a, b) in enumerate(pairs):
+        R[a, b] = R[b, a] = lengths[b] * float(vals[2 * t])
+        K[a, b] = K[b, a] = lengths[b] * float(vals[2 * t + 1])
+    return R, K
 
 
 #: the smallest per-key logit variance, relative to the row's, that :func:`key_weights` uses
