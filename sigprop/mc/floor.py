@@ -452,7 +452,19 @@ points (dropout 0.1 rows better, dropout 0 rows worse, e.g. DSLM 48 dropout 0 0.
 DSLM-Post 48 dropout 0.1 0.033 -> 0.028); the verdicts are unchanged: DSLM-Post 48 layers dropout
 0 fails on this sample as before (27 points instead of 25: layer 1's gradient 0.5486 against
 0.602 +- 0.011, 0.5511 before), and passes on the same model at 8 x 8 (gradient error max 0.018,
-R^2 0.9988)."""
+R^2 0.9988).
+Re-judged 2026-11-28 (the twelve `olmo2` rows, QK-norm's; re-simulated with the present seeding,
+NumPy, 8 x 4, seed 0; 10 of the 12 samples identical to the stored ones, the torch-default
+96-layer rows' not, judged before and after
+on the same draws) after the attention rule's QK-norm changes (the logits' fourth cumulant by
+its Edgeworth term, with Wk's anisotropy; the norm's Jacobian removing the gradient's own
+direction by the statistic T2e2; docs/validation.md, the attention qknorm grid): all twelve
+pass as before, 0 failing points; gradient error max own init 12 layers 0.131 -> 0.130
+(dropout 0) and 0.114 -> 0.112 (0.1), 48 layers 0.102 -> 0.101 and 0.113 -> 0.112, 96 layers
+0.162 -> 0.161 and 0.145 -> 0.145; torch-default 12 layers 0.087 -> 0.085 and 0.030 -> 0.029,
+48 layers 0.090 -> 0.090 and 0.042 -> 0.041, 96 layers 0.153 -> 0.152 and 0.094 -> 0.094;
+R^2 of the gradient within 2e-5 of before. Every model without QK-norm predicts bit for bit as
+before."""
 
 
 #: what the layouts' failures are (written from the stored results; keep in step)

@@ -513,8 +513,25 @@ SWEEP = SweepSpec(
                    "LayerNorm d_head - 1); with that factor (2026-11-25; before it the query and key "
                    "paths were ~3% low at d_head 64) g var p50 / p90 / p99 went from 1.19 / 2.75 / 4.76 "
                    "to 0.86 / 2.19 / 3.42 % and its z p99 from 8.8 to 7.2. The forward variance's p99 "
-                   "(3.48%, z p99 8.7) is above what noise alone gives: a bias in the QK-normed logit "
-                   "statistics at some points, not yet located."},
+                   "was then 3.48% (z p99 8.7): at uncorrelated tokens (r 0), d 512, d_head 32 the rule "
+                   "was 2-4% low, a bias located on 2026-11-28 in E sum_j P_j^2. The normalised keys' "
+                   "logits are platykurtic (kappa_4 = -6 v^2/(dh + 2), and -6 (1 - 12/dh)/d more from "
+                   "Wk's anisotropy, measured); the rule had matched that by one effective variance "
+                   "(v + (7/12) kappa_4, the long-row limit), which puts E sum P^2 3.9 / 3.5 / 2.4% low "
+                   "at 8 / 32 / 128 keys (dh 32; exact sphere-coordinate rows); the Edgeworth term of "
+                   "every row statistic (as for the rotary cumulants) is within 0.1% up to 32 keys. "
+                   "That exposed the backward's compensating error: the norm's Jacobian removes the "
+                   "gradient's component along the normalised query (key), sum_j dS_ij s_ij, which "
+                   "weighs the attended keys (large logits): (v T2e2 + vc T2)/dh of the path, not a "
+                   "generic 1/dh (by path at r 0, d 512-2048, dh 32 and 64: query and key paths "
+                   "+6% .. +10% before, -0.4% .. +1.7% after; the value path -1.5% .. +0.3%). Both "
+                   "changes together: x var p99 3.48 -> 2.81% (z p99 8.7 -> 4.1), g var p99 3.42 -> "
+                   "3.18% (z p99 7.2 -> 5.4); points beyond 2%: 24 -> 16 (x var), 25 -> 21 (g var). "
+                   "The noise alone gives a p99 of 2.8% for both (table below), so a p99 below 2% is "
+                   "out of this sweep's reach whatever the rule. Left: at d 128 (4 heads of 32 or 64, "
+                   "r 0) x var +1% .. +2% (1.5-3 SE), and at d_head 16 the query and key paths +3% "
+                   "(16 keys) to +7.5% (64 keys) at d 128, +2% .. +3% at d 512: second order in 1/dh "
+                   "and the small width's weight anisotropy, not in the rule."},
         "rope": {"published_forms": False, "grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up "
                  "to 0.9, 16, 64 and 256 tokens, logit variance up to ~4, without and with RMS QK-norm; "
                  "bidirectional and causal (d 256, 4 heads of 64); 120 points. Noise: the per-point standard "
@@ -556,6 +573,10 @@ SWEEP = SweepSpec(
                  "points' mean signed error (measured / predicted - 1) goes from -0.04% to -0.92%, the "
                  "L 256 points with dropout from -2.8% .. -1.8% to -4.5% .. -3.9%: the opposite "
                  "QK-norm term at long rows noted above, which the factor no longer hides (on the "
-                 "qknorm grid the mean goes from +0.91% to -0.43%)."},
+                 "qknorm grid the mean goes from +0.91% to -0.43%). QK-norm's logit kurtosis by its "
+                 "Edgeworth term and the projection's own-direction statistic T2e2 (2026-11-28, see the "
+                 "qknorm grid): g var 0.84 / 2.72 / 5.91 -> 0.82 / 2.23 / 5.91 (z p99 10.07 -> 6.2), x var "
+                 "p99 2.42 unchanged; the 57 QK-norm points' mean signed g error -0.92% -> -0.66%, "
+                 "points beyond 2% 13 -> 6."},
     },
 )
