@@ -851,6 +851,11 @@ _ROW = {
 }
 
 
+#: statistics evaluated in their own integral when asked for; the rest share one
+_ROW_ON_DEMAND = ("T2e2",)
+_ROW_SHARED = tuple(k for k in _ROW if k not in _ROW_ON_DEMAND)
+
+
 def _row_value(m, name, v, n, k4=False):
     """The one-row statistic ``name`` of ``_ROW`` at row logit variance v and length n.
     ``k4``: instead 24 times its first-order response to a fourth cumulant kappa_4 of the iid
@@ -859,7 +864,9 @@ def _row_value(m, name, v, n, k4=False):
         return m.named(f"row.{name}" + (".k4" if k4 else ""), lambda v, n: _row_stats(m, v, n, (name,), k4)[name],
                        shown=(("v", v, _POS), ("n", n, _POS)), tex=_row_tex(name, k4), text=name + ("_k4" if k4 else ""),
                        numeric=lambda v, n: _row_value(_nm(), name, v, n, k4))
-    return _memo(m, "rows4" if k4 else "rows", (v, n), lambda: _row_stats(m, v, n, tuple(_ROW), k4))[name]
+    if name in _ROW_ON_DEMAND:               # (QK-norm only: not in every model's integrals)
+        return _memo(m, f"rows.{name}" + (".k4" if k4 else ""), (v, n), lambda: _row_stats(m, v, n, (name,), k4))[name]
+    return _memo(m, "rows4" if k4 else "rows", (v, n), lambda: _row_stats(m, v, n, _ROW_SHARED, k4))[name]
 
 
 def _row_tex(name, k4):
