@@ -141,7 +141,8 @@ def main() -> None:
     for nm in NAMES:
         show("pred " + nm, PF._attention_cov(rows[nm], C, None, kap))
         show("meas " + nm, meas[nm].mean(0), meas[nm])
-    show("pred all1", PF._attention_cov(full, C, None, kap))
+    # the position model with the first-order pair weights 1 - 1/min(n_i, n_i'), then with pair_rows'
+    show("pred 1st-o", PF._attention_cov(full, C, None, kap))
     show("pred all", PF._attention_cov(full, C, None, kap, pair_rows.pair_weights(params, x, np.arange(1.0, L + 1))))
     show("meas all", meas["all"].mean(0), meas["all"])
 

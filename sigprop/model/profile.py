@@ -533,19 +533,17 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=No
         f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
     kf_diag, kf_off, kk_diag = grid.flat_kernel_means
+    # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
+    # the output's diagonal is set below)
     if vw is None:
         kv, kk = _pair_scales(r, kf_diag, kk_diag)
         pairs = kv * dK + kk * dM
+        K *= float(r["cross_c"]) / kf_off
     else:
         w_flat, m_flat, kk_off = _pair_flat_means(vw, grid)
         Kk = grid.UtXU(Co * vw[1])
         pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]), w_flat,
                                      np.diag(Kk).copy(), m_flat)
-    # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
-    # the output's diagonal is set below)
-    if vw is None:
-        K *= float(r["cross_c"]) / kf_off
-    else:
         K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, grid.L)
     Co *= float(r["qry_c"])
     if kap is not None:

@@ -502,13 +502,13 @@ class _Ctx:
         self.rho_var = (1 - self.ra**2) ** 2 * self.relvar / 2
         self.L = p.L + 0 * self.s_mean                 # broadcast to the configuration shape
         self.causal = p.causal
+        # the key-shared logit part q . kc / sqrt(dh), its variance (key bias included: it is
+        # shared by the tokens too); it cancels in the softmax unless rotary positions rotate it
+        self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
         if rope:
-            # the key-shared logit part q . R kc / sqrt(dh) no longer cancels: its variance vsh
-            # (key bias included: it is shared by the tokens too)
             self.base = _num(m, lambda t: np.where(np.asarray(t) > 0, t, 1e4), p.rope)
             self.dh = p.d_head
             self.d = p.d
-            self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
             self.kbL, self.k2L, self.dL, self.fieldL = _rope_row_moments(m, self.L, self.base, self.dh)
             if check and not m.SYMBOLIC:
                 worst = float(np.max(self.s_mean + self.vsh * (1 - self.kbL)))
@@ -525,7 +525,7 @@ class _Ctx:
         query's squared entries average l vq / (l vq + eps), and the key enters the logit as
         k / sqrt(l vk + eps).  Also sets ``rk``, the key-shared fraction of the key."""
         sq2, sk2, sbq2, sbk2 = p.q_std**2, p.k_std**2, p.q_bias_std**2, p.k_bias_std**2
-        is_ln = p.qk_norm * (2 - p.qk_norm)           # 1 for LayerNorm (1), 0 for RMSNorm (2)
+        is_ln = self.is_ln = p.qk_norm * (2 - p.qk_norm)   # 1 for LayerNorm (1), 0 for RMSNorm (2)
         ln = 1 - is_ln / p.d_head
         vq = p.d * sq2 * self.S2 + sbq2
         vk = p.d * sk2 * self.S2 + sbk2
@@ -783,6 +783,13 @@ def _gs(m):
     return tuple((lambda w, a=a: m.exp(a * w - ew(w))) for a in (0, 1, 2))
 
 
+def _t2x_one(pq, pq2, p2q, p2q2):
+    """T2x's one-shared-key integrand: E[(A_i)_jj (A_i')_jj]'s part of tr(A_i A_i') per key,
+    P Q - P Q^2 - P^2 Q + P^2 Q^2 (A = diag(P) - P P^T; the factors' smoothed integrals),
+    shared by the rule's two-row statistics and :func:`pair_length_ratios`."""
+    return pq - pq2 - p2q + p2q2
+
+
 def _two_row(m, v, rho, L, causal):
     """C2, T2x and PP of two rows (see the module docstring), one double integral."""
     g0, g1, g2 = _gs(m)
@@ -798,7 +805,7 @@ def _two_row(m, v, rho, L, causal):
         w1 = L * pw * phi2
         w2 = L * (L - 1) * pw
         c2 = w1 * pq
-        t2x = w1 * (pq - pq2 - p2q + p2q2) + w2 * pq**2
+        t2x = w1 * _t2x_one(pq, pq2, p2q, p2q2) + w2 * pq**2
         pp = w1 * p2q2 + w2 * p2 * q2
         return c2, t2x, pp
 
@@ -810,7 +817,7 @@ def _two_row(m, v, rho, L, causal):
         w1, w2 = m.pair_length_sum(l2, l1, L, (1, 2))
         w1, w2 = norm * w1, norm * w2
         c2 = w1 * pq
-        t2x = w1 * (pq - pq2 - p2q + p2q2) + w2 * pq**2
+        t2x = w1 * _t2x_one(pq, pq2, p2q, p2q2) + w2 * pq**2
         return c2, t2x, 0 * c2
 
     symbolic = getattr(m, "SYMBOLIC", False)   # the integration window is numeric-only
@@ -1197,7 +1204,7 @@ def pair_length_ratios(v: float, rho: float, lengths) -> tuple[np.ndarray, np.nd
         phi2 = np.maximum(phi2, 0.0)                     # (interpolation may undershoot 0)
         l2 = np.log(np.maximum(phi2, 1e-300))
         l1 = np.log(np.maximum(phi1, 1e-300))
-        one = pq - pq2 - p2q + p2q2
+        one = _t2x_one(pq, pq2, p2q, p2q2)
         two = pq * pq
         res = []
         for a, b in pairs:
@@ -1647,7 +1654,7 @@ def _backward_row_stats(m, c, avg):
     return st
 
 
-def _qk_norm_paths(m, c, p, st, gt, qry, key, key_x, qry_c, key_c):
+def _qk_norm_paths(m, c, p, st, gt, tr, qry, key, key_x, qry_c, key_c):
     """The QK-norm Jacobian on the query and key paths (see ``_backward_terms``).  Without
     the norm, E|sum_j dS_ij k_j|^2 / dh = sum_j E dS_ij^2 |k_j|^2 / dh (iid keys); with it every
     key has norm sqrt(dh), of which s_ij^2 lies along the query, and the projection removes
@@ -1657,11 +1664,9 @@ def _qk_norm_paths(m, c, p, st, gt, qry, key, key_x, qry_c, key_c):
     E dS^2 s^2 = v T2e2 + vc T2.  Exact for iid keys on the sphere (rk = 0); the key-shared
     direction's cross-key terms are left out.  The key path alike (by the rows' symmetry).
     LayerNorm also removes the constant direction (a generic 1/dh)."""
-    is_ln = p.qk_norm * (2 - p.qk_norm)
-    T2, vT2e2 = st["T2"], st["vT2e2"]
-    vc = c.vq * (p.d * c.sk2 * c.c2 + c.sbk2) * (c.kbL if c.rope else 1)
-    lost = (is_ln * T2 + vT2e2 + vc * T2) / p.d_head           # per unit of the generic T2
-    tr = p.d**2 * c.sq2 * c.sk2
+    T2 = st["T2"]
+    vc = c.vsh * (c.kbL if c.rope else 1)       # the part constant over a row
+    lost = (c.is_ln * T2 + st["vT2e2"] + vc * T2) / p.d_head     # per unit of the generic T2
     qry = c.hq * (qry - c.tau**2 * tr * gt * lost)
     key = c.hk * (key - gt * c.s_mean * lost)
     return qry, key, c.proj * c.hk * key_x, c.proj * c.hc * qry_c, c.proj * c.hc * key_c
@@ -1710,7 +1715,7 @@ def _backward_terms(m, c, p, g, st):
     # covariance terms a generic 1/dh
     qry, key, key_x, qry_c, key_c = _branch(
         m, c.norm, lambda: (qry, key, key_x, qry_c, key_c),
-        lambda: _qk_norm_paths(m, c, p, st, gt, qry, key, key_x, qry_c, key_c))
+        lambda: _qk_norm_paths(m, c, p, st, gt, tr, qry, key, key_x, qry_c, key_c))
     hk = p.n_heads * K0
     return {"val": hk * val, "val_x": hk * val_x, "qry": hk * qry, "key": hk * key,
             "key_x": hk * key_x, "val_c": hk * val_c, "qry_c": hk * qry_c, "key_c": hk * key_c}
