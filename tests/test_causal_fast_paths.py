@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 
+from sigprop import memo
 from sigprop.model import positions, profile, store, tables
 from sigprop.rules import attention as A
 from sigprop.state import Forward
@@ -58,14 +59,13 @@ def test_series_node_coefficients_through_the_store_are_bit_identical(tmp_path, 
     monkeypatch.setenv("SIGPROP_CACHE_DIR", str(tmp_path))
     key = np.arange(1.0, 20.0).tobytes()
     direct = A._series_coefs_at(-3, key)
-    profile._stored_series_coefs.cache_clear()
-    built = profile._stored_series_coefs(-3, key)        # computed and written
+    with memo.using(memo.Memos()):
+        built = profile._stored_series_coefs(-3, key)        # computed and written
     assert np.array_equal(built, direct) and not built.flags.writeable
     assert store.load(store.key("keyseries", -3, key)) is not None
-    profile._stored_series_coefs.cache_clear()
-    loaded = profile._stored_series_coefs(-3, key)       # read back
+    with memo.using(memo.Memos()):
+        loaded = profile._stored_series_coefs(-3, key)       # read back
     assert loaded is not built and np.array_equal(loaded, direct)
-    profile._stored_series_coefs.cache_clear()
 
 
 @pytest.mark.parametrize("L", [300, 8192])
@@ -160,26 +160,16 @@ def test_var_table_and_prescaled_rows_at_equal_row_by_row():
 
 def test_rotary_row_moments_memo_equals_the_direct_evaluation():
     from sigprop.backend import numeric as m
-    A._ROPE_ROWS.clear()
-    first = A._rope_row_moments(m, 512.0, 1e4, 64.0)
-    again = A._rope_row_moments(m, 512.0, 1e4, 64.0)
-    assert again is first
-    assert np.array_equal(first[0], A._kappa_bar(m, 512.0, 1e4, 64.0))
-    assert np.array_equal(first[1], A._kappa_moments(m, 512.0, 1e4, 64.0)[1])
-    assert all(np.array_equal(a, b) for a, b in zip(first[3], A._field_moments(m, 512.0, 1e4, 64.0)))
-    # arrays (a vectorised evaluation) are not memoised
-    A._rope_row_moments(m, np.array([256.0, 512.0]), 1e4, 64.0)
-    assert len(A._ROPE_ROWS) == 1
-
-
-def test_memo_put_keeps_the_most_recent_entries(monkeypatch):
-    """tables.memo_put drops the oldest entry at MEMO_SIZE (the backward pass asks for the
-    latest states first), not the whole memo."""
-    monkeypatch.setattr(tables, "MEMO_SIZE", 3)
-    memo = {}
-    for k in range(5):
-        assert tables.memo_put(memo, k, -k) == -k
-    assert memo == {2: -2, 3: -3, 4: -4}
+    with memo.using(memo.Memos()):
+        first = A._rope_row_moments(m, 512.0, 1e4, 64.0)
+        again = A._rope_row_moments(m, 512.0, 1e4, 64.0)
+        assert again is first
+        assert np.array_equal(first[0], A._kappa_bar(m, 512.0, 1e4, 64.0))
+        assert np.array_equal(first[1], A._kappa_moments(m, 512.0, 1e4, 64.0)[1])
+        assert all(np.array_equal(a, b) for a, b in zip(first[3], A._field_moments(m, 512.0, 1e4, 64.0)))
+        # arrays (a vectorised evaluation) are not memoised
+        A._rope_row_moments(m, np.array([256.0, 512.0]), 1e4, 64.0)
+        assert len(A._ROPE_ROWS.map()) == 1
 
 
 @pytest.mark.parametrize("arch", ["preln", "lns"])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
+
+from sigprop import memo
 
 NAME = "numeric"
 SYMBOLIC = False
@@ -61,7 +61,7 @@ def Phi(x):  # noqa: N802
 
 
 # --- quadrature ------------------------------------------------------------------------
-@lru_cache(maxsize=None)
+@memo.memoised(memo.Kind("numeric.hermite", 64, "Gauss-Hermite nodes per n"))
 def _hermite(n: int):
     x, w = np.polynomial.hermite_e.hermegauss(n)
     return x, w / np.sqrt(2.0 * np.pi)
@@ -233,7 +233,7 @@ def _smoothed_trap(funcs, which, var, lo, nu, ne):
 
 
 # --- primitives of the attention rule (sigprop.rules.attention) ------------------------
-@lru_cache(maxsize=4096)
+@memo.memoised(memo.Kind("numeric.gen_laguerre", 4096, "generalised Gauss-Laguerre nodes per (n, alpha)"))
 def _gen_laguerre(n: int, alpha: float):
     """Nodes and normalised weights of n-point generalised Gauss-Laguerre quadrature,
     weight x^alpha e^-x (Golub-Welsch: eigen-decomposition of the Jacobi matrix)."""
@@ -271,7 +271,7 @@ _LEN_EXACT = 12   # lengths summed term by term; beyond, Gauss-Legendre in log n
 _LEN_GL = 12
 
 
-@lru_cache(maxsize=None)
+@memo.memoised(memo.Kind("numeric.legendre", 64, "Gauss-Legendre nodes per n"))
 def _legendre(n: int):
     return np.polynomial.legendre.leggauss(n)
 
@@ -577,7 +577,7 @@ def _interp_batch(F, x0, x):
 
 
 # --- Gaussian expectations of functions with poles near the real axis ------------------
-@lru_cache(maxsize=None)
+@memo.memoised(memo.Kind("numeric.strip_nodes", 64, "strip quadrature nodes per half-width"))
 def _strip_nodes(n_half: int):
     z = (9.5 / n_half) * np.arange(-n_half, n_half + 1)
     return z, (9.5 / n_half) * np.exp(-0.5 * z * z) / np.sqrt(2.0 * np.pi)

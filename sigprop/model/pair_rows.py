@@ -43,10 +43,9 @@ the screen never decided otherwise than the full test there."""
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
+from sigprop import memo
 from sigprop.model import store
 from sigprop.rules import attention as attention_rule
 
@@ -76,7 +75,7 @@ def table_lengths(L: int) -> np.ndarray:
     return np.asarray(out, dtype=float)
 
 
-@functools.lru_cache(maxsize=512)
+@memo.memoised(memo.Kind("pair_rows.table", 512, "(R, K) per (qv, qrho, L), from the store"))
 def _table(qv: float, qrho: float, L: int) -> tuple[np.ndarray, np.ndarray]:
     """(R, K) on :func:`table_lengths` (L) at (qv, qrho), through the on-disk table store
     (:mod:`sigprop.model.store`): built once, then loaded (the same float64 numbers).  Memoised
@@ -106,7 +105,7 @@ def _interp_matrix(T: np.ndarray, n: np.ndarray) -> np.ndarray:
     return A
 
 
-@functools.lru_cache(maxsize=64)
+@memo.memoised(memo.Kind("pair_rows.interp", 64, "interpolation weights per (L, row lengths)"))
 def _interp_for(L: int, nkey: bytes) -> np.ndarray:
     """:func:`_interp_matrix` of the table of L at the row lengths packed in ``nkey`` (the same
     positions or grid nodes at every layer), memoised; read-only."""
@@ -135,7 +134,7 @@ def pair_weights(params: dict, x, n: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return _weights(qv, qrho, int(max(n.max(), 2)), n.tobytes())
 
 
-@functools.lru_cache(maxsize=256)
+@memo.memoised(memo.Kind("pair_rows.weights", 256, "(W, K) per (qv, qrho, L, row lengths)"))
 def _weights(qv: float, qrho: float, L: int, nkey: bytes) -> tuple[np.ndarray, np.ndarray]:
     """(W, K) at the row lengths packed in ``nkey``, memoised: the same (read-only) arrays
     for every layer whose (v, rho) round to the same key."""

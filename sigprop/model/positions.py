@@ -36,9 +36,10 @@ docs/validation.md ("Causal models at long context").
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import numpy as np
+
+from sigprop import memo
 
 #: sequences up to this length keep the exact position model (every position its own node)
 EXACT_MAX = 64
@@ -757,7 +758,7 @@ def grid_for(L: int, exact_max: int | None = None) -> NodeGrid | None:
     return _grid(int(L))
 
 
-@functools.lru_cache(maxsize=8)
+@memo.memoised(memo.Kind("positions.grid", 8, "NodeGrid per L"))
 def _grid(L: int) -> NodeGrid:
     """``NodeGrid(L)``, memoised: a grid is a function of L alone (HEAD, H_LOG, ORDER are
     constants) and its arrays are made read-only once built, so a grid shared by the

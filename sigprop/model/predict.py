@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sigprop import progress
+from sigprop import memo, progress
 from sigprop.backend import numeric
 from sigprop.model import blocks, positions, profile, store
 from sigprop.errors import DomainError
@@ -240,19 +240,13 @@ def _normalise(y: Forward) -> tuple[float, Forward]:
 _RESIDUAL = get("residual")
 
 
-#: id(norm params) -> (those params, the same with eps 0), for _without_eps
-_EPS0: dict = {}
+_EPS0 = memo.Kind("predict.without_eps", 4096, "a norm's parameters with eps 0, per parameter dict (identity)")
 
 
 def _without_eps(params: dict) -> dict:
     """A norm's parameters with eps 0 (one dict per parameter dict: Rule.fast memoises on
     the identity)."""
-    hit = _EPS0.get(id(params))
-    if hit is None or hit[0] is not params:
-        if len(_EPS0) > 4096:
-            _EPS0.clear()
-        hit = _EPS0[id(params)] = (params, {**params, "eps": 0.0})
-    return hit[1]
+    return _EPS0.for_object(params, lambda: {**params, "eps": 0.0})
 
 
 def _fwd(op: Op) -> Forward:
@@ -531,7 +525,8 @@ class Predictor:
         self._norm_ops: dict = {}
         self._log_sqs: dict = {}
         # causal, long sequences: the graded grid over positions (None: every position)
-        self.grid = positions.grid_for(m.seq_len) if m.causal else None
+        with memo.using(self._tables.memos):
+            self.grid = positions.grid_for(m.seq_len) if m.causal else None
         if m.causal:
             positions.keep_heap()
         # the size of the position arrays and matrices: L, or the grid's number of blocks
@@ -588,7 +583,8 @@ class Predictor:
         sublayer's rule refuses it (DomainError)."""
         records: list[SublayerRecord] = []
         try:
-            self._forward(records)
+            with memo.using(self._tables.memos):
+                self._forward(records)
         except DomainError as e:
             # a saturated softmax met inside the sublayer rather than at its input (e.g. by a
             # table's build at a lower correlation than the stream's): the same edge
@@ -1055,6 +1051,10 @@ class Predictor:
         what the backward pass found for record i (:class:`~sigprop.model.states.UnitGains`;
         :func:`with_gains` joins them to the records).  The records are only read.  Sets
         ``self.top_grad``, the gradient state after the last unit."""
+        with memo.using(self._tables.memos):
+            return self._backward(records)
+
+    def _backward(self, records: list[SublayerRecord]) -> tuple[list[GradState], list[UnitGains]]:
         m = self.model
         gc = m.grad.corr
         # the model's upstream gradient: isotropic (its shares along the all-ones vector and

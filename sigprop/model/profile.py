@@ -53,10 +53,9 @@ them over positions:
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
+from sigprop import memo
 from sigprop.backend import numeric
 from sigprop.model import pair_rows, store, tables
 from sigprop.model.positions import cumsum_inplace, set_diag
@@ -131,7 +130,7 @@ class RowsTable(tables.ThetaTable):
 
     def __init__(self, params: dict, mean: float, var: float, lo: float, grid=None):
         self.params = params
-        self._memo: dict = {}
+        self._memo = memo.Bounded(tables.MEMO_SIZE)
         self.n = None if grid is None else grid.n
         self.L = int(params["L"]) if grid is None else grid.size     # values per quantity
         parts = ("rows", tuple(sorted(params.items())), mean, var, lo, self.ROWS_TOL)
@@ -144,12 +143,9 @@ class RowsTable(tables.ThetaTable):
         return _row_values(_rows_direct(self.params, Forward(self.mean, self.var, float(np.cos(th))), self.n))
 
     def at(self, corr: float) -> dict:
-        """The terms at input correlation ``corr`` (memoised, tables.memo_put: a layer's forward
-        and backward ask for the same)."""
-        hit = self._memo.get(corr)
-        if hit is None:
-            hit = tables.memo_put(self._memo, corr, _row_terms(self.values(corr), self.L))
-        return hit
+        """The terms at input correlation ``corr`` (memoised for the table's life: a layer's
+        forward and backward ask for the same)."""
+        return self._memo.get(corr, lambda: _row_terms(self.values(corr), self.L))
 
 
 class RowsVarTable(tables.InterpTable):
@@ -177,7 +173,7 @@ class RowsVarTable(tables.InterpTable):
         u0, u_span = float(np.log(v_lo)), float(np.log(v_hi) - np.log(v_lo))
         parts = ("rowsvar", tuple(sorted(params.items())), mean, v_lo, v_hi, lo, self.ROWS_TOL, tables.TH_MIN)
         key = store.key(*parts) if grid is None else store.key(*parts, grid.signature())
-        self._memo: dict = {}
+        self._memo = memo.Bounded(tables.MEMO_SIZE)
         self._setup([(tables.TH_MIN, float(np.arccos(lo))), (u0, u0 + u_span, u_span)], key)
 
     def _compute(self, th: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -195,18 +191,15 @@ class RowsVarTable(tables.InterpTable):
                 and self.lo <= float(x.corr) <= tables.R_MAX)
 
     def at(self, x: Forward) -> dict:
-        """The terms at input ``x`` (memoised, tables.memo_put: a layer's forward and backward
+        """The terms at input ``x`` (memoised for the table's life: a layer's forward and backward
         ask for the same state)."""
         corr, var = min(1.0, max(-1.0, float(x.corr))), float(x.var)
-        hit = self._memo.get((corr, var))
-        if hit is None:
-            hit = tables.memo_put(self._memo, (corr, var),
-                                  _row_terms(self.interp(float(np.arccos(corr)), float(np.log(var))), self.L))
-        return hit
+        return self._memo.get((corr, var), lambda: _row_terms(self.interp(float(np.arccos(corr)), float(np.log(var))),
+                                                              self.L))
 
 
-#: id(params) -> (params, its canonical parameters, their sorted items) for :func:`rows`
-_CANON: dict = {}
+_CANON = memo.Kind("profile.canonical", 4096, "a parameter dict's canonical parameters and their sorted items, "
+                   "per dict (identity) for :func:`rows`")
 
 
 def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dict:
@@ -222,14 +215,12 @@ def rows(params: dict, x: Forward, table=None, grid=None, var_range=None) -> dic
     correlation range, is evaluated directly).  The canonical parameters and their key are
     memoised on the identity of ``params`` (as in Rule.fast: a dict is not changed after it was
     passed here)."""
-    hit = _CANON.get(id(params))
-    if hit is None or hit[0] is not params:
-        canon = _canonical(params)
-        if len(_CANON) > 4096:
-            _CANON.clear()
-        hit = _CANON[id(params)] = (params, canon, tuple(sorted(canon.items())))
-    canon = hit[1]
-    key = (hit[2], float(x.mean), None if grid is None else grid.signature())
+    def canonical():
+        c = _canonical(params)
+        return c, tuple(sorted(c.items()))
+
+    canon, items = _CANON.for_object(params, canonical)
+    key = (items, float(x.mean), None if grid is None else grid.signature())
     if table is None:
         return _rows_direct(canon, x, None if grid is None else grid.n)
     if var_range is not None and var_range[0] <= float(x.var) <= var_range[1] and float(x.corr) <= tables.R_MAX:
@@ -316,7 +307,7 @@ class ExactPositions:
                 a.flags.writeable = False
 
 
-@functools.lru_cache(maxsize=8)
+@memo.memoised(memo.Kind("profile.exact_positions", 8, "ExactPositions per L"))
 def exact_positions(L: int) -> ExactPositions:
     """``ExactPositions(L)``, memoised: a function of L alone, read-only (as positions.grid_for's
     grids)."""
@@ -401,7 +392,7 @@ def _terms(r: dict, d: np.ndarray):
     return diag, a
 
 
-_KAP: dict = {}
+_KAP = memo.Kind("profile.offset_kernel", 64, "the rotary offset kernel per (base, d_head, L, grid)")
 
 
 def _offset_kernel(params: dict, grid=None, L: int | None = None) -> np.ndarray | None:
@@ -410,16 +401,15 @@ def _offset_kernel(params: dict, grid=None, L: int | None = None) -> np.ndarray 
     if not float(params.get("rope", 0.0)):
         return None
     L = int(params["L"]) if L is None else L
-    key = (float(params["rope"]), float(params["d_head"]), L, None if grid is None else grid.signature())
-    K = _KAP.get(key)
-    if K is None:
+
+    def compute():
         x = np.asarray(grid.x, float) if grid is not None else np.arange(float(L))
         K = attention_rule.rope_offset_ratio({**params, "L": L}, np.abs(np.subtract.outer(x, x)))
         K.setflags(write=False)
-        if len(_KAP) > 64:
-            _KAP.clear()
-        _KAP[key] = K
-    return K
+        return K
+
+    return _KAP.get((float(params["rope"]), float(params["d_head"]), L, None if grid is None else grid.signature()),
+                    compute)
 
 
 def _key_split(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
@@ -491,8 +481,8 @@ def _terms_graded(r: dict, d: np.ndarray, grid):
     return diag, _pair_terms(r, d, n)
 
 
-#: id(vw) -> (vw, grid, flat means) for :func:`_pair_flat_means`
-_PAIR_FLAT: dict = {}
+_PAIR_FLAT = memo.Kind("profile.pair_flat", 256, "the pair weights' flat-covariance references per (W, K) "
+                       "pair (identity) and grid")
 
 
 def _pair_flat_means(vw, grid) -> tuple[float, float, float]:
@@ -500,21 +490,16 @@ def _pair_flat_means(vw, grid) -> tuple[float, float, float]:
     :func:`sigprop.model.pair_rows.pair_weights`, the same objects for every layer of one
     (v, rho) key): the means of diag(U^T W' U) and diag(U^T K' U) and the off-diagonal mean
     of U^T K' U (' : the diagonal set to 0), over the positions (``grid`` None) or the grid's
-    nodes; memoised on the arrays' identity."""
-    hit = _PAIR_FLAT.get(id(vw))
-    if hit is not None and hit[0] is vw and hit[1] is grid:
-        return hit[2]
-    Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
-    if grid is None:
-        Kk = _UtXU(Ko)
-        out = (float(np.mean(_UtXU_diag(Wo))), float(np.mean(np.diag(Kk))), float(mean_off(Kk)))
-    else:
+    nodes; memoised on the arrays' identity (and the grid's)."""
+    def compute():
+        Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
+        if grid is None:
+            Kk = _UtXU(Ko)
+            return float(np.mean(_UtXU_diag(Wo))), float(np.mean(np.diag(Kk))), float(mean_off(Kk))
         Kk = grid.UtXU(Ko)
-        out = (float(grid.mean(grid.UtXU_diag(Wo))), float(grid.mean(np.diag(Kk))), float(grid.mean_off(Kk)))
-    if len(_PAIR_FLAT) > 256:
-        _PAIR_FLAT.clear()
-    _PAIR_FLAT[id(vw)] = (vw, grid, out)
-    return out
+        return float(grid.mean(grid.UtXU_diag(Wo))), float(grid.mean(np.diag(Kk))), float(grid.mean_off(Kk))
+
+    return _PAIR_FLAT.for_object(vw, compute, (grid,))
 
 
 def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=None) -> np.ndarray:
@@ -635,7 +620,8 @@ def key_logit_scales(S: np.ndarray, r: float, grid=None, pre=None) -> tuple[np.n
     return rel, counts
 
 
-@functools.lru_cache(maxsize=4096)
+@memo.memoised(memo.Kind("profile.stored_series_coefs", 4096,
+                         "the per-key weights' series coefficients per (node, row lengths), from the store"))
 def _stored_series_coefs(k: int, nkey: bytes) -> np.ndarray:
     """The per-key weights' series coefficients at log-variance node k for the row lengths
     packed in ``nkey`` (sigprop.rules.attention._series_coefs_at) through the on-disk table

@@ -53,8 +53,9 @@ _OFF = {"", "0", "off", "none", "false", "no"}
 #: sigprop module a prediction imports is covered or in ``_NOT_NUMERIC``.
 _SOURCES = ("rules", "backend", "model", "solve/blocks.py", "state.py", "errors.py", "symbols.py")
 #: modules a prediction imports that cannot change a number: the package's lazy API
-#: (``__init__``) and the progress display on stderr
-_NOT_NUMERIC = ("__init__.py", "progress.py")
+#: (``__init__``), the progress display on stderr and the memos (which decide only whether a
+#: value is computed again, tests/test_memo.py)
+_NOT_NUMERIC = ("__init__.py", "progress.py", "memo.py")
 #: file format: magic (format version included), then the 32-byte digest, then the payload
 MAGIC = b"SIGPROP-TABLE-2\n"
 SUFFIX = ".tbl"

@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from sigprop import progress
+from sigprop import memo, progress
 from sigprop.errors import DomainError
 from sigprop.model import store
 from sigprop.rules import get
@@ -120,15 +120,6 @@ COSTLY_USES = 96
 #: forward and backward ask for the same state, the backward after the whole forward pass;
 #: ~3 KB an entry at 66 nodes)
 MEMO_SIZE = 4096
-
-
-def memo_put(memo: dict, key, value):
-    """``memo[key] = value``, the oldest entry dropped first where ``memo`` holds MEMO_SIZE:
-    the backward pass, top layer first, finds the most recent ones.  Returns ``value``."""
-    if len(memo) >= MEMO_SIZE:
-        del memo[next(iter(memo))]
-    memo[key] = value
-    return value
 
 
 def table_logit_var(ops, x: Forward) -> float:
@@ -899,21 +890,23 @@ class TableCache:
     seen by a quantity that is not to be tabulated (its parameters do not repeat): it builds
     no table and shares the memoised direct evaluations."""
 
-    def __init__(self):
+    def __init__(self, memos: memo.Memos | None = None):
         self.tables: dict = {}
         self.requests: dict = {}
         self.var_tables: dict = {}
-        self._canon: dict = {}
+        self._canon = memo.Bounded(4096)
         self._theta: dict = {}
-        self._memo: dict = {}
+        self._memo = memo.Bounded(MEMO_SIZE)
+        #: the memos of pure functions the prediction runs under (sigprop.memo; default the
+        #: process's): ``TableCache(memos=memo.Memos())`` isolates a prediction from every
+        #: value computed before it
+        self.memos = memo.process() if memos is None else memos
         self.untabulated = _Untabulated(self)
 
     def remember(self, key, compute):
-        """``compute()`` memoised under ``key`` for this prediction (:func:`memo_put`)."""
-        hit = self._memo.get(key)
-        if hit is None:
-            hit = memo_put(self._memo, key, compute())
-        return hit
+        """``compute()`` memoised under ``key`` for this prediction (the oldest of MEMO_SIZE
+        dropped first: the backward pass, top layer first, finds the most recent ones)."""
+        return self._memo.get(key, compute)
 
     def theta(self, family: str, key, x: Forward, build):
         """The table of ``family`` and ``key`` that covers ``x`` (anything with ``covers``:
@@ -934,15 +927,12 @@ class TableCache:
         """The canonical chain of ``ops`` and its key, memoised on the parameter values as
         given (the predictor builds the same parameter dicts, in the same order, for every
         layer); pass it to :meth:`get`."""
-        fast_key = tuple((name, tuple(params.items())) for name, params in ops)
-        hit = self._canon.get(fast_key)
-        if hit is None:
+        def make():
             canon, scale = _canonical(ops)
             key = tuple((name, tuple(sorted(params.items()))) for name, params in canon)
-            if len(self._canon) > 4096:
-                self._canon.clear()
-            hit = self._canon[fast_key] = _Handle(canon, scale, key, canonical=canon is not ops)
-        return hit
+            return _Handle(canon, scale, key, canonical=canon is not ops)
+
+        return self._canon.get(tuple((name, tuple(params.items())) for name, params in ops), make)
 
     def get(self, ops: list, x: Forward, eager: bool = False, handle: _Handle | None = None,
             uses: int = 0):

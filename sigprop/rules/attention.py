@@ -123,13 +123,12 @@ pair correlation.  Causal rows: the same at each row length n.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple
 
 import numpy as np
 
-from sigprop import symbols
+from sigprop import memo, symbols
 from sigprop.errors import DomainError
 from sigprop.rules.base import Param, Rule, _show, positive_int, probability, register, std
 from sigprop.rules.softmax_moments import softmax_expect_sums
@@ -258,8 +257,7 @@ def _kappa_bar(m, n, base, dh):
     return 2 / np.asarray(dh, dtype=float) * np.sum(f * mask, axis=-1)
 
 
-#: :func:`_rope_row_moments` per (L, base, d_head), numeric scalars
-_ROPE_ROWS: dict = {}
+_ROPE_ROWS = memo.Kind("attention.rope_rows", 256, ":func:`_rope_row_moments` per (L, base, d_head), numeric scalars")
 
 
 def _rope_row_moments(m, L, base, dh):
@@ -272,12 +270,11 @@ def _rope_row_moments(m, L, base, dh):
         return (kb, k2, dd, _field_moments(m, L, base, dh))
 
     if not getattr(m, "SYMBOLIC", False) and np.ndim(L) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
-        return _bounded(_ROPE_ROWS, (float(L), float(base), float(dh)), 256, compute)
+        return _ROPE_ROWS.get((float(L), float(base), float(dh)), compute)
     return compute()
 
 
-#: :func:`_rope_shift_moments` per (n, base, d_head), numeric scalars
-_ROPE_SHIFT: dict = {}
+_ROPE_SHIFT = memo.Kind("attention.rope_shift", 256, ":func:`_rope_shift_moments` per (n, base, d_head), numeric scalars")
 
 
 def _rope_shift_moments(m, n, base, dh):
@@ -290,7 +287,7 @@ def _rope_shift_moments(m, n, base, dh):
         return (kb, _kappa_sq(m, n, base, dh), m2, dd)
 
     if not getattr(m, "SYMBOLIC", False) and np.ndim(n) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
-        return _bounded(_ROPE_SHIFT, (float(n), float(base), float(dh)), 256, compute)
+        return _ROPE_SHIFT.get((float(n), float(base), float(dh)), compute)
     return compute()
 
 
@@ -439,18 +436,7 @@ def _floor(m, v):
     return _num(m, lambda t: m.maximum(t, _VMIN), v)
 
 
-_MEMO: dict = {}
-
-
-def _bounded(cache: dict, key, limit: int, compute):
-    """``cache[key]``, computed by ``compute()`` on a miss; the cache is emptied first when it
-    holds more than ``limit`` entries."""
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) > limit:
-            cache.clear()
-        hit = cache[key] = compute()
-    return hit
+_STATS = memo.Kind("attention.stats", 256, "the rule's expensive statistics, keyed by their exact inputs")
 
 
 def _memo(m, tag, arrays, fn):
@@ -459,7 +445,7 @@ def _memo(m, tag, arrays, fn):
     if getattr(m, "SYMBOLIC", False):
         return fn()
     key = (tag,) + tuple((np.shape(a), np.asarray(a, dtype=float).tobytes()) for a in arrays)
-    return _bounded(_MEMO, key, 256, fn)
+    return _STATS.get(key, fn)
 
 
 class _Ctx:
@@ -1270,23 +1256,20 @@ def _key_weights_series(dv: np.ndarray, counts: np.ndarray, s0: float, node_coef
     return out
 
 
-#: id(counts) -> (counts, row lengths, rows of more than one key) for read-only ``counts``
-_ROW_LENGTHS: dict = {}
+_ROW_LENGTHS = memo.Kind("attention.row_lengths", 64,
+                         "(row lengths, rows of more than one key) per read-only ``counts`` array")
 
 
 def _row_lengths(counts: np.ndarray):
     """(n, n > 1) of rows whose keys ``counts`` says: memoised for a read-only array (a
     position grid's quadrature weights, the same at every layer)."""
-    if counts.flags.writeable:
+    def compute():
         n = counts.sum(axis=1)
         return n, n > 1.0 + 1e-9
-    hit = _ROW_LENGTHS.get(id(counts))
-    if hit is None or hit[0] is not counts:
-        n = counts.sum(axis=1)
-        if len(_ROW_LENGTHS) > 64:
-            _ROW_LENGTHS.clear()
-        hit = _ROW_LENGTHS[id(counts)] = (counts, n, n > 1.0 + 1e-9)
-    return hit[1], hit[2]
+
+    if counts.flags.writeable:
+        return compute()
+    return _ROW_LENGTHS.for_object(counts, compute)
 
 
 #: the quadratic's coefficients (1, 0, 0) of a row that keeps the weights at 1
@@ -1317,18 +1300,18 @@ def _series_coefs(s0: float, n: np.ndarray, node_coefs=None):
     t = x - k0
     key = np.ascontiguousarray(n, dtype=float).tobytes()
     at = _series_coefs_at if node_coefs is None else node_coefs
-    nodes = _bounded(_SERIES_NODES, (k0, key, at), 64,            # (4, 2 * 7 * rows)
-                     lambda: np.stack([_quadratic(at(k0 + j, key)) for j in range(4)]).reshape(4, -1))
+    nodes = _SERIES_NODES.get((k0, key, at),            # (4, 2 * 7 * rows)
+                              lambda: np.stack([_quadratic(at(k0 + j, key)) for j in range(4)]).reshape(4, -1))
     from sigprop.rules.softmax_moments import cubic_weights
     return (np.array(cubic_weights(t)) @ nodes).reshape(2, 7, -1)
 
 
-#: the four nodes' quadratic coefficients of :func:`_series_coefs`, stacked and flattened,
-#: per (first node, row lengths, source of the node coefficients)
-_SERIES_NODES: dict = {}
+_SERIES_NODES = memo.Kind("attention.series_nodes", 64,
+                          "the four nodes' quadratic coefficients of :func:`_series_coefs`, stacked and "
+                          "flattened, per (first node, row lengths, source of the node coefficients)")
 
 
-@functools.lru_cache(maxsize=4096)
+@memo.memoised(memo.Kind("attention.series_coefs_at", 4096, ":func:`_series_coefs_at` per (node, row lengths)"))
 def _series_coefs_at(k: int, nkey: bytes):
     """:func:`_series_coefs` at the node s = exp(k _KEY_COEF_STEP) for the row lengths packed in
     ``nkey``: finite differences (relative step _KEY_FD_STEP) of the independent-row moments on

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from sigprop import symbols
+from sigprop import memo, symbols
 from sigprop.backend import numeric
 from sigprop.errors import DomainError
 from sigprop.state import Backward, Forward
@@ -104,7 +104,6 @@ STATE_PARAMS = {
 class Rule:
     """Base class; subclasses set the class attributes and implement forward/backward."""
 
-    _fast_memo: dict | None = None    # see fast(): id(params) -> (params, namespace), per rule
     _fast_defaults: dict | None = None    # see fast(): every parameter's default, per rule
 
     name: str = ""
@@ -202,6 +201,15 @@ class Rule:
             gb = Backward(gb.var, _corr_where_defined(gb.corr, gb.var))
         return y, gb
 
+    def _namespace(self, params: dict) -> SimpleNamespace:
+        """Every parameter's default, overridden by ``params``, as a namespace."""
+        defaults = self._fast_defaults
+        if defaults is None:
+            defaults = self._fast_defaults = {q.name: q.default for q in self.params}
+        p = SimpleNamespace(**defaults)
+        p.__dict__.update(params)
+        return p
+
     def fast(self, x: Forward, g: Backward | None, params: dict, need_forward: bool = True):
         """:meth:`evaluate` without the domain checks, on plain Python floats: for an internal
         caller (the whole-model predictor) whose states come out of rules and whose
@@ -212,21 +220,7 @@ class Rule:
 
         The parameter namespace is memoised on the identity of ``params``: a caller must not
         change a dict after passing it here (the predictor makes a new dict instead)."""
-        memo = self._fast_memo
-        if memo is None:
-            memo = self._fast_memo = {}
-        hit = memo.get(id(params))
-        if hit is not None and hit[0] is params:
-            p = hit[1]
-        else:
-            defaults = self._fast_defaults
-            if defaults is None:
-                defaults = self._fast_defaults = {q.name: q.default for q in self.params}
-            p = SimpleNamespace(**defaults)
-            p.__dict__.update(params)
-            if len(memo) > 4096:
-                memo.clear()
-            memo[id(params)] = (params, p)      # keeps params alive: its id stays unique
+        p = _FAST_PARAMS.for_object(params, lambda: self._namespace(params), (self.name,))
         try:
             y = self.forward(numeric, x, p) if need_forward or g is None else None
             gb = None if g is None else self.backward(numeric, x, g, p)
@@ -309,6 +303,9 @@ def _corr_where_defined(corr, var):
     corr = np.where(np.asarray(var) == 0, 0.0, np.clip(corr, -1.0, 1.0))
     return corr if corr.ndim else corr[()]
 
+
+_FAST_PARAMS = memo.Kind("rules.fast_params", 4096, "a rule's parameter namespace per parameter dict "
+                         "(identity) and rule name, for Rule.fast")
 
 REGISTRY: dict[str, Rule] = {}
 

@@ -60,6 +60,8 @@ import math
 
 import numpy as np
 
+from sigprop import memo
+
 #: Gaussian truncation used for the u-window (numeric hint only), in standard deviations
 _K = 8.5
 
@@ -206,15 +208,17 @@ _HS_LO, _HS_HI, _HS_STEP = float(np.log(1e-6)), float(np.log(300.0)), 0.05
 #: step G_0 (1 on the left, 0 on the right) stays 10 standard deviations (s <= 300) away
 _HW_STEP, _HW_LO, _HW_HI = 0.05, -540.0, 280.0
 _HU_LO, _HU_HI, _HU_EVERY = -300.0, 60.0, 2
-_HET: dict = {}
 #: the (row, key, u) entries :func:`independent_row_moments` evaluates in one array operation
 _ROW_BLOCK = 1 << 18
+_HET = memo.Kind("softmax.het_tables", 1, "the smoothing tables' base and their rows, filled as asked for")
 
 
-def _het_base():
-    """(u grid, log-variance grid, w-grid FFTs of G_0..G_2, their frequencies, nfft, kept w
-    indices): what every row of the tables is computed from (memoised)."""
-    if "base" not in _HET:
+def _het_state() -> dict:
+    """The smoothing tables' state (memoised: a pure function of the module's constants, its
+    rows filled by FFT the first time each is asked for): ``base`` = (u grid, log-variance
+    grid, w-grid FFTs of G_0..G_2, their frequencies, nfft, kept w indices), ``rows`` (3,
+    variances, u) and ``done`` (which variances' rows are filled)."""
+    def build():
         w = np.arange(_HW_LO, _HW_HI + _HW_STEP / 2, _HW_STEP)
         nfft = 1 << int(np.ceil(np.log2(2 * len(w))))
         ew = np.exp(w)
@@ -226,10 +230,16 @@ def _het_base():
         u = w[keep]
         for arr in (u, ls):
             arr.flags.writeable = False
-        _HET["base"] = (u, ls, F, k, nfft, keep)
-        _HET["rows"] = np.full((3, len(ls), len(u)), np.nan)
-        _HET["done"] = np.zeros(len(ls), dtype=bool)
-    return _HET["base"]
+        return {"base": (u, ls, F, k, nfft, keep), "rows": np.full((3, len(ls), len(u)), np.nan),
+                "done": np.zeros(len(ls), dtype=bool)}
+
+    return _HET.get((), build)
+
+
+def _het_base():
+    """(u grid, log-variance grid, w-grid FFTs of G_0..G_2, their frequencies, nfft, kept w
+    indices): what every row of the tables is computed from (memoised)."""
+    return _het_state()["base"]
 
 
 def _het_tables(sub: slice | None = None):
@@ -237,9 +247,10 @@ def _het_tables(sub: slice | None = None):
     smoothed factors of the identity above for the tabulated variances ``sub`` (a slice of the
     variance grid; all by default), each variance's row computed by FFT the first time it is
     asked for (memoised: a pure function of the module's constants)."""
-    u, ls, F, k, nfft, keep = _het_base()
+    state = _het_state()
+    u, ls, F, k, nfft, keep = state["base"]
     sub = slice(0, len(ls)) if sub is None else sub
-    rows, done = _HET["rows"], _HET["done"]
+    rows, done = state["rows"], state["done"]
     todo = np.arange(len(ls))[sub][~done[sub]]
     for i in todo:
         kern = np.exp(-0.5 * math.exp(ls[i]) * k * k)

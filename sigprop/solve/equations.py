@@ -26,6 +26,7 @@ import math
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
+from sigprop import memo
 from sigprop.rules import compose
 from sigprop.rules.attention import qk_variances
 from sigprop.state import Backward, Forward
@@ -55,7 +56,7 @@ rg = sp.Symbol("r_g", real=True)
 p_f, p_h = sp.symbols("p_f p_h", nonnegative=True)
 beta_A, beta_F = sp.symbols("beta_A beta_F", positive=True)     # a parallel block's branch scales
 
-_CACHE: dict = {}
+_EQUATIONS = memo.Kind("solve.equations", 16, "the sympy equations per model structure (solve.blocks.structure)")
 
 
 def for_model(model) -> "SublayerEquations":
@@ -63,13 +64,7 @@ def for_model(model) -> "SublayerEquations":
     rules; not its stds or residual scales)."""
     from sigprop.solve.blocks import structure
 
-    key = structure(model)
-    eqs = _CACHE.get(key)
-    if eqs is None:
-        if len(_CACHE) >= 16:
-            _CACHE.clear()
-        eqs = _CACHE[key] = SublayerEquations(model)
-    return eqs
+    return _EQUATIONS.get(structure(model), lambda: SublayerEquations(model))
 
 
 class SublayerEquations:
