@@ -28,6 +28,11 @@ def test_bounded_drops_the_oldest_entry_first():
     assert len(b) == 3 and b.peek(2) == -2 and b.peek(4) == 40
     with pytest.raises(ValueError):
         memo.Bounded(0)
+    # at the limit the oldest half goes at once (the map rebuilt without them)
+    b = memo.Bounded(8)
+    for k in range(9):
+        b.put(k, k)
+    assert sorted(b.data) == [4, 5, 6, 7, 8]
 
 
 def test_bounded_keeps_a_none_value():
@@ -47,8 +52,8 @@ def test_bounded_by_identity_never_serves_another_object():
     assert b.for_object(a, lambda: pytest.fail("computed on a hit")) is first
     twin = {"x": 1}
     assert b.for_object(twin, lambda: "twin") == "twin"
-    assert b.for_object(a, lambda: None, extra=("other",)) is None      # qualifiers are keys too
-    assert b.peek((id(a),))[0] is a                                     # the entry keeps its object
+    assert b.for_object(a, lambda: None, extra="other") is None          # qualifiers are keys too
+    assert b.peek(id(a))[0] is a                                   # the entry keeps its object
 
 
 def test_kinds_have_unique_names_and_values_live_in_the_memos_in_effect():

@@ -499,7 +499,7 @@ def _pair_flat_means(vw, grid) -> tuple[float, float, float]:
         Kk = grid.UtXU(Ko)
         return float(grid.mean(grid.UtXU_diag(Wo))), float(grid.mean(np.diag(Kk))), float(grid.mean_off(Kk))
 
-    return _PAIR_FLAT.for_object(vw, compute, (grid,))
+    return _PAIR_FLAT.for_object(vw, compute, grid)
 
 
 def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=None) -> np.ndarray:
