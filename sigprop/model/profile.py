@@ -302,9 +302,40 @@ class ExactPositions:
             self.flat_kernel_means = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / pairs),
                                       float(np.trace(Kk) / L))
         self.inv_nmax = M
+        self.size = L
         for a in vars(self).values():
             if isinstance(a, np.ndarray):
                 a.flags.writeable = False
+
+    # the operators the kernels below take from a position grid (NodeGrid), over every
+    # position: sums are plain sums, means plain means
+    def UtXU(self, X: np.ndarray) -> np.ndarray:
+        return _UtXU(X)
+
+    def UtXU_diag(self, X: np.ndarray) -> np.ndarray:
+        return _UtXU_diag(X)
+
+    def UtDU(self, a: np.ndarray) -> np.ndarray:
+        return _UtDU(a)
+
+    def UtDU_offmean(self, a: np.ndarray) -> float:
+        return _UtDU_offmean(a)
+
+    def suffix_h(self, y: np.ndarray) -> np.ndarray:
+        """sum over the rows i >= j of y_i / n_i."""
+        return suffix(y / self.n, 0)
+
+    def key_pair_weights(self) -> np.ndarray:
+        return self.kpw
+
+    def mean(self, f: np.ndarray) -> float:
+        return float(np.mean(f))
+
+    def mean_diag(self, K: np.ndarray) -> float:
+        return np.trace(K) / self.L
+
+    def mean_off(self, K: np.ndarray) -> float:
+        return mean_off(K)
 
 
 @memo.memoised(memo.Kind("profile.exact_positions", 8, "ExactPositions per L"))
@@ -384,14 +415,6 @@ def _pair_scales(r: dict, kf_diag: float, kk_diag: float) -> tuple[float, float]
     return cu / kf_diag, (float(r["cross_k"]) + cross_v - cu) / kk_diag
 
 
-def _terms(r: dict, d: np.ndarray):
-    n = np.arange(1.0, len(d) + 1)
-    spread, local, same_c = (np.asarray(r[k], float) for k in ("spread", "local", "same_c"))
-    diag = suffix(d * spread / n, 0) + d * local
-    a = np.where(n > 1, d * same_c * n / np.maximum(n - 1, 1), 0.0)
-    return diag, a
-
-
 _KAP = memo.Kind("profile.offset_kernel", 64, "the rotary offset kernel per (base, d_head, L, grid)")
 
 
@@ -429,111 +452,77 @@ def _one_row_off(r: dict, a: np.ndarray, d: np.ndarray, kap, UtDU, n: np.ndarray
     return out
 
 
-def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None) -> np.ndarray:
-    """The gradient covariance over positions at the attention input for covariance C at
-    its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`;
-    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`; ``vw``: the value
-    and key paths' pair-of-rows weights over the positions, :func:`sigprop.model.pair_rows.pair_weights`
-    (None: the first-order 1 - 1/min of :func:`_pair_scales`))."""
-    L = len(C)
-    diag, a = _terms(r, np.diag(C).copy())
-    if kw is not None:
-        f, rho, wsum = _weighted(r, C, kw)
-        diag = wsum + np.diag(C) * np.asarray(r["local"], float)
-    Co = _offdiag(C)
-    K = _UtXU(Co)
-    kf_diag, kf_off, kk_diag = exact_positions(L).flat_kernel_means
-    # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
-    # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat value
-    if vw is None:
-        kv, kk = _pair_scales(r, kf_diag, kk_diag)
-        pairs = kv * np.diag(K) + kk * _UtXU_diag(Co * _key_pair_weights(L))
-        K *= float(r["cross_c"]) / kf_off
-    else:
-        w_flat, m_flat, kk_off = _pair_flat_means(vw, None)
-        Kk = _UtXU(Co * vw[1])
-        pairs = pair_rows.pair_terms(r, np.diag(K), kf_diag, _UtXU_diag(Co * vw[0]), w_flat,
-                                     np.diag(Kk).copy(), m_flat)
-        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, L)
-    Co *= float(r["qry_c"])
-    if kap is not None:
-        Co *= kap
-    out = _one_row_off(r, a, np.diag(C), kap, _UtDU, np.arange(1.0, L + 1))
-    if kw is not None:
-        pairs = pairs * rho * rho
-        K *= np.outer(rho, rho)
-        out *= np.sqrt(np.outer(f, f))
-    out += K
-    out += Co
-    np.fill_diagonal(out, diag + pairs)
-    return out
-
-
 def _pair_terms(r: dict, d: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """The one-row covariance term of :func:`_terms_graded` (``a``) alone."""
+    """The one-row covariance term ``a`` of :func:`_diag_terms` alone."""
     return np.where(n > 1, d * np.asarray(r["same_c"], float) * n / np.maximum(n - 1, 1), 0.0)
 
 
-def _terms_graded(r: dict, d: np.ndarray, grid):
-    n = grid.n
+def _diag_terms(r: dict, d: np.ndarray, pos):
+    """(the one-row variance per key, the one-row covariance term ``a``) for the gradient
+    variances ``d`` over the positions (or nodes) of ``pos`` (an ExactPositions or a grid)."""
     spread, local = (np.asarray(r[k], float) for k in ("spread", "local"))
-    diag = grid.suffix_h(d * spread) + d * local
-    return diag, _pair_terms(r, d, n)
+    diag = pos.suffix_h(d * spread) + d * local
+    return diag, _pair_terms(r, d, pos.n)
 
 
 _PAIR_FLAT = memo.Kind("profile.pair_flat", 256, "the pair weights' flat-covariance references per (W, K) "
                        "pair (identity) and grid")
 
 
-def _pair_flat_means(vw, grid) -> tuple[float, float, float]:
+def _pair_flat_means(vw, pos) -> tuple[float, float, float]:
     """The flat-covariance references of the pair weights ``vw`` = (W, K) (read-only arrays of
     :func:`sigprop.model.pair_rows.pair_weights`, the same objects for every layer of one
     (v, rho) key): the means of diag(U^T W' U) and diag(U^T K' U) and the off-diagonal mean
-    of U^T K' U (' : the diagonal set to 0), over the positions (``grid`` None) or the grid's
-    nodes; memoised on the arrays' identity (and the grid's)."""
+    of U^T K' U (' : the diagonal set to 0), over the positions or nodes of ``pos`` (an
+    ExactPositions or a grid); memoised on the arrays' identity (and pos's)."""
     def compute():
         Wo, Ko = _offdiag(vw[0]), _offdiag(vw[1])
-        if grid is None:
-            Kk = _UtXU(Ko)
-            return float(np.mean(_UtXU_diag(Wo))), float(np.mean(np.diag(Kk))), float(mean_off(Kk))
-        Kk = grid.UtXU(Ko)
-        return float(grid.mean(grid.UtXU_diag(Wo))), float(grid.mean(np.diag(Kk))), float(grid.mean_off(Kk))
+        Kk = pos.UtXU(Ko)
+        return float(pos.mean(pos.UtXU_diag(Wo))), float(pos.mean(np.diag(Kk))), float(pos.mean_off(Kk))
 
-    return _PAIR_FLAT.for_object(vw, compute, grid)
+    return _PAIR_FLAT.for_object(vw, compute, pos)
 
 
-def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=None) -> np.ndarray:
-    """:func:`_attention_cov` on a position grid (sums over positions as the grid's
-    quadratures, sigprop.model.positions; ``vw`` over the grid's nodes)."""
+def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None) -> np.ndarray:
+    """The gradient covariance over positions at the attention input for covariance C at
+    its output (see the module docstring; ``kw``: per-key weights, :func:`key_weights`;
+    ``kap``: rotary positions' offset kernel, :func:`_offset_kernel`; ``vw``: the value
+    and key paths' pair-of-rows weights, :func:`sigprop.model.pair_rows.pair_weights`
+    (None: the first-order 1 - 1/min of :func:`_pair_scales`)), over every position, or on
+    a position ``grid`` (sums over positions as the grid's quadratures,
+    sigprop.model.positions; then C, ``kw``, ``kap`` and ``vw`` over the grid's nodes)."""
+    pos = exact_positions(len(C)) if grid is None else grid
     Co = _offdiag(C)
-    Mk = Co * grid.key_pair_weights()
-    K = grid.UtXU(Co)
-    dK, dM = np.diag(K).copy(), grid.UtXU_diag(Mk)
+    Mk = Co * pos.key_pair_weights()
+    K = pos.UtXU(Co)
+    dK, dM = np.diag(K).copy(), pos.UtXU_diag(Mk)
     d = np.diag(C).copy()
     if kw is None:
-        diag, a = _terms_graded(r, d, grid)
+        diag, a = _diag_terms(r, d, pos)
     else:
-        a = _pair_terms(r, d, grid.n)
-        # (the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
-        f, rho, wsum = _weighted(r, C, kw, grid, (Co, Mk, dK + dM))
+        a = _pair_terms(r, d, pos.n)
+        # (on a grid, the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
+        f, rho, wsum = _weighted(r, C, kw, grid, None if grid is None else (Co, Mk, dK + dM))
         diag = wsum + d * np.asarray(r["local"], float)
-    kf_diag, kf_off, kk_diag = grid.flat_kernel_means
-    # (Co's diagonal is never read: the kernels take the pairs of distinct positions only, and
-    # the output's diagonal is set below)
+    kf_diag, kf_off, kk_diag = pos.flat_kernel_means
+    # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
+    # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat
+    # value.  (Co's diagonal is never read: the kernels take the pairs of distinct positions
+    # only, and the output's diagonal is set below)
     if vw is None:
         kv, kk = _pair_scales(r, kf_diag, kk_diag)
         pairs = kv * dK + kk * dM
         K *= float(r["cross_c"]) / kf_off
     else:
-        w_flat, m_flat, kk_off = _pair_flat_means(vw, grid)
-        Kk = grid.UtXU(Co * vw[1])
-        pairs = pair_rows.pair_terms(r, dK, kf_diag, grid.UtXU_diag(Co * vw[0]), w_flat,
+        w_flat, m_flat, kk_off = _pair_flat_means(vw, pos)
+        Kk = pos.UtXU(Co * vw[1])
+        pairs = pair_rows.pair_terms(r, dK, kf_diag, pos.UtXU_diag(Co * vw[0]), w_flat,
                                      np.diag(Kk).copy(), m_flat)
-        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, grid.L)
+        K = pair_rows.pair_cov_kernel(r, K, kf_off, Kk, kk_off, pos.L)
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
-    out = _one_row_off(r, a, d, kap, grid.UtDU, grid.n)
+    out = _one_row_off(r, a, d, kap, pos.UtDU, pos.n)
     if kw is not None:
         pairs = pairs * rho * rho
         K *= np.outer(rho, rho)
@@ -544,27 +533,18 @@ def _attention_cov_graded(r: dict, C: np.ndarray, grid, kw=None, kap=None, vw=No
     return out
 
 
-def _flat_stats_graded(r: dict, grid, rg: float, kap=None) -> tuple[float, float]:
-    d = np.ones(grid.size)
-    diag, a = _terms_graded(r, d, grid)
-    qry = float(r["qry_c"]) * (1.0 if kap is None else grid.mean_off(kap))
-    return (grid.mean(diag) + rg * float(r["cross"]),
-            (grid.UtDU_offmean(a) if kap is None else grid.mean_off(_one_row_off(r, a, d, kap, grid.UtDU, grid.n)))
-            + rg * (float(r["cross_c"]) + qry))
-
-
-def _flat_stats(r: dict, L: int, rg: float, kap=None) -> tuple[float, float]:
+def _flat_stats(r: dict, L: int, rg: float, kap=None, grid=None) -> tuple[float, float]:
     """(diagonal mean, off-diagonal mean) of :func:`_attention_cov` for the flat covariance
-    (diagonal 1, off-diagonal rg), in O(L) (O(L^2) with rotary positions' ``kap``): the kernels
-    of a flat covariance are the memoised flat ones times rg."""
-    d = np.ones(L)
-    diag, a = _terms(r, d)
-    if kap is None:
-        off = _UtDU_offmean(a) + rg * (float(r["cross_c"]) + float(r["qry_c"]))
-    else:
-        off = (mean_off(_one_row_off(r, a, d, kap, _UtDU, np.arange(1.0, L + 1)))
-               + rg * (float(r["cross_c"]) + float(r["qry_c"]) * mean_off(kap)))
-    return float(np.mean(diag)) + rg * float(r["cross"]), off
+    (diagonal 1, off-diagonal rg), in O(L) (O(L^2) with rotary positions' ``kap``), over L
+    positions or the nodes of ``grid``: the kernels of a flat covariance are the memoised
+    flat ones times rg."""
+    pos = exact_positions(L) if grid is None else grid
+    d = np.ones(pos.size)
+    diag, a = _diag_terms(r, d, pos)
+    qry = float(r["qry_c"]) * (1.0 if kap is None else pos.mean_off(kap))
+    return (pos.mean(diag) + rg * float(r["cross"]),
+            (pos.UtDU_offmean(a) if kap is None else pos.mean_off(_one_row_off(r, a, d, kap, pos.UtDU, pos.n)))
+            + rg * (float(r["cross_c"]) + qry))
 
 
 def mean_off(C: np.ndarray, grid=None) -> float:
@@ -707,24 +687,15 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     and pair-of-rows sums over the rows attending to each key; the flat reference keeps
     exchangeable keys, so the factors carry what the weights change."""
     kap = _offset_kernel(params, grid, len(C) if grid is None else None)
-    if grid is not None:
-        r = rows(params, x, table, grid, var_range)
-        vw = pair_rows.pair_weights(params, x, grid.n) if params.get("causal") else None
-        o = _attention_cov_graded(r, C, grid, kw, kap, vw)
-        t = grid.mean_diag(o)
-        t1, off1 = _flat_stats_graded(r, grid, float(g.corr), kap)
-        if not (t > 0 and t1 > 0):
-            return 1.0, 1.0, C
-        return float(t / t1), _ratio(grid.mean_off(o), off1), o / t
-    r = rows(params, x, table, None, var_range)
-    L = len(C)
-    vw = pair_rows.pair_weights(params, x, np.arange(1.0, L + 1)) if params.get("causal") else None
-    o = _attention_cov(r, C, kw, kap, vw)
-    t = np.trace(o) / L
-    t1, off1 = _flat_stats(r, L, float(g.corr), kap)
+    pos = exact_positions(len(C)) if grid is None else grid
+    r = rows(params, x, table, grid, var_range)
+    vw = pair_rows.pair_weights(params, x, pos.n) if params.get("causal") else None
+    o = _attention_cov(r, C, kw, kap, vw, grid)
+    t = pos.mean_diag(o)
+    t1, off1 = _flat_stats(r, pos.size, float(g.corr), kap, grid)
     if not (t > 0 and t1 > 0):
         return 1.0, 1.0, C
-    return float(t / t1), _ratio(mean_off(o), off1), o / t
+    return float(t / t1), _ratio(pos.mean_off(o), off1), o / t
 
 
 def positionwise(C: np.ndarray, var_gain: float, cov_gain: float) -> np.ndarray:
