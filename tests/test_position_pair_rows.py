@@ -7,6 +7,7 @@ the shorter row's length (first order: 1 + rho v (1 - 1/min(n_i, n_i')))."""
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from sigprop.mc.components.attention import AttentionMC
 from sigprop.model import pair_rows
@@ -193,3 +194,21 @@ def test_pair_length_weights_first_order():
     off = ~np.eye(len(lengths), dtype=bool)
     assert np.allclose((R - 1.0)[off], rho * v * M[off], rtol=0.01, atol=1e-7)
     assert np.allclose(K[off], M[off], rtol=0.01, atol=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(mean=st.floats(-2.0, 2.0), var=st.floats(1e-3, 4.0), corr=st.floats(-0.2, 0.999),
+       qs=st.floats(0.01, 0.6), ks=st.floats(0.01, 0.6), qb=st.floats(0.0, 1.0), kb=st.floats(0.0, 1.0))
+def test_pair_weights_screen_never_skips_a_state_that_needs_them(mean, var, corr, qs, ks, qb, kb):
+    """pair_weights decides "no weights" without the rule where the closed-form mean row logit
+    variance is below LINEAR (no rotary positions, no QK-norm): that bounds |rho| v, so the
+    screen and the full test agree."""
+    from sigprop.rules import attention as AT
+
+    params = {**_params(0.0), "q_std": qs, "k_std": ks, "q_bias_std": qb, "k_bias_std": kb}
+    x = Forward(mean, var, corr)
+    v, rho = AT.pair_law_mean(params, x, newton=False)
+    bound = AT.mean_row_logit_var(params, x)
+    assert abs(rho) * v <= bound * (1 + 1e-12) + 1e-300
+    full = not (np.isfinite(v) and np.isfinite(rho)) or abs(rho) * v < pair_rows.LINEAR
+    assert (pair_rows.pair_weights(params, x, np.arange(1.0, L + 1)) is None) == full

@@ -122,6 +122,11 @@ def pair_weights(params: dict, x, n: np.ndarray) -> tuple[np.ndarray, np.ndarray
     covariance at uniform weights).  Only their shapes matter to the caller (it normalises
     each)."""
     n = np.asarray(n, dtype=float)
+    if not params.get("rope") and not params.get("qk_norm"):
+        # there v is the mean row logit variance (a closed form) and |rho| <= 1 (the query's
+        # shared fraction of its variance): below LINEAR, no rule evaluation is needed
+        if attention_rule.mean_row_logit_var(params, x) < LINEAR:
+            return None
     v, rho = attention_rule.pair_law_mean(params, x, newton=False)
     if params.get("rope"):
         if np.isfinite(v) and np.isfinite(rho) and abs(rho) * v < LINEAR / SCREEN:
