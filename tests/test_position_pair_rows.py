@@ -7,7 +7,7 @@ the shorter row's length (first order: 1 + rho v (1 - 1/min(n_i, n_i')))."""
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from sigprop.mc.components.attention import AttentionMC
 from sigprop.model import pair_rows
@@ -197,6 +197,8 @@ def test_pair_length_weights_first_order():
 
 
 @settings(max_examples=60, deadline=None)
+@example(mean=0.0, var=1.0, corr=0.3, qs=0.05, ks=0.05, qb=0.0, kb=0.0)      # screened out
+@example(mean=0.0, var=1.0, corr=0.3, qs=0.5, ks=0.5, qb=0.0, kb=0.0)        # weights needed
 @given(mean=st.floats(-2.0, 2.0), var=st.floats(1e-3, 4.0), corr=st.floats(-0.2, 0.999),
        qs=st.floats(0.01, 0.6), ks=st.floats(0.01, 0.6), qb=st.floats(0.0, 1.0), kb=st.floats(0.0, 1.0))
 def test_pair_weights_screen_never_skips_a_state_that_needs_them(mean, var, corr, qs, ks, qb, kb):

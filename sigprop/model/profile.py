@@ -345,6 +345,12 @@ def exact_positions(L: int) -> ExactPositions:
     return ExactPositions(L)
 
 
+def _positions(L: int, grid):
+    """The position operators the attention kernels sum with: ``grid``, or every one of L
+    positions (:class:`ExactPositions`) where there is none."""
+    return exact_positions(L) if grid is None else grid
+
+
 def _UtXU(X: np.ndarray) -> np.ndarray:
     """U^T X U for the uniform causal attention matrix U (U_ij = 1/n_i, j <= i), in O(L^2):
     (X U)_ik = sum_{j >= k} X_ij / n_j and (U^T Y)_kl = sum_{i >= k} Y_il / n_i are reversed
@@ -491,7 +497,7 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
     (None: the first-order 1 - 1/min of :func:`_pair_scales`)), over every position, or on
     a position ``grid`` (sums over positions as the grid's quadratures,
     sigprop.model.positions; then C, ``kw``, ``kap`` and ``vw`` over the grid's nodes)."""
-    pos = exact_positions(len(C)) if grid is None else grid
+    pos = _positions(len(C), grid)
     Co = _offdiag(C)
     Mk = Co * pos.key_pair_weights()
     K = pos.UtXU(Co)
@@ -536,9 +542,9 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
 def _flat_stats(r: dict, L: int, rg: float, kap=None, grid=None) -> tuple[float, float]:
     """(diagonal mean, off-diagonal mean) of :func:`_attention_cov` for the flat covariance
     (diagonal 1, off-diagonal rg), in O(L) (O(L^2) with rotary positions' ``kap``), over L
-    positions or the nodes of ``grid``: the kernels of a flat covariance are the memoised
-    flat ones times rg."""
-    pos = exact_positions(L) if grid is None else grid
+    positions or the nodes of ``grid`` (then L is not read): the kernels of a flat covariance
+    are the memoised flat ones times rg."""
+    pos = _positions(L, grid)
     d = np.ones(pos.size)
     diag, a = _diag_terms(r, d, pos)
     qry = float(r["qry_c"]) * (1.0 if kap is None else pos.mean_off(kap))
@@ -687,7 +693,7 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     and pair-of-rows sums over the rows attending to each key; the flat reference keeps
     exchangeable keys, so the factors carry what the weights change."""
     kap = _offset_kernel(params, grid, len(C) if grid is None else None)
-    pos = exact_positions(len(C)) if grid is None else grid
+    pos = _positions(len(C), grid)
     r = rows(params, x, table, grid, var_range)
     vw = pair_rows.pair_weights(params, x, pos.n) if params.get("causal") else None
     o = _attention_cov(r, C, kw, kap, vw, grid)

@@ -904,8 +904,8 @@ class TableCache:
         self.untabulated = _Untabulated(self)
 
     def remember(self, key, compute):
-        """``compute()`` memoised under ``key`` for this prediction (the oldest of MEMO_SIZE
-        dropped first: the backward pass, top layer first, finds the most recent ones)."""
+        """``compute()`` memoised under ``key`` for this prediction (at MEMO_SIZE entries the
+        oldest half is dropped: the backward pass, top layer first, finds the most recent)."""
         return self._memo.get(key, compute)
 
     def theta(self, family: str, key, x: Forward, build):

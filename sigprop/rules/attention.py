@@ -157,6 +157,13 @@ _VMIN = 1e-30   # floor for the row logit variance where it divides (v -> 0 limi
 ROW_LOGIT_VAR_MAX = 100.0
 
 
+def _row_var(tau, d, sk2, vq):
+    """A row's token-varying logit variance without QK-norm and rotary positions: tau d sk^2 vq
+    (tau = (1 - r) s2 the token-varying part of the input's second moment, vq the query
+    component's variance), in any arithmetic."""
+    return tau * d * sk2 * vq
+
+
 def mean_row_logit_var(p: dict, x: Forward) -> float:
     """The mean row logit variance at input ``x`` (floats; ``p`` the rule's parameters as a
     dict): the variance of the part of a row's logits that the softmax sees (what does not
@@ -167,9 +174,7 @@ def mean_row_logit_var(p: dict, x: Forward) -> float:
     scales by the normalised ones, rotary positions add the key-shared part that no longer
     cancels, vsh (1 - kbar(L)) (see the module docstring)."""
     if not p.get("qk_norm", 0) and not p.get("rope", 0.0):
-        tau = (1 - x.corr) * x.var
-        vq = p["d"] * p["q_std"] ** 2 * (x.var + x.mean ** 2) + p.get("q_bias_std", 0.0) ** 2
-        return float(tau * p["d"] * p["k_std"] ** 2 * vq)
+        return float(_row_var((1 - x.corr) * x.var, p["d"], p["k_std"] ** 2, qk_variances(p, x)[0]))
     from sigprop.backend import numeric as m
     c = _Ctx(m, Forward(float(x.mean), float(x.var), float(x.corr)), _RULE.param_values(p),
              rope=bool(p.get("rope", 0.0)), check=False)
@@ -469,7 +474,7 @@ class _Ctx:
         vqf = _floor(m, vq)                            # (no queries at all: uniform rows)
         self.vq = vq
         self.fx = vx / vqf
-        self.s_mean = _branch(m, self.norm, lambda: self.tau * p.d * sk2 * vq, lambda: self._normed_var(m, p, sk2, vq))
+        self.s_mean = _branch(m, self.norm, lambda: _row_var(self.tau, p.d, sk2, vq), lambda: self._normed_var(m, p, sk2, vq))
         # QK-norm: the relative fourth cumulant kappa_4 / v^2 of the token-varying logit (0 without)
         self.k4n = _branch(m, self.norm, lambda: 0 * self.s_mean, lambda: self._normed_k4(m, p))
         if check and not m.SYMBOLIC:
@@ -544,7 +549,7 @@ class _Ctx:
         E sum_j P_j^2 3.5% low at dh 32 and 32 keys (4% at 8 keys, 2.4% at 128); the Edgeworth
         term is within 0.1% up to 32 keys and 0.8% at 128 (dh 32; iid sphere-coordinate
         logits, 4e5 rows)."""
-        return self.tau * p.d * sk2 * vq * (1 + self.rk * (1 + self.rk) / (2 * p.d_head))
+        return _row_var(self.tau, p.d, sk2, vq) * (1 + self.rk * (1 + self.rk) / (2 * p.d_head))
 
     def _normed_k4(self, m, p):
         """QK-norm: the relative fourth cumulant kappa_4 / v^2 of a row's token-varying logits,
