@@ -174,3 +174,31 @@ def test_node_grid_with_every_position_a_node_is_the_exact_model():
     assert np.max(np.abs(e[2] - gg[2])) < 1e-9 * np.max(np.abs(e[2]))
     # and the weights matter here: against exchangeable keys the variance factor moves
     assert abs(e[0] / profile.attention_backward(p, x, g, C, None, None)[0] - 1) > 0.01
+
+
+def test_smoothing_table_interpolation_order_and_nodes():
+    """The smoothing tables' cubic interpolation in log s (done per group of variances that
+    share their four nodes): at a tabulated variance it gives that variance's row, and the
+    result does not depend on the order of the variances asked for."""
+    from sigprop.rules import softmax_moments as sm
+    sub = slice(100, 124)
+    u, ls, lphi, lchi1, _ = sm._het_tables(sub)
+    table = np.ascontiguousarray(lchi1[sub][:, ::50])
+    at_nodes = sm._het_interp(table, ls[sub], np.exp(ls[sub][2:-2]), ls[0])
+    assert np.allclose(at_nodes, table[2:-2], rtol=1e-9, atol=1e-9)
+    rng = np.random.default_rng(3)
+    s = np.exp(rng.uniform(ls[sub][1], ls[sub][-2], size=(7, 9)))
+    whole = sm._het_interp(table, ls[sub], s, ls[0])
+    assert whole.shape == (7, 9, table.shape[1])
+    perm = rng.permutation(s.size)
+    shuffled = sm._het_interp(table, ls[sub], s.ravel()[perm], ls[0])
+    assert np.array_equal(shuffled, whole.reshape(s.size, -1)[perm])
+    # between the nodes, against chi_1(u; s) = E[G_1(u + e)], e ~ N(0, s), G_1(w) = exp(w - e^w),
+    # by Gauss-Hermite quadrature (not the tables' FFT)
+    keep = (u[::50] > -20) & (u[::50] < 3)
+    s_mid = math.exp((ls[sub][5] + ls[sub][6]) / 2)
+    mid = sm._het_interp(table, ls[sub], s_mid, ls[0])[keep]
+    x, w = np.polynomial.hermite_e.hermegauss(80)
+    z = u[::50][keep][:, None] + math.sqrt(s_mid) * x[None, :]
+    direct = np.log((np.exp(z - np.exp(z)) * w).sum(axis=1) / w.sum())
+    assert np.allclose(np.exp(mid - direct), 1.0, atol=1e-4)

@@ -267,20 +267,31 @@ def cubic_weights(t):
     return [t1 * t2 * t3 / -6, t * t2 * t3 / 2, t * t1 * t3 / -2, t * t1 * t2 / 6]
 
 
-def _het_interp(table, ls, s, cols=None, clip_lo=None):
+def _het_interp(table, ls, s, clip_lo=None):
     """Table rows interpolated in log s (cubic Lagrange through the four nearest variances,
-    held within their range) at the variances ``s`` (any shape), on the u columns ``cols``:
-    shape s.shape + (len(cols),).  ``table`` may be a slice of the tables' variances (``ls``
-    its log variances); ``clip_lo``: the whole grid's lowest log variance, where s is clipped."""
+    held within their range) at the variances ``s`` (any shape): shape s.shape +
+    (table.shape[1],).  ``table`` may be a slice of the tables' variances (``ls`` its log
+    variances); ``clip_lo``: the whole grid's lowest log variance, where s is clipped.  The
+    variances sharing their four nodes are done together: one matrix product with those four
+    rows, and their range (for the clip) one row each way."""
     lo = ls[0] if clip_lo is None else clip_lo
-    x = (np.log(np.clip(s, np.exp(lo), np.exp(_HS_HI))) - ls[0]) / _HS_STEP
+    x = (np.log(np.clip(np.ravel(s), np.exp(lo), np.exp(_HS_HI))) - ls[0]) / _HS_STEP
     i0 = np.clip(np.floor(x).astype(np.int64) - 1, 0, len(ls) - 4)
-    t = (x - i0)[..., None]
-    nodes = [table[i0 + j] if cols is None else table[i0 + j][..., cols] for j in range(4)]
-    out = sum(c * nd for c, nd in zip(cubic_weights(t), nodes))
-    # where a factor underflows (its log clipped at log 1e-300) the cubic would overshoot:
-    # keep the result within the four nodes' range
-    return np.clip(out, np.minimum.reduce(nodes), np.maximum.reduce(nodes))
+    order = None if np.all(i0[1:] >= i0[:-1]) else np.argsort(i0, kind="stable")
+    if order is not None:
+        x, i0 = x[order], i0[order]
+    W = np.stack(cubic_weights(x - i0), axis=1)
+    starts = np.flatnonzero(np.diff(i0, prepend=-1))
+    out = np.empty((len(x), table.shape[1]))
+    for a, b in zip(starts, list(starts[1:]) + [len(x)]):
+        nodes = table[i0[a]:i0[a] + 4]
+        o = np.matmul(W[a:b], nodes, out=out[a:b])
+        # where a factor underflows (its log clipped at log 1e-300) the cubic would
+        # overshoot: keep the result within the four nodes' range
+        np.clip(o, nodes.min(axis=0), nodes.max(axis=0), out=o)
+    if order is not None:
+        out[order] = out.copy()
+    return out.reshape(np.shape(s) + (table.shape[1],))
 
 
 def independent_row_moments(s, counts):
@@ -316,9 +327,13 @@ def independent_row_moments(s, counts):
         min(len(ls), int(np.searchsorted(ls, np.log(max(uniq[-1], 1e-300)))) + 3)
     sub = slice(lo_s, hi_s) if hi_s - lo_s >= 4 else slice(0, len(ls))
     lphi, lchi1, lchi2 = _het_tables(sub)[2:]
-    facs = [_het_interp(np.ascontiguousarray(t[sub][:, cols]), ls[sub], uniq, None, ls[0])
+    facs = [_het_interp(np.ascontiguousarray(t[sub][:, cols]), ls[sub], uniq, ls[0])
             for t in (lphi, lchi1, lchi2)]
     lphi, lchi1, lchi2 = facs
+    # per distinct variance, each moment's factor over phi (a key's own chi_a in place of its
+    # phi in the row's product)
+    lchi1 -= lphi
+    lchi2 -= lphi
     e1 = np.zeros(s.shape)
     e2 = np.zeros(s.shape)
     live = np.nonzero(np.any(counts != 0, axis=1))[0]
@@ -327,11 +342,12 @@ def independent_row_moments(s, counts):
     for b in range(0, len(live), step):
         rr = live[b:b + step]
         ir = inv[rr]                                          # (rows, k)
-        lp = lphi[ir]                                         # (rows, k, u)
-        lam = np.einsum("rk,rku->ru", counts[rr], lp)         # sum over each row's keys
-        rest = lam[:, None, :] - lp
-        e1[rr] = np.exp(rest + lchi1[ir]).sum(axis=2) * du
-        e2[rr] = np.exp(rest + lchi2[ir]).sum(axis=2) * du
+        lam = np.matmul(counts[rr][:, None, :], lphi[ir])     # (rows, 1, u): the row's sum of log phi
+        for e, lchi in ((e1, lchi1), (e2, lchi2)):
+            x = lchi[ir]                                      # (rows, k, u)
+            x += lam
+            np.exp(x, out=x)
+            e[rr] = x.sum(axis=2) * du
     return e1, e2
 
 
