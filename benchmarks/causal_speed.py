@@ -11,7 +11,8 @@ interleaved so that a change of machine load hits them alike):
    --json` (goal: under 300 MB), the child's ru_maxrss.
 
 ``--llama`` adds `predict --arch llama --layers 768 --json` (causal, rotary positions, GQA
-where set) and ``--bidirectional`` `predict --arch preln --layers 768 --json` to the same
+where set) and LLaMA-7B's depth at seq 256 and 8192 (`--layers 32 --seq-len 256|8192`, with
+their ratio), and ``--bidirectional`` `predict --arch preln --layers 768 --json` to the same
 interleaved run.  ``--baseline DIR`` also times every predict command on the sigprop tree in
 DIR (e.g. a `git worktree` or `git archive` of an earlier commit; its own table store),
 interleaved with this tree's: before and after in one run.  Beside the wall-clock medians the
@@ -69,7 +70,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-lns", action="store_true")
     ap.add_argument("--lns-only", action="store_true", help="only item 2 (against import numpy)")
-    ap.add_argument("--llama", action="store_true", help="also predict --arch llama --layers 768 --json")
+    ap.add_argument("--llama", action="store_true", help="also predict --arch llama --layers 768 --json, and 32 layers at seq 256 and 8192")
     ap.add_argument("--bidirectional", action="store_true", help="also predict --arch preln --layers 768 --json")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a sigprop tree (an earlier commit) timed beside this one, interleaved")
@@ -90,6 +91,9 @@ def main() -> None:
         predicts["lns seq 256"] = sp + ["--arch", "lns", "--causal"]
     if a.llama:
         predicts["llama"] = sp + ["--arch", "llama"]
+        l32 = [py, "-m", "sigprop", "predict", "--arch", "llama", "--layers", "32", "--json", "--seq-len"]
+        predicts["llama 32 seq 256"] = l32 + ["256"]
+        predicts["llama 32 seq 8192"] = l32 + ["8192"]
     if a.bidirectional:
         predicts["preln bidirectional"] = sp + ["--arch", "preln"]
     runs = {"import numpy": ([py, "-c", "import numpy"], envs[""])}
@@ -115,6 +119,9 @@ def main() -> None:
         return
     for tag in trees:
         print(f"  seq 8192 / seq 256{tag}: {med['preln seq 8192' + tag] / med['preln seq 256' + tag]:.2f}")
+        if a.llama:
+            print(f"  llama 32 layers, seq 8192 / seq 256{tag}: "
+                  f"{med['llama 32 seq 8192' + tag] / med['llama 32 seq 256' + tag]:.2f}")
     big = predicts["preln seq 256"] + ["--seq-len", "131072"]
     print(f"  peak memory, preln seq 131072: {peak_mb(big, envs['']):.0f} MB; "
           f"seq 256: {peak_mb(predicts['preln seq 256'], envs['']):.0f} MB")
