@@ -279,21 +279,34 @@ def _rope_row_moments(m, L, base, dh):
     return compute()
 
 
-_ROPE_SHIFT = memo.Kind("attention.rope_shift", 256, ":func:`_rope_shift_moments` per (n, base, d_head), numeric scalars")
+_ROPE_SHIFT = memo.Kind("attention.rope_shift", 256, ":func:`_rope_shift_moments` per (n, base, d_head), numeric "
+                         "(n a scalar, or an array of row lengths by its bytes and shape; arrays read-only)")
 
 
 def _rope_shift_moments(m, n, base, dh):
     """(kbar(n), :func:`_kappa_sq`, M2 and D of :func:`_kappa_moments`) at n keys for
     ``_Ctx.shifted``: functions of the positions and the rotary frequencies alone, memoised for
-    numeric scalar arguments (the same numbers)."""
+    numeric arguments with a scalar base and d_head (the same numbers; n a scalar or an array
+    of row lengths, such as a causal sum's quadrature nodes, which every layer shares)."""
     def compute():
         kb = _kappa_bar(m, n, base, dh)
         _, m2, dd = _kappa_moments(m, n, base, dh)
         return (kb, _kappa_sq(m, n, base, dh), m2, dd)
 
-    if not getattr(m, "SYMBOLIC", False) and np.ndim(n) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
-        return _ROPE_SHIFT.get((float(n), float(base), float(dh)), compute)
+    if not getattr(m, "SYMBOLIC", False) and np.ndim(base) == 0 and np.ndim(dh) == 0:
+        if np.ndim(n) == 0:
+            return _ROPE_SHIFT.get((float(n), float(base), float(dh)), compute)
+        nn = np.ascontiguousarray(n, dtype=float)
+        return _ROPE_SHIFT.get((nn.tobytes(), nn.shape, float(base), float(dh)), lambda: _frozen(compute()))
     return compute()
+
+
+def _frozen(values):
+    """``values`` (a tuple of arrays) made read-only, to be shared from a memo."""
+    out = tuple(np.asarray(v, dtype=float) for v in values)
+    for v in out:
+        v.flags.writeable = False
+    return out
 
 
 def _kappa_sq(m, n, base, dh):
