@@ -156,6 +156,42 @@ def test_published_numeric_equals_symbolic():
             assert float(ex[key].subs(sub).evalf()) == pytest.approx(float(val), rel=1e-9)
 
 
+def test_pair_length_sum_on_arrays_against_direct_sums():
+    """The causal pair weights on arrays whose entries span phi ~ 1 (the geometric sum's M),
+    moderate values, and phi far below 1 (terms far below the smallest normal double, which
+    the sum takes as 0), against the double sums written out term by term."""
+    L = 40
+    l2 = np.array([[-1e-14, -0.013, -0.3], [-2.0, -40.0, -690.0]])
+    l1 = np.array([[-1e-14, -0.021, -1.5], [-0.5, -690.0, -3.0]])
+
+    def direct(a2, a1, k):
+        tot = 0.0
+        for n in range(1, L):
+            ff = math.prod(n - j for j in range(k))
+            if ff <= 0:
+                continue
+            geo = sum(math.exp(m * a1) for m in range(1, L - n + 1))
+            tot += ff * math.exp((n - k) * a2) * geo
+        return tot
+
+    for k in (1, 2):
+        got = nm.pair_length_sum(l2, l1, L, k)
+        want = np.vectorize(lambda a2, a1: direct(a2, a1, k))(l2, l1)
+        assert got.shape == l2.shape
+        assert np.allclose(got, want, rtol=3e-4, atol=0.0), (k, got, want)
+    both = nm.pair_length_sum(l2, l1, L, (1, 2))
+    assert np.array_equal(both[0], nm.pair_length_sum(l2, l1, L, 1))
+    assert np.array_equal(both[1], nm.pair_length_sum(l2, l1, L, 2))
+
+
+def test_exp_flushed():
+    """exp where the result is a normal double above ~1e-304, 0 below."""
+    x = np.array([0.0, -1.0, -699.0, -700.5, -720.0, -1e6])
+    got = nm.exp_flushed(x.copy())
+    assert np.array_equal(got[:3], np.exp(x[:3]))
+    assert np.all(got[3:] == 0.0)
+
+
 def test_primitives_numeric_equals_symbolic():
     """The quadrature primitives of the rule against sympy's exact values."""
     import sympy as sp

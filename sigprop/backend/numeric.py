@@ -319,7 +319,8 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
     """sum_{n=1}^{L-1} (n)_k exp((n-k) log_phi2) * sum_{m=1}^{L-n} exp(m log_phi1), with
     (n)_k the falling factorial: the length weights of a pair of causal rows (the shorter
     row n keys, all shared; the longer n + m).  L a scalar; log_phi* arrays (<= 0).  ``k``
-    an integer, or a tuple of integers (then a tuple of sums, computed in one pass)."""
+    an integer, or a tuple of integers (then a tuple of sums, computed in one pass).  Terms
+    below exp(-700) (~1e-304) are taken as 0 (:func:`exp_flushed`)."""
     ks = (k,) if isinstance(k, int) else tuple(k)
     L = float(L)
     n, w = _length_nodes(1.0, L - 1.0)
@@ -327,33 +328,49 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
     l2 = np.asarray(log_phi2, dtype=float)
     em1 = np.expm1(l1)
     small = em1 > -1e-12
-    safe = np.where(small, -1.0, em1)
-    e1 = np.exp(l1)
-    phi2 = np.exp(l2)
-    kmax = max(ks)
-    out = [np.zeros(np.broadcast_shapes(l1.shape, l2.shape)) for _ in ks]
+    any_small = bool(small.any())
+    ratio = np.exp(l1) / np.where(small, -1.0, em1)
+    shape = np.broadcast_shapes(l1.shape, l2.shape)
+    out = [np.zeros(shape) for _ in ks]
     for nn, ww in zip(n, w):
         if ww == 0:
             continue
         M = L - nn
-        geo = np.where(small, M, e1 * np.expm1(M * l1) / safe)
-        # exp((nn - j) l2) for j = kmax .. 0 by multiplying up (no division by phi2)
-        if nn > kmax:
-            pw = {kmax: np.exp((nn - kmax) * l2)}
-        else:
-            pw = {j: (np.exp((nn - j) * l2) if nn > j else (1.0 if nn == j else None))
-                  for j in range(kmax + 1)}
-        for j in range(kmax - 1, -1, -1):
-            if pw.get(j) is None and pw.get(j + 1) is not None:
-                pw[j] = pw[j + 1] * phi2
+        # the longer row's extra keys, sum_{m=1}^{M} phi1^m = phi1 (phi1^M - 1) / (phi1 - 1)
+        # (M where phi1 ~ 1)
+        geo = np.multiply(l1, M, out=np.empty(shape))
+        np.expm1(geo, out=geo)
+        geo *= ratio
+        if any_small:
+            np.copyto(geo, M, where=small)
         for i, kk in enumerate(ks):
             ff = 1.0
             for j in range(kk):
                 ff *= nn - j
             if ff <= 0:
                 continue
-            out[i] = out[i] + ww * ff * pw[kk] * geo
+            term = exp_flushed(np.multiply(l2, nn - kk, out=np.empty(shape))) if nn > kk else np.ones(shape)
+            term *= ww * ff
+            term *= geo
+            out[i] += term
     return out[0] if isinstance(k, int) else tuple(out)
+
+
+#: :func:`exp_flushed` gives 0 below this argument
+EXP_FLUSH = -700.0
+
+
+def exp_flushed(x: np.ndarray) -> np.ndarray:
+    """exp(x), with 0 where x < EXP_FLUSH (results below ~1e-304), computed in place on ``x``
+    (a fresh array the caller owns).  NumPy's vectorised exp leaves its fast path for results
+    near or below the smallest normal double (x below about -707): 14 ns an element there
+    against 0.7 ns, measured; the flushed terms are below any sum they enter by ~290 orders of
+    magnitude."""
+    tiny = x < EXP_FLUSH
+    np.maximum(x, EXP_FLUSH, out=x)
+    np.exp(x, out=x)
+    np.copyto(x, 0.0, where=tiny)
+    return x
 
 
 def choose(flag, if0, if1):

@@ -61,6 +61,7 @@ import math
 import numpy as np
 
 from sigprop import memo
+from sigprop.backend.numeric import exp_flushed
 
 #: Gaussian truncation used for the u-window (numeric hint only), in standard deviations
 _K = 8.5
@@ -346,7 +347,7 @@ def independent_row_moments(s, counts):
         for e, lchi in ((e1, lchi1), (e2, lchi2)):
             x = lchi[ir]                                      # (rows, k, u)
             x += lam
-            np.exp(x, out=x)
+            exp_flushed(x)
             e[rr] = x.sum(axis=2) * du
     return e1, e2
 
