@@ -208,7 +208,7 @@ _HS_LO, _HS_HI, _HS_STEP = float(np.log(1e-6)), float(np.log(300.0)), 0.05
 #: within [_HU_LO, _HU_HI]); the left end is far enough out that the periodic wrap of the
 #: step G_0 (1 on the left, 0 on the right) stays 10 standard deviations (s <= 300) away
 _HW_STEP, _HW_LO, _HW_HI = 0.05, -540.0, 280.0
-_HU_LO, _HU_HI, _HU_EVERY = -300.0, 60.0, 2
+_HU_LO, _HU_HI, _HU_EVERY = -300.0, 60.0, 4
 #: the (row, key, u) entries :func:`independent_row_moments` evaluates in one array operation
 _ROW_BLOCK = 1 << 18
 _HET = memo.Kind("softmax.het_tables", 1, "the smoothing tables' base and their rows, filled as asked for")
@@ -307,8 +307,9 @@ def independent_row_moments(s, counts):
     shared part of a row's logits cancels in the softmax and is not part of ``s``.
 
     Numeric only; variances are clipped to [1e-6, 300] (the tables' range); relative accuracy
-    ~1e-4 (cubic interpolation in log s, steps 0.05; trapezoid in u at step 0.1 on a
-    window that grows with the largest variance)."""
+    ~1e-4 (cubic interpolation in log s, steps 0.05; trapezoid in u at step 0.2 on a
+    window that grows with the largest variance: against step 0.05, within 9e-8 relative on
+    a LLaMA model's rows at seq 8192 and 3e-8 at variances 1e-4 to 250, as step 0.1 is)."""
     s = np.asarray(s, dtype=float)
     counts = np.asarray(counts, dtype=float)
     if s.ndim != 2 or s.shape != counts.shape:
