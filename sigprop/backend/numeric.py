@@ -363,9 +363,9 @@ EXP_FLUSH = -700.0
 def exp_flushed(x: np.ndarray) -> np.ndarray:
     """exp(x), with 0 where x < EXP_FLUSH (results below ~1e-304), computed in place on ``x``
     (a fresh array the caller owns).  NumPy's vectorised exp leaves its fast path for results
-    near or below the smallest normal double (x below about -707): 14 ns an element there
-    against 0.7 ns, measured; the flushed terms are below any sum they enter by ~290 orders of
-    magnitude."""
+    near or below the smallest normal double (x below about -707): 14-100 ns an element there
+    against 0.8 ns (measured; docs/benchmarks.md, "Eleventh round"); the flushed terms are
+    below any sum they enter by ~290 orders of magnitude."""
     tiny = x < EXP_FLUSH
     np.maximum(x, EXP_FLUSH, out=x)
     np.exp(x, out=x)
