@@ -178,6 +178,17 @@ def using(memos: Memos):
         _CURRENT.reset(token)
 
 
+def frozen(values):
+    """``values`` (an array, or a tuple of arrays and numbers) with every array made read-only
+    in place: what a memo shares between its callers must not be changed by one of them."""
+    import numpy as np
+
+    for v in (values if isinstance(values, tuple) else (values,)):
+        if isinstance(v, np.ndarray):
+            v.flags.writeable = False
+    return values
+
+
 def memoised(kind: Kind):
     """Decorator: the function's value memoised in ``kind`` under its positional arguments
     (hashable; the function must be pure in them)."""

@@ -83,7 +83,7 @@ def test_uniform_limit_and_flat_normalisation():
         C = np.full((L, L), rg)
         np.fill_diagonal(C, 1.0)
         out = PF._attention_cov(r, C)
-        t1, off1 = PF._flat_stats(r, L, rg)
+        t1, off1 = PF._flat_stats(r, PF.exact_positions(L), rg)
         assert np.mean(np.diag(out)) == pytest.approx(t1, rel=1e-12)
 
 

@@ -302,13 +302,17 @@ class ExactPositions:
             self.flat_kernel_means = (float(np.trace(Kf) / L), float((Kf.sum() - np.trace(Kf)) / pairs),
                                       float(np.trace(Kk) / L))
         self.inv_nmax = M
-        self.size = L
         for a in vars(self).values():
             if isinstance(a, np.ndarray):
                 a.flags.writeable = False
 
     # the operators the kernels below take from a position grid (NodeGrid), over every
     # position: sums are plain sums, means plain means
+    @property
+    def size(self) -> int:
+        """The number of nodes: every position."""
+        return self.L
+
     def UtXU(self, X: np.ndarray) -> np.ndarray:
         return _UtXU(X)
 
@@ -539,12 +543,11 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
     return out
 
 
-def _flat_stats(r: dict, L: int, rg: float, kap=None, grid=None) -> tuple[float, float]:
+def _flat_stats(r: dict, pos, rg: float, kap=None) -> tuple[float, float]:
     """(diagonal mean, off-diagonal mean) of :func:`_attention_cov` for the flat covariance
-    (diagonal 1, off-diagonal rg), in O(L) (O(L^2) with rotary positions' ``kap``), over L
-    positions or the nodes of ``grid`` (then L is not read): the kernels of a flat covariance
-    are the memoised flat ones times rg."""
-    pos = _positions(L, grid)
+    (diagonal 1, off-diagonal rg), in O(L) (O(L^2) with rotary positions' ``kap``), over the
+    positions or nodes of ``pos`` (an ExactPositions or a grid): the kernels of a flat
+    covariance are the memoised flat ones times rg."""
     d = np.ones(pos.size)
     diag, a = _diag_terms(r, d, pos)
     qry = float(r["qry_c"]) * (1.0 if kap is None else pos.mean_off(kap))
@@ -698,7 +701,7 @@ def attention_backward(params: dict, x: Forward, g: Backward, C: np.ndarray,
     vw = pair_rows.pair_weights(params, x, pos.n) if params.get("causal") else None
     o = _attention_cov(r, C, kw, kap, vw, grid)
     t = pos.mean_diag(o)
-    t1, off1 = _flat_stats(r, pos.size, float(g.corr), kap, grid)
+    t1, off1 = _flat_stats(r, pos, float(g.corr), kap)
     if not (t > 0 and t1 > 0):
         return 1.0, 1.0, C
     return float(t / t1), _ratio(pos.mean_off(o), off1), o / t

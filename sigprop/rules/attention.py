@@ -297,16 +297,8 @@ def _rope_shift_moments(m, n, base, dh):
         if np.ndim(n) == 0:
             return _ROPE_SHIFT.get((float(n), float(base), float(dh)), compute)
         nn = np.ascontiguousarray(n, dtype=float)
-        return _ROPE_SHIFT.get((nn.tobytes(), nn.shape, float(base), float(dh)), lambda: _frozen(compute()))
+        return _ROPE_SHIFT.get((nn.tobytes(), nn.shape, float(base), float(dh)), lambda: memo.frozen(compute()))
     return compute()
-
-
-def _frozen(values):
-    """``values`` (a tuple of arrays) made read-only, to be shared from a memo."""
-    out = tuple(np.asarray(v, dtype=float) for v in values)
-    for v in out:
-        v.flags.writeable = False
-    return out
 
 
 def _kappa_sq(m, n, base, dh):
@@ -1357,9 +1349,7 @@ def _series_coefs_at(k: int, nkey: bytes):
         C = (f[5] - f[6] - f[7] + f[8]) / (4 * h * h)
         E = (f[9] - f[10] - f[11] + f[12]) / (4 * h * h)
         out.append(np.stack((f0, A, B, A2, C, B2, E)))
-    out = np.stack(out)
-    out.flags.writeable = False
-    return out
+    return memo.frozen(np.stack(out))
 
 
 def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
