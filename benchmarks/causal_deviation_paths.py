@@ -1,0 +1,169 @@
+"""One causal attention layer of a deep model, at the stream state the predictor carries into it:
+what the stream's position deviation S does to the attention's input gradient, path by path
+(query, key, value), and to the mean attention weights of the first keys, sampled against the
+causal position model.
+
+    python benchmarks/causal_deviation_paths.py [--arch preln] [--init normal] [--placement output]
+        [--layers 48] [--d-model 256] [--heads 4] [--d-ff 1024] [--seq-len 128]
+        [--dropout 0] [--at 13 30 43] [--trials 40] [--batch 8] [--seed 0]
+
+The predictor's forward pass (every position, no node grid) gives, entering each layer of
+``--at``, the stream's variance, mean token correlation r, variance profile over positions and
+deviation S of the pair correlations from r.  One attention layer with that layer's parameters is
+sampled (float64, NumPy Generator seeded with ``--seed``; new weights, inputs and dropout masks per
+draw) twice: inputs Gaussian with covariance over positions v (r + S) (diagonal: the profile), and
+exchangeable ones (S = 0, the same r).  The upstream gradient is iid N(0, 1) (a flat covariance
+over positions), so the layer's own response to S is what is measured.  Printed per layer:
+
+- per path, the mean input gradient variance over positions with S and without, their ratio,
+  and the same from the position model (sigprop.model.profile._attention_cov with the per-key
+  weights of profile.key_weights, against none; per path through the rule's per-row terms by
+  path, as benchmarks/causal_layer_cov.py);
+- the per-key weights n_i E[P_ij] (w1) and E[P_ij^2] over the exchangeable E[P^2] (w2) of keys
+  0, 1, 2, 5 averaged over rows 32..63 and 64..127, sampled (before attention dropout; the w2
+  reference from the exchangeable draws) against profile.key_weights."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from sigprop.backend import numeric
+from sigprop.mc.components.attention import AttentionMC
+from sigprop.mc.model import _attention_params
+from sigprop.model import positions
+from sigprop.model import predict as PR
+from sigprop.model import profile as PF
+from sigprop.model.presets import resolve
+from sigprop.rules import get
+from sigprop.state import Backward, Forward
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # the shared benchmark helpers
+from _model_args import add_model_args  # noqa: E402
+
+PATHS = ("q", "k", "v")
+KEYS = (0, 1, 2, 5)
+ROWS = ((32, 64), (64, 128))
+
+
+def _layer_cov():
+    """benchmarks/causal_layer_cov.py as a module (its per-path rule terms)."""
+    spec = importlib.util.spec_from_file_location("causal_layer_cov", Path(__file__).with_name("causal_layer_cov.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def states(model, layers) -> dict:
+    """Entering the attention of each layer in ``layers``: (variance, r, profile, S) over every
+    position (the predictor's exact position model: positions.EXACT_MAX raised to the length)."""
+    got = {}
+    orig = PR.Predictor._unit
+
+    def unit(self, layer, u, s, kept):
+        if u.label == "attention" and layer in layers:
+            got[layer] = (float(np.exp(s.log_var)), float(s.x.corr), s.prof.copy(), s.dev.copy())
+        return orig(self, layer, u, s, kept)
+
+    keep = positions.EXACT_MAX
+    positions.EXACT_MAX = max(keep, model.seq_len)
+    PR.Predictor._unit = unit
+    try:
+        PR.Predictor(model, False, None).forward()
+    finally:
+        PR.Predictor._unit = orig
+        positions.EXACT_MAX = keep
+    return got
+
+
+def sample(params: dict, cov: np.ndarray, trials: int, batch: int, rng) -> dict:
+    """Per draw, each path's and the whole input gradient's mean variance, and E[P_ij] and
+    E[P_ij^2] (before dropout; ``P1``, ``P2``: arrays (draws, L, L))."""
+    comp = AttentionMC()
+    L, d = params["L"], params["d"]
+    w, V = np.linalg.eigh(cov)
+    root = V * np.sqrt(np.clip(w, 0.0, None))
+    out = {k: [] for k in PATHS + ("all",)}
+    p1, p2 = [], []
+    for _ in range(trials):
+        W = comp.sample_weights(rng, params, np.float64)
+        X = np.einsum("ij,bjf->bif", root, rng.standard_normal((batch, L, d)))
+        _, cache = comp.forward(X, W, params, rng)
+        P = cache["P"] if isinstance(cache, dict) else cache[4]
+        p1.append(P.mean((0, 1)))
+        p2.append((P * P).mean((0, 1)))
+        paths = comp.backward_paths(rng.standard_normal((batch, L, d)), cache)
+        for k in PATHS:
+            out[k].append(float(np.mean(paths[k] ** 2)))
+        out["all"].append(float(np.mean(sum(paths.values()) ** 2)))
+    out = {k: np.array(v) for k, v in out.items()}
+    out["P1"], out["P2"] = np.array(p1), np.array(p2)
+    return out
+
+
+def input_cov(v: float, r: float, prof: np.ndarray, S: np.ndarray) -> np.ndarray:
+    K = r + S
+    np.fill_diagonal(K, 1.0)
+    return K * np.sqrt(np.outer(prof, prof)) * v
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    add_model_args(ap, dropout=0.0)
+    ap.add_argument("--at", type=int, nargs="+", default=[13, 30, 43], help="layers (1-based)")
+    ap.set_defaults(trials=40, batch=8)
+    a = ap.parse_args()
+    kw = dict(n_layers=a.layers, dropout=a.dropout, causal=True, d_model=a.d_model, n_heads=a.heads,
+              d_ff=a.d_ff, seq_len=a.seq_len)
+    if a.placement != "preset":
+        kw["placement"] = a.placement
+    model = resolve(a.arch, a.init, **kw)
+    clc = _layer_cov()
+    rule = get("attention")
+    L = a.seq_len
+    n = np.arange(1.0, L + 1)
+    print(f"{a.arch} {a.init} placement {a.placement}, {a.layers} layers, dropout {a.dropout:g}, seq {L}; "
+          f"seed {a.seed}, {a.trials} draws x batch {a.batch} per layer and input")
+    for layer, (v, r, prof, S) in sorted(states(model, set(a.at)).items()):
+        params = _attention_params(model, layer - 1)
+        rng = np.random.default_rng([a.seed, layer])
+        with_s = sample(params, input_cov(v, r, prof, S), a.trials, a.batch, rng)
+        flat = sample(params, input_cov(v, r, np.ones(L), 0.0 * S), a.trials, a.batch, rng)
+        x = Forward(np.float64(0.0), np.float64(v), np.float64(r))
+        g = Backward(np.float64(1.0), np.float64(0.0))
+        w1, w2 = PF.key_weights(params, x, S)
+        rows = clc.path_rows(params, x, PF._rows_direct(params, x))
+        scale = float(rule.backward(numeric, x, g, rule.param_values(params)).var)
+        f_all = PF.attention_backward(params, x, g, np.eye(L), None, None, None, (w1, w2))[0]
+        print(f"\nlayer {layer}: stream variance {v:.4g}, r {r:.4f}, "
+              f"mean S of position 0 with the others {S[0, 1:].mean():+.3f}, of positions 64.. among "
+              f"themselves {S[64:, 64:][~np.eye(L - 64, dtype=bool)].mean():+.3f}")
+        for k in PATHS + ("all",):
+            ms, mf = with_s[k], flat[k]
+            if k == "all":
+                ps, pf = scale * f_all, scale
+            else:
+                ps, pf = (float(np.mean(np.diag(PF._attention_cov(rows[k], np.eye(L), kwk, None, None, None))))
+                          for kwk in ((w1, w2), None))
+            se = np.hypot(ms.std(ddof=1) / ms.mean(), mf.std(ddof=1) / mf.mean()) / np.sqrt(len(ms))
+            print(f"  {k:3s}  sampled S {ms.mean():.4g} / S=0 {mf.mean():.4g} = {ms.mean() / mf.mean():.3f} "
+                  f"+- {se * ms.mean() / mf.mean():.3f}   predicted {ps:.4g} / {pf:.4g} = {ps / pf:.3f}")
+        h2 = np.array([flat["P2"].mean(0)[i, :i + 1].mean() for i in range(L)])
+        for lo, hi in ROWS:
+            sl = slice(lo, hi)
+            parts = []
+            for j in KEYS:
+                # per draw, the rows' mean weight of key j (standard errors over the draws)
+                d1 = (with_s["P1"][:, sl, j] * n[sl]).mean(1)
+                d2 = (with_s["P2"][:, sl, j] / h2[sl]).mean(1)
+                parts.append(f"key {j}: w1 {d1.mean():.2f}+-{d1.std(ddof=1) / np.sqrt(len(d1)):.2f}/{w1[sl, j].mean():.2f} "
+                             f"w2 {d2.mean():.1f}+-{d2.std(ddof=1) / np.sqrt(len(d2)):.1f}/{w2[sl, j].mean():.1f}")
+            print(f"  rows {lo}..{hi - 1} (sampled/predicted)\n    " + "\n    ".join(parts))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""benchmarks/causal_deviation_paths.py's pieces: the stream state it takes from the predictor
+and the sampled layer, seeded and small."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+
+from sigprop.mc.model import _attention_params
+from sigprop.model import positions
+from sigprop.model import predict as PR
+from sigprop.model.presets import resolve
+
+_spec = importlib.util.spec_from_file_location(
+    "causal_deviation_paths", Path(__file__).resolve().parents[1] / "benchmarks" / "causal_deviation_paths.py")
+cdp = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cdp)
+
+
+def _model():
+    # 80 positions: beyond positions.EXACT_MAX, so the state must come from the exact model
+    return resolve("preln", "normal", n_layers=3, d_model=32, n_heads=2, d_ff=64, seq_len=80,
+                   dropout=0.0, causal=True, placement="output", init_std=0.05)
+
+
+def test_states_over_every_position_and_restored():
+    m = _model()
+    assert m.seq_len > positions.EXACT_MAX
+    keep_max, keep_unit = positions.EXACT_MAX, PR.Predictor._unit
+    got = cdp.states(m, {2, 3})
+    assert positions.EXACT_MAX == keep_max and PR.Predictor._unit is keep_unit
+    assert sorted(got) == [2, 3]
+    for v, r, prof, S in got.values():
+        assert S.shape == (80, 80) and prof.shape == (80,)
+        assert np.all(np.diag(S) == 0.0)
+        off = S[~np.eye(80, dtype=bool)]
+        assert abs(off.mean()) < 1e-12 and np.abs(off).max() > 1e-4       # a real deviation
+        assert abs(prof.mean() - 1.0) < 1e-9 and v > 1.0 and 0.0 < r < 1.0
+        # position 0 mixes with fewer positions: less correlated with the rest than the mean
+        assert S[0, 1:].mean() < 0.0
+        K = cdp.input_cov(v, r, prof, S)
+        assert np.allclose(np.diag(K), v * prof) and np.linalg.eigvalsh(K).min() > 0.0
+
+
+def test_sampled_layer_is_seeded_and_exchangeable_reference_uniform():
+    m = _model()
+    v, r, prof, S = cdp.states(m, {3})[3]
+    params = _attention_params(m, 2)
+    flat = cdp.input_cov(v, r, np.ones(80), 0.0 * S)
+    a = cdp.sample(params, flat, 3, 2, np.random.default_rng(5))
+    b = cdp.sample(params, flat, 3, 2, np.random.default_rng(5))
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    # the pooled probabilities are causal rows: each sums to 1 over keys 0..i, nothing beyond
+    assert a["P1"].shape == (3, 80, 80)
+    assert np.allclose(np.tril(a["P1"]).sum(axis=2), 1.0) and np.all(np.triu(a["P1"], 1) == 0.0)
+    assert np.all(a["P2"] <= a["P1"] + 1e-15)
+    assert np.all(a["all"] > 0.0) and np.all(np.isfinite(a["all"]))
