@@ -179,9 +179,12 @@ def test_pair_length_sum_on_arrays_against_direct_sums():
         want = np.vectorize(lambda a2, a1: direct(a2, a1, k))(l2, l1)
         assert got.shape == l2.shape
         assert np.allclose(got, want, rtol=3e-4, atol=0.0), (k, got, want)
+    # the tuple form shares one power of phi2 between the k (phi2 for k = 1 once at the end):
+    # the same sums up to rounding
     both = nm.pair_length_sum(l2, l1, L, (1, 2))
-    assert np.array_equal(both[0], nm.pair_length_sum(l2, l1, L, 1))
+    assert np.allclose(both[0], nm.pair_length_sum(l2, l1, L, 1), rtol=1e-13, atol=0.0)
     assert np.array_equal(both[1], nm.pair_length_sum(l2, l1, L, 2))
+    assert np.allclose(nm.pair_length_sum(l2, l1, L, (2, 1))[1], both[0], rtol=1e-13, atol=0.0)
 
 
 def test_exp_flushed():

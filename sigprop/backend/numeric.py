@@ -320,7 +320,11 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
     (n)_k the falling factorial: the length weights of a pair of causal rows (the shorter
     row n keys, all shared; the longer n + m).  L a scalar; log_phi* arrays (<= 0).  ``k``
     an integer, or a tuple of integers (then a tuple of sums, computed in one pass).  Terms
-    below exp(-700) (~1e-304) are taken as 0 (:func:`exp_flushed`)."""
+    below exp(-700) (~1e-304) are taken as 0 (:func:`exp_flushed`).
+
+    One pass over the length nodes: at each node n >= kt = max(k) one power phi2^(n - kt) is
+    shared by every k, whose sum takes the factor phi2^(kt - k) once at the end (nodes
+    n < kt are summed term by term)."""
     ks = (k,) if isinstance(k, int) else tuple(k)
     L = float(L)
     n, w = _length_nodes(1.0, L - 1.0)
@@ -331,9 +335,20 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
     any_small = bool(small.any())
     ratio = np.exp(l1) / np.where(small, -1.0, em1)
     shape = np.broadcast_shapes(l1.shape, l2.shape)
-    out = [np.zeros(shape) for _ in ks]
+    kt = max(ks)
+    head = [np.zeros(shape) for _ in ks]        # nodes n < kt, each k's terms directly
+    acc = [np.zeros(shape) for _ in ks]         # nodes n >= kt, without phi2^(kt - k)
+    term = np.empty(shape)
     for nn, ww in zip(n, w):
         if ww == 0:
+            continue
+        ffs = []
+        for kk in ks:
+            ff = 1.0
+            for j in range(kk):
+                ff *= nn - j
+            ffs.append(ww * ff if ff > 0 else 0.0)
+        if not any(ffs):
             continue
         M = L - nn
         # the longer row's extra keys, sum_{m=1}^{M} phi1^m = phi1 (phi1^M - 1) / (phi1 - 1)
@@ -343,16 +358,28 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
         geo *= ratio
         if any_small:
             np.copyto(geo, M, where=small)
-        for i, kk in enumerate(ks):
-            ff = 1.0
-            for j in range(kk):
-                ff *= nn - j
-            if ff <= 0:
-                continue
-            term = exp_flushed(np.multiply(l2, nn - kk, out=np.empty(shape))) if nn > kk else np.ones(shape)
-            term *= ww * ff
+        if nn < kt:
+            for i, (kk, c) in enumerate(zip(ks, ffs)):
+                if c:
+                    t = exp_flushed(np.multiply(l2, nn - kk, out=term)) if nn > kk else np.ones(shape)
+                    t *= c
+                    t *= geo
+                    head[i] += t
+            continue
+        if nn > kt:
+            exp_flushed(np.multiply(l2, nn - kt, out=term))
             term *= geo
-            out[i] += term
+        else:
+            np.copyto(term, geo)
+        for i, c in enumerate(ffs):
+            if c:
+                acc[i] += c * term if c != 1.0 else term
+    out = []
+    for kk, h, a in zip(ks, head, acc):
+        if kk < kt:
+            a *= exp_flushed(np.multiply(l2, kt - kk, out=np.empty(shape)))
+        a += h
+        out.append(a)
     return out[0] if isinstance(k, int) else tuple(out)
 
 
