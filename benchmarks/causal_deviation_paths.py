@@ -21,7 +21,17 @@ over positions), so the layer's own response to S is what is measured.  Printed 
   path, as benchmarks/causal_layer_cov.py);
 - the per-key weights n_i E[P_ij] (w1) and E[P_ij^2] over the exchangeable E[P^2] (w2) of keys
   0, 1, 2, 5 averaged over rows 32..63 and 64..127, sampled (before attention dropout; the w2
-  reference from the exchangeable draws) against profile.key_weights."""
+  reference from the exchangeable draws) against profile.key_weights;
+- two candidate models of that layer, evaluated by sampling Gaussian logits (``--law-draws``
+  per row, every 8th row from 32; the mean row logit variance vbar of the rule, no row-to-row
+  spread): the row's logits with their full covariance vbar/(1 - r) (r + (1 - r) I + S) over the
+  row's keys (``law``), and the same with S replaced by its additive fit m_j + m_k - mu plus a
+  rank-2 factor fit of the rest (``rank2``, :func:`factor_fit`: independent keys given two
+  shared factors); and the query path's S factor that the full law gives (every row, a tenth
+  of the draws)
+  (:func:`query_factor`: per row E[sum_jk P_j P_k ((J C J^T)_jk + q (J J^T)_jk) C_jk], J = I -
+  1 P^T, C the row's keys' covariance less the shared r, q = p / (1 - p) the attention
+  dropout's, against the same for iid logits), printed beside the sampled query path ratio."""
 
 from __future__ import annotations
 
@@ -46,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))   # the shared benchmar
 from _model_args import add_model_args  # noqa: E402
 
 PATHS = ("q", "k", "v")
+LAW_ROWS = range(32, 128, 8)
 KEYS = (0, 1, 2, 5)
 ROWS = ((32, 64), (64, 128))
 
@@ -111,10 +122,90 @@ def input_cov(v: float, r: float, prof: np.ndarray, S: np.ndarray) -> np.ndarray
     return K * np.sqrt(np.outer(prof, prof)) * v
 
 
+def _softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=1, keepdims=True)
+    P = np.exp(z)
+    P /= P.sum(axis=1, keepdims=True)
+    return P
+
+
+def factor_fit(S: np.ndarray, r: float, n: int, nf: int = 2, iters: int = 50):
+    """The logit law of a causal row of n keys as independent keys plus ``nf`` shared factors,
+    in units of vbar / (1 - r): (the keys' independent variances D, the loadings F (n, nf)),
+    with (1 - r) I + S = diag(D) + F F^T + A over the row's keys (n >= 3), A additive
+    (a_j + a_k: shifts the softmax ignores).  Alternating least squares off the diagonal: A
+    fitted to S - F F^T, F from the top eigenvectors of S - A (its diagonal filled with the
+    fit's own);
+    D = (1 - r) - A_jj - |F_j|^2, floored at 1e-4 (1 - r)."""
+    Sr = S[:n, :n]
+    off = ~np.eye(n, dtype=bool)
+    F = np.zeros((n, nf))
+    for _ in range(iters):
+        X = np.where(off, Sr - F @ F.T, 0.0)
+        # the additive part a_j + a_k fitting X off the diagonal by least squares:
+        # (n - 2) a_j + sum(a) = X's row sum j
+        tot = X.sum() / (2 * n - 2)
+        add = (X.sum(axis=1) - tot) / (n - 2)
+        A = add[:, None] + add[None, :]
+        R = np.where(off, Sr - A, F @ F.T)
+        w, V = np.linalg.eigh(R)
+        top = np.argsort(w)[::-1][:nf]
+        F = V[:, top] * np.sqrt(np.clip(w[top], 0.0, None))
+    D = np.maximum((1.0 - r) - np.diag(A) - (F ** 2).sum(axis=1), 1e-4 * (1.0 - r))
+    return D, F
+
+
+def query_factor(z: np.ndarray, C: np.ndarray, q: float) -> float:
+    """E over the sampled logits z (draws, n) of sum_jk P_j P_k ((J C J^T)_jk + q (J J^T)_jk) C_jk,
+    J = I - 1 P^T: the query path's generic term of one row (the value-direction gradient and
+    the keys' token-varying parts both of covariance C; attention dropout's q)."""
+    P = _softmax(z)
+    CP = P @ C
+    pcp = np.einsum("nj,nj->n", CP, P)
+    s1 = np.einsum("nj,nj->n", P @ (C * C), P)
+    s2 = np.einsum("nj,nj,nj->n", P, CP, CP)
+    drop = np.einsum("nj,j->n", P * P, np.diag(C)) - 2 * np.einsum("nj,nj,nj->n", P, P, CP) + (P * P).sum(axis=1) * pcp
+    return float(np.mean(s1 - 2 * s2 + pcp * pcp + q * drop))
+
+
+def law_models(S: np.ndarray, r: float, vbar: float, q: float, draws: int, rng) -> dict:
+    """Per row of LAW_ROWS, the weights n_i E[P_ij] and E[P_ij^2] of the sampled Gaussian logit
+    laws (full covariance, rank-2 factors; E[P^2] against iid logits); and the query factor's
+    ratio, full law over iid logits, summed over every row."""
+    sc = vbar / (1.0 - r)
+    out = {"law": [], "rank2": []}
+
+    def full_law(n, k):
+        C = (1.0 - r) * np.eye(n) + S[:n, :n]
+        w, V = np.linalg.eigh((C + r) * sc)
+        return C, rng.standard_normal((k, n)) @ (V * np.sqrt(np.clip(w, 0.0, None))).T
+
+    # the query factor over every row of more than one key (the sampled layer's mean over
+    # positions), with a tenth of the draws
+    qs = q0 = 0.0
+    for n in range(2, len(S) + 1):
+        C, z = full_law(n, max(1000, draws // 10))
+        qs += query_factor(z, C, q)
+        q0 += query_factor(rng.standard_normal(z.shape) * np.sqrt(vbar), (1.0 - r) * np.eye(n), q)
+    out["query"] = qs / q0
+    for i in LAW_ROWS:
+        n = i + 1
+        C, z = full_law(n, draws)
+        D, F = factor_fit(S, r, n)
+        z2 = rng.standard_normal((draws, n)) * np.sqrt(D * sc) + rng.standard_normal((draws, F.shape[1])) @ F.T * np.sqrt(sc)
+        z0 = rng.standard_normal((draws, n)) * np.sqrt(vbar)
+        P, P2, P0 = _softmax(z), _softmax(z2), _softmax(z0)
+        h2 = float(np.mean(P0 * P0))
+        out["law"].append((P.mean(axis=0)[:n] * n, (P * P).mean(axis=0) / h2))
+        out["rank2"].append((P2.mean(axis=0) * n, (P2 * P2).mean(axis=0) / h2))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     add_model_args(ap, dropout=0.0)
     ap.add_argument("--at", type=int, nargs="+", default=[13, 30, 43], help="layers (1-based)")
+    ap.add_argument("--law-draws", type=int, default=20000, help="sampled logit rows per row, for the laws")
     ap.set_defaults(trials=40, batch=8)
     a = ap.parse_args()
     kw = dict(n_layers=a.layers, dropout=a.dropout, causal=True, d_model=a.d_model, n_heads=a.heads,
@@ -152,6 +243,10 @@ def main() -> None:
             se = np.hypot(ms.std(ddof=1) / ms.mean(), mf.std(ddof=1) / mf.mean()) / np.sqrt(len(ms))
             print(f"  {k:3s}  sampled S {ms.mean():.4g} / S=0 {mf.mean():.4g} = {ms.mean() / mf.mean():.3f} "
                   f"+- {se * ms.mean() / mf.mean():.3f}   predicted {ps:.4g} / {pf:.4g} = {ps / pf:.3f}")
+        from sigprop.rules.attention import mean_row_logit_var
+        laws = law_models(S, r, mean_row_logit_var(params, x), a.dropout / (1.0 - a.dropout), a.law_draws, rng)
+        print(f"  query path's S factor of the full logit law {laws['query']:.3f} (sampled layer "
+              f"{with_s['q'].mean() / flat['q'].mean():.3f}, position model 1)")
         h2 = np.array([flat["P2"].mean(0)[i, :i + 1].mean() for i in range(L)])
         for lo, hi in ROWS:
             sl = slice(lo, hi)
@@ -163,6 +258,14 @@ def main() -> None:
                 parts.append(f"key {j}: w1 {d1.mean():.2f}+-{d1.std(ddof=1) / np.sqrt(len(d1)):.2f}/{w1[sl, j].mean():.2f} "
                              f"w2 {d2.mean():.1f}+-{d2.std(ddof=1) / np.sqrt(len(d2)):.1f}/{w2[sl, j].mean():.1f}")
             print(f"  rows {lo}..{hi - 1} (sampled/predicted)\n    " + "\n    ".join(parts))
+        for lo, hi in ROWS:
+            idx = [k for k, i in enumerate(LAW_ROWS) if lo <= i < hi]
+            parts = []
+            for j in KEYS:
+                f = [f"{nm} w1 {np.mean([laws[nm][k][0][j] for k in idx]):.2f} w2 {np.mean([laws[nm][k][1][j] for k in idx]):.1f}"
+                     for nm in ("law", "rank2")]
+                parts.append(f"key {j}: " + ", ".join(f))
+            print(f"  rows {lo}..{hi - 1}, Gaussian logit laws (every 8th row)\n    " + "\n    ".join(parts))
 
 
 if __name__ == "__main__":

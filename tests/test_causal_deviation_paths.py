@@ -5,6 +5,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sigprop.mc.model import _attention_params
 from sigprop.model import positions
@@ -55,3 +56,45 @@ def test_sampled_layer_is_seeded_and_exchangeable_reference_uniform():
     assert np.allclose(np.tril(a["P1"]).sum(axis=2), 1.0) and np.all(np.triu(a["P1"], 1) == 0.0)
     assert np.all(a["P2"] <= a["P1"] + 1e-15)
     assert np.all(a["all"] > 0.0) and np.all(np.isfinite(a["all"]))
+
+
+def test_factor_fit_recovers_an_additive_plus_rank_two_deviation():
+    """A stream whose correlation matrix is r + additive parts + F F^T + a diagonal: the fit's
+    independent variances and factors give the same logit contrasts."""
+    rng = np.random.default_rng(3)
+    n, r = 12, 0.6
+    m = rng.normal(0, 0.02, n)
+    F = np.stack([np.exp(-np.arange(n) / 3.0) * 0.3, np.cos(np.arange(n)) * 0.1], axis=1)
+    d = 1 - r - (F ** 2).sum(axis=1) - 2 * m
+    assert np.all(d > 0)
+    K = r + m[:, None] + m[None, :] + F @ F.T + np.diag(d)        # a correlation matrix
+    assert np.allclose(np.diag(K), 1.0) and np.linalg.eigvalsh(K).min() > 0
+    S = K - r
+    np.fill_diagonal(S, 0.0)
+    D, G = cdp.factor_fit(S, r, n, nf=2, iters=300)
+    J = np.eye(n) - 1.0 / n
+    # the logits' contrasts: (1 - r) I + S against diag(D) + G G^T
+    a = J @ ((1 - r) * np.eye(n) + S) @ J
+    b = J @ (np.diag(D) + G @ G.T) @ J
+    assert np.allclose(a, b, atol=1e-3)
+    assert np.allclose(D, d, atol=1e-2)
+    # one factor cannot: the second factor's share is left out
+    D1, G1 = cdp.factor_fit(S, r, n, nf=1, iters=300)
+    assert not np.allclose(a, J @ (np.diag(D1) + G1 @ G1.T) @ J, atol=1e-3)
+
+
+def test_query_factor_against_explicit_matrices():
+    rng = np.random.default_rng(4)
+    n, q = 5, 0.2
+    A = rng.normal(size=(n, n))
+    C = A @ A.T / n
+    z = rng.normal(size=(7, n)) * 1.5
+    got = cdp.query_factor(z, C, q)
+    tot = 0.0
+    for row in z:
+        P = np.exp(row - row.max())
+        P /= P.sum()
+        J = np.eye(n) - np.outer(np.ones(n), P)
+        X = J @ C @ J.T + q * J @ J.T
+        tot += np.sum(np.outer(P, P) * X * C)
+    assert got == pytest.approx(tot / len(z), rel=1e-12)
