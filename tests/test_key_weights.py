@@ -225,3 +225,54 @@ def test_row_moments_converged_in_the_u_step(monkeypatch):
     for a, b in zip(coarse, fine):
         for x, y in zip(a, b):
             assert np.allclose(x, y, rtol=1e-6, atol=0.0)
+
+
+@pytest.mark.parametrize("v", [0.05, 1.5])
+def test_key_weights_carry_the_layers_offset(v):
+    """The per-key logit offset v max|rel - 1| that chooses the weights' regime comes with
+    them (series below KEY_SERIES_MAX, the independent-key moments above); 0 for S = 0."""
+    from sigprop.rules.attention import KEY_REL_MIN, mean_row_logit_var
+    L = 24
+    r, S, _ = _stream(L)
+    x = Forward(0.0, 1.0, r)
+    p = _params(L, v, r)
+    kw = profile.key_weights(p, x, S)
+    rel, counts = profile.key_logit_scales(S, r)
+    want = mean_row_logit_var(p, x) * np.abs(np.maximum(rel, KEY_REL_MIN) - 1.0).max()
+    assert kw.offset == pytest.approx(want, rel=1e-12) and kw.offset > 0.0
+    w1, w2 = kw
+    assert w1.shape == w2.shape == (L, L)
+    assert profile.key_weights(p, x, np.zeros((L, L))).offset == 0.0
+
+
+def test_approximation_notes_name_the_layers_beyond_the_measured_offsets(monkeypatch):
+    """Causal attentions whose offset exceeds KEY_OFFSET_NOTE get one note naming their
+    layers and the largest offset; a model below it (or bidirectional) gets none."""
+    from types import SimpleNamespace
+
+    from sigprop.model import predict as PR
+    from sigprop.model.presets import resolve
+    from sigprop.model.trace import summary
+
+    def rec(layer, off, parts=None):
+        kw = None if off is None else profile.KeyWeights(np.ones(1), np.ones(1), off)
+        return SimpleNamespace(layer=layer, key_w=kw, parts=parts)
+
+    lim = PR.KEY_OFFSET_NOTE
+    assert PR.approximation_notes([rec(1, None), rec(2, lim), rec(3, 0.5 * lim)]) == ()
+    notes = PR.approximation_notes([rec(1, None), rec(2, 2 * lim), rec(4, 5 * lim), rec(5, 1.5 * lim)])
+    assert len(notes) == 1 and notes[0].startswith("layers 2-5:") and f"{5 * lim:.3g}, layer 4" in notes[0]
+    # a parallel block's attention keeps its weights in its parts
+    part = SimpleNamespace(key_w=profile.KeyWeights(np.ones(1), np.ones(1), 2 * lim))
+    assert PR.approximation_notes([rec(7, None, parts=(part,))])[0].startswith("layer 7:")
+    # a whole prediction: with the threshold lowered, the causal model's attentions are named
+    m = resolve("preln", "normal", n_layers=3, d_model=32, n_heads=2, d_ff=64, seq_len=16, causal=True,
+                placement="output", init_std=0.05)
+    assert PR.predict(m).approximation_notes == ()
+    monkeypatch.setattr(PR, "KEY_OFFSET_NOTE", 1e-9)
+    pts = PR.predict(m)
+    assert len(pts.approximation_notes) == 1 and pts.approximation_notes[0].startswith("layers ")
+    assert summary(pts)["approximation_notes"] == list(pts.approximation_notes)
+    bi = resolve("preln", "normal", n_layers=3, d_model=32, n_heads=2, d_ff=64, seq_len=16, causal=False,
+                 placement="output", init_std=0.05)
+    assert PR.predict(bi).approximation_notes == ()

@@ -104,6 +104,8 @@ def render_trace(model, tr: dict) -> None:
     c.print(f"[bold]token correlation at the top[/]: {_f(s['corr_top'], '.4f')}; "
             f"[bold]largest logit variance[/]: {_f(s['max_logit_var'])}")
     c.print(f"[bold]verdict[/]: {s['verdict']}")
+    for line in s.get("approximation_notes") or ():
+        c.print(f"[yellow]approximate[/]: {escape(line)}", highlight=False)
 
 
 def render_symbolic(model) -> None:

@@ -630,23 +630,37 @@ def _stored_series_coefs(k: int, nkey: bytes) -> np.ndarray:
     return out
 
 
-def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None):
+class KeyWeights(tuple):
+    """The pair (w1, w2) of :func:`key_weights`, with ``offset``: the largest per-key logit
+    offset v max|rel - 1| of the layer (logit-variance units;
+    :func:`sigprop.rules.attention.key_weights_and_offset`), which sets how far the per-key
+    weights' additive fit is from the exchangeable keys the rule takes."""
+
+    def __new__(cls, w1, w2, offset: float):
+        out = super().__new__(cls, (w1, w2))
+        out.offset = float(offset)
+        return out
+
+
+def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None) -> KeyWeights:
     """The causal attention's mean and second-moment key weights (w1, w2), each (rows, keys)
     over the positions (or the nodes of ``grid``), for an attention input of mean-field state
     ``x`` whose token correlations deviate from their mean by S (see
     :func:`key_logit_scales` and :func:`sigprop.rules.attention.key_weights`); 1 everywhere
-    for S = 0.  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
-    from sigprop.rules.attention import key_weights as _kw
+    for S = 0; with the layer's largest per-key logit offset (:class:`KeyWeights`).  ``pre``:
+    the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
+    from sigprop.rules.attention import key_weights_and_offset
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
     # both weights as one (2, rows, keys) array (the series returns them so)
-    w = np.asarray(_kw(params, x, rel, counts, _stored_series_coefs))
+    w, offset = key_weights_and_offset(params, x, rel, counts, _stored_series_coefs)
+    w = np.asarray(w)
     if grid is None:
         w = np.where(counts > 0, w, 0.0)
     else:
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
         w = np.where(grid.lower, w, np.diagonal(w, axis1=1, axis2=2)[:, None, :])
-    return w[0], w[1]
+    return KeyWeights(w[0], w[1], offset)
 
 
 def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):

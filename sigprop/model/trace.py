@@ -79,6 +79,8 @@ def summary(points: list) -> dict:
         # saturated beyond the attention rule's range), and why; None for a complete trace
         "saturation_layer": getattr(points, "saturation_layer", None),
         "domain_note": getattr(points, "domain_note", None),
+        # the approximations the prediction leaned on beyond where they were measured to hold
+        "approximation_notes": list(getattr(points, "approximation_notes", ())),
     }
     out["verdict"] = verdict(fw, bw, out)
     out["verdict_class"] = out["verdict"].split(":", 1)[0]

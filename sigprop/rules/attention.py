@@ -1353,7 +1353,15 @@ def _series_coefs_at(k: int, nkey: bytes):
 
 
 def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
-    """Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys)
+    """:func:`key_weights_and_offset`'s weights alone."""
+    return key_weights_and_offset(params, x, rel, counts, node_coefs)[0]
+
+
+def key_weights_and_offset(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
+    """(weights, offset): the per-key weights below and the largest per-key logit offset
+    v max|rel - 1| (logit-variance units) that chose their regime.
+
+    Causal rows whose keys' logits have variances of their own: (w1, w2), each (rows, keys)
     (a pair of arrays, or one array of shape (2, rows, keys)),
     w1 = n_i E[P_ij] (the mean attention weight of key j in row i over the uniform 1/n_i) and
     w2 = E[P_ij^2] over the exchangeable row's E[P^2] = A2(n_i)/n_i.  Both are 1 for
@@ -1391,21 +1399,21 @@ def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, n
         v_tok = float(c.s_mean)
         v_common = float(c.vsh * (1 - c.kbL)) if params.get("rope", 0.0) else 0.0
     if not v_tok > 0:
-        return np.ones(rel.shape), np.ones(rel.shape)
+        return (np.ones(rel.shape), np.ones(rel.shape)), 0.0
     rel1 = rel - 1.0
     offset = v_tok * (float(np.abs(rel1).max()) if rel1.size else 0.0)
     if offset <= KEY_EXCHANGEABLE_MAX:
-        return np.ones(rel.shape), np.ones(rel.shape)
+        return (np.ones(rel.shape), np.ones(rel.shape)), offset
     if offset <= KEY_SERIES_MAX:
         rel1 *= v_tok
-        return _key_weights_series(rel1, counts, v_tok + v_common, node_coefs)
+        return _key_weights_series(rel1, counts, v_tok + v_common, node_coefs), offset
     tot = counts.sum(axis=1, keepdims=True)
     e1, e2 = independent_row_moments(v_tok * rel + v_common, counts)
     h1, h2 = independent_row_moments(np.full(tot.shape, v_tok + v_common), tot)
     with np.errstate(divide="ignore", invalid="ignore"):
         w1 = np.where(h1 > 0, e1 / h1, 1.0)
         w2 = np.where(h2 > 0, e2 / h2, 1.0)
-    return w1, w2
+    return (w1, w2), offset
 
 
 def rope_offset_ratio(params: dict, t) -> np.ndarray | None:
