@@ -276,3 +276,20 @@ def test_approximation_notes_name_the_layers_beyond_the_measured_offsets(monkeyp
     bi = resolve("preln", "normal", n_layers=3, d_model=32, n_heads=2, d_ff=64, seq_len=16, causal=False,
                  placement="output", init_std=0.05)
     assert PR.predict(bi).approximation_notes == ()
+
+
+def test_check_carries_the_approximation_notes(monkeypatch, capsys):
+    """`check`'s comparison, its JSON object and its text report carry the prediction's notes."""
+    from sigprop.cli._render_model import render_check
+    from sigprop.model import predict as PR
+    from sigprop.model.checking import DEFAULT_TOL, check_model, check_object
+    from sigprop.model.presets import resolve
+
+    m = resolve("preln", "normal", n_layers=2, d_model=32, n_heads=2, d_ff=64, seq_len=16, causal=True,
+                placement="output", init_std=0.05)
+    monkeypatch.setattr(PR, "KEY_OFFSET_NOTE", 1e-9)
+    points, meas, res = check_model(m, dict(DEFAULT_TOL), trials=2, batch=2, seed=0)
+    assert res.approximation_notes == points.approximation_notes and len(res.approximation_notes) == 1
+    assert check_object(m, res, meas, 0, 2, 2)["approximation_notes"] == list(res.approximation_notes)
+    render_check(m, res, meas, 1)
+    assert "approximate:" in capsys.readouterr().out

@@ -198,3 +198,5 @@ def render_check(model, res, meas, every: int) -> None:
         c.print(f"[red]{n_bad} of {len(res.predicted)} points outside tolerance[/]; the first:")
         for f in res.failures[:3]:
             c.print("  " + escape(f), highlight=False)
+    for line in res.approximation_notes:
+        c.print(f"[yellow]approximate[/]: {escape(line)}", highlight=False)

@@ -32,6 +32,8 @@ class CheckResult:
     passed: bool
     failures: list[str]
     failed_points: list[bool] = None   # per point: is any of its moments outside tolerance
+    #: the prediction's approximation notes (sigprop.model.predict.approximation_notes)
+    approximation_notes: tuple = ()
 
 
 def within(pred, meas, se, tol, z, absolute=False):
@@ -117,7 +119,7 @@ def compare(points, meas, tol: dict | None = None) -> CheckResult:
         pv.append(p.var), mv.append(f.var), pg.append(p.gvar), mg.append(b.var)
     r2 = {"forward_var": r2_log(pv, mv), "grad_var": r2_log(pg, mg)}
     return CheckResult(pred_json, meas_json, {k: _stats(v) for k, v in e.items()}, r2, tol, not fails, fails,
-                       failed)
+                       failed, tuple(getattr(points, "approximation_notes", ())))
 
 
 def require_complete(points) -> None:
@@ -140,6 +142,7 @@ def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: i
         "backend": meas.backend, "device": meas.device, "rng": meas.rng, "dask_workers": meas.workers,
         "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
         "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
+        "approximation_notes": list(res.approximation_notes),
         "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
     }
 
