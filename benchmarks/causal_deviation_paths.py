@@ -31,7 +31,9 @@ over positions), so the layer's own response to S is what is measured.  Printed 
   of the draws)
   (:func:`query_factor`: per row E[sum_jk P_j P_k ((J C J^T)_jk + q (J J^T)_jk) C_jk], J = I -
   1 P^T, C the row's keys' covariance less the shared r, q = p / (1 - p) the attention
-  dropout's, against the same for iid logits), printed beside the sampled query path ratio."""
+  dropout's, against the same for iid logits), printed beside the sampled query path ratio;
+- with ``--quadrature ROW ...``, those rows' rank-2 factor law evaluated deterministically
+  (:func:`factor_law_moments`), beside the sampled laws."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ from sigprop.model import predict as PR
 from sigprop.model import profile as PF
 from sigprop.model.presets import resolve
 from sigprop.rules import get
+from sigprop.rules.attention import mean_row_logit_var
 from sigprop.state import Backward, Forward
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))   # the shared benchmark helpers
@@ -155,6 +158,50 @@ def factor_fit(S: np.ndarray, r: float, n: int, nf: int = 2, iters: int = 50):
     return D, F
 
 
+def factor_law_moments(s: np.ndarray, loadings: np.ndarray, nodes: int = 6, du: float = 0.1):
+    """(E[P_j], E[P_j^2]) per key of one softmax row whose logits are z_j = e_j + loadings_j . xi,
+    e_j ~ N(0, s_j) independent, xi ~ N(0, I) (the factor law of :func:`factor_fit`, in logit
+    units), deterministically: Gauss-Hermite over xi (``nodes`` per factor) of the independent
+    keys' identity E[P_j^a] = int chi_a,j(u) prod_{k != j} phi_k(u) du (Gamma(a) = 1 for a = 1,
+    2; sigprop.rules.softmax_moments), where a key of mean m takes its smoothed factors at
+    u + m.  The factors at each key's variance are formed by FFT on the tables' w grid (step
+    0.05, softmax_moments' private base) and shifted by linear interpolation; u by the
+    trapezoid rule at step ``du`` over the row's window widened by the largest shift.  A
+    prototype: ~6-10 s a row of 72-104 keys at 36 nodes."""
+    import math
+
+    from sigprop.rules import softmax_moments as SM
+
+    s = np.asarray(s, dtype=float)
+    loadings = np.atleast_2d(np.asarray(loadings, dtype=float))
+    n, nf = loadings.shape
+    _, _, F, k, nfft, _ = SM._het_state()["base"]
+    w = np.arange(SM._HW_LO, SM._HW_HI + SM._HW_STEP / 2, SM._HW_STEP)
+    rows = np.empty((3, n, len(w)))
+    for j in range(n):
+        kern = np.exp(-0.5 * s[j] * k * k)
+        for a in range(3):
+            rows[a, j] = np.log(np.maximum(np.fft.irfft(F[a] * kern, nfft)[:len(w)], 1e-300))
+    x, wt = np.polynomial.hermite.hermgauss(nodes)
+    x, wt = x * math.sqrt(2.0), wt / math.sqrt(math.pi)
+    xi = np.stack([g.ravel() for g in np.meshgrid(*([x] * nf), indexing="ij")], axis=1)
+    W = np.prod(np.stack([g.ravel() for g in np.meshgrid(*([wt] * nf), indexing="ij")], axis=1), axis=1)
+    smax, mumax = float(s.max()), float(np.abs(loadings).sum(axis=1).max() * x.max())
+    u = np.arange(-math.log(n) - smax / 2 - 3 * math.sqrt(smax) - 40 - mumax,
+                  8.5 * math.sqrt(smax) + 8 + mumax, du)
+    E1, E2 = np.zeros(n), np.zeros(n)
+    keys = np.arange(n)[:, None]
+    for q in range(len(W)):
+        pos = (u[None, :] + (loadings @ xi[q])[:, None] - w[0]) / SM._HW_STEP
+        i0 = np.clip(np.floor(pos).astype(int), 0, len(w) - 2)
+        f = pos - i0
+        lphi, lc1, lc2 = (rows[a][keys, i0] * (1 - f) + rows[a][keys, i0 + 1] * f for a in range(3))
+        lam = lphi.sum(axis=0)
+        E1 += W[q] * np.exp(lc1 - lphi + lam).sum(axis=1) * du
+        E2 += W[q] * np.exp(lc2 - lphi + lam).sum(axis=1) * du
+    return E1, E2
+
+
 def query_factor(z: np.ndarray, C: np.ndarray, q: float) -> float:
     """E over the sampled logits z (draws, n) of sum_jk P_j P_k ((J C J^T)_jk + q (J J^T)_jk) C_jk,
     J = I - 1 P^T: the query path's generic term of one row (the value-direction gradient and
@@ -206,6 +253,8 @@ def main() -> None:
     add_model_args(ap, dropout=0.0)
     ap.add_argument("--at", type=int, nargs="+", default=[13, 30, 43], help="layers (1-based)")
     ap.add_argument("--law-draws", type=int, default=20000, help="sampled logit rows per row, for the laws")
+    ap.add_argument("--quadrature", type=int, nargs="*", default=[], metavar="ROW",
+                    help="rows whose rank-2 factor law is also evaluated by quadrature (factor_law_moments)")
     ap.set_defaults(trials=40, batch=8)
     a = ap.parse_args()
     kw = dict(n_layers=a.layers, dropout=a.dropout, causal=True, d_model=a.d_model, n_heads=a.heads,
@@ -243,7 +292,6 @@ def main() -> None:
             se = np.hypot(ms.std(ddof=1) / ms.mean(), mf.std(ddof=1) / mf.mean()) / np.sqrt(len(ms))
             print(f"  {k:3s}  sampled S {ms.mean():.4g} / S=0 {mf.mean():.4g} = {ms.mean() / mf.mean():.3f} "
                   f"+- {se * ms.mean() / mf.mean():.3f}   predicted {ps:.4g} / {pf:.4g} = {ps / pf:.3f}")
-        from sigprop.rules.attention import mean_row_logit_var
         laws = law_models(S, r, mean_row_logit_var(params, x), a.dropout / (1.0 - a.dropout), a.law_draws, rng)
         print(f"  query path's S factor of the full logit law {laws['query']:.3f} (sampled layer "
               f"{with_s['q'].mean() / flat['q'].mean():.3f}, position model 1)")
@@ -266,6 +314,15 @@ def main() -> None:
                      for nm in ("law", "rank2")]
                 parts.append(f"key {j}: " + ", ".join(f))
             print(f"  rows {lo}..{hi - 1}, Gaussian logit laws (every 8th row)\n    " + "\n    ".join(parts))
+        vbar = mean_row_logit_var(params, x)
+        sc = vbar / (1.0 - r)
+        for i in a.quadrature:
+            n = i + 1
+            D, Fm = factor_fit(S, r, n)
+            e1, e2 = factor_law_moments(D * sc, Fm * np.sqrt(sc))
+            h2 = factor_law_moments(np.full(n, vbar), np.zeros((n, 1)), nodes=1)[1].mean()
+            print(f"  row {i}, rank-2 law by quadrature: " + "  ".join(
+                f"key {j}: w1 {e1[j] * n:.2f} w2 {e2[j] / h2:.1f}" for j in KEYS if j < n))
 
 
 if __name__ == "__main__":

@@ -98,3 +98,35 @@ def test_query_factor_against_explicit_matrices():
         X = J @ C @ J.T + q * J @ J.T
         tot += np.sum(np.outer(P, P) * X * C)
     assert got == pytest.approx(tot / len(z), rel=1e-12)
+
+
+def test_factor_law_moments_without_factors_is_the_independent_row():
+    """No loadings: the quadrature is the independent keys' identity, as the package's
+    independent_row_moments evaluates it from its tables."""
+    from sigprop.rules.softmax_moments import independent_row_moments
+
+    s = np.array([0.3, 1.0, 2.5, 2.5, 6.0])
+    e1, e2 = cdp.factor_law_moments(s, np.zeros((5, 1)), nodes=1)
+    r1, r2 = independent_row_moments(s[None, :], np.ones((1, 5)))
+    assert np.allclose(e1, r1[0], rtol=1e-3) and np.allclose(e2, r2[0], rtol=1e-3)
+    assert e1.sum() == pytest.approx(1.0, abs=1e-3)
+
+
+def test_factor_law_moments_against_sampled_rows():
+    """Two shared factors on the first keys: the quadrature against 200,000 sampled rows."""
+    rng = np.random.default_rng(6)
+    n = 8
+    s = np.full(n, 2.0)
+    L = np.zeros((n, 2))
+    L[:3, 0] = [1.5, 1.2, 1.0]
+    L[:4, 1] = [0.0, 0.8, -0.6, 0.5]
+    e1, e2 = cdp.factor_law_moments(s, L, nodes=8)
+    z = rng.standard_normal((200_000, n)) * np.sqrt(s) + rng.standard_normal((200_000, 2)) @ L.T
+    P = cdp._softmax(z)
+    se1 = P.std(axis=0) / np.sqrt(len(P))
+    se2 = (P * P).std(axis=0) / np.sqrt(len(P))
+    assert np.all(np.abs(e1 - P.mean(axis=0)) < 4 * se1 + 2e-3 * e1)
+    assert np.all(np.abs(e2 - (P * P).mean(axis=0)) < 4 * se2 + 2e-3 * e2)
+    # the factors matter here: the independent row of the same variances is far off for key 0
+    r1 = cdp.factor_law_moments(s + (L ** 2).sum(axis=1), np.zeros((n, 1)), nodes=1)[0]
+    assert abs(r1[0] - P[:, 0].mean()) > 10 * se1[0]
