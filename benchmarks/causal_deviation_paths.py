@@ -165,7 +165,7 @@ def factor_law_moments(s: np.ndarray, loadings: np.ndarray, nodes: int = 6, du: 
     keys' identity E[P_j^a] = int chi_a,j(u) prod_{k != j} phi_k(u) du (Gamma(a) = 1 for a = 1,
     2; sigprop.rules.softmax_moments), where a key of mean m takes its smoothed factors at
     u + m.  The factors at each key's variance are formed by FFT on the tables' w grid (step
-    0.05, softmax_moments' private base) and shifted by linear interpolation; u by the
+    0.05, softmax_moments.smoothed_factor_logs) and shifted by linear interpolation; u by the
     trapezoid rule at step ``du`` over the row's window widened by the largest shift.  A
     prototype: ~6-10 s a row of 72-104 keys at 36 nodes."""
     import math
@@ -175,13 +175,8 @@ def factor_law_moments(s: np.ndarray, loadings: np.ndarray, nodes: int = 6, du: 
     s = np.asarray(s, dtype=float)
     loadings = np.atleast_2d(np.asarray(loadings, dtype=float))
     n, nf = loadings.shape
-    _, _, F, k, nfft, _ = SM._het_state()["base"]
-    w = np.arange(SM._HW_LO, SM._HW_HI + SM._HW_STEP / 2, SM._HW_STEP)
-    rows = np.empty((3, n, len(w)))
-    for j in range(n):
-        kern = np.exp(-0.5 * s[j] * k * k)
-        for a in range(3):
-            rows[a, j] = np.log(np.maximum(np.fft.irfft(F[a] * kern, nfft)[:len(w)], 1e-300))
+    w = SM.factor_w_grid()
+    rows = np.stack([SM.smoothed_factor_logs(float(sj)) for sj in s], axis=1)     # (3, n, w)
     x, wt = np.polynomial.hermite.hermgauss(nodes)
     x, wt = x * math.sqrt(2.0), wt / math.sqrt(math.pi)
     xi = np.stack([g.ravel() for g in np.meshgrid(*([x] * nf), indexing="ij")], axis=1)
@@ -192,7 +187,7 @@ def factor_law_moments(s: np.ndarray, loadings: np.ndarray, nodes: int = 6, du: 
     E1, E2 = np.zeros(n), np.zeros(n)
     keys = np.arange(n)[:, None]
     for q in range(len(W)):
-        pos = (u[None, :] + (loadings @ xi[q])[:, None] - w[0]) / SM._HW_STEP
+        pos = (u[None, :] + (loadings @ xi[q])[:, None] - w[0]) / (w[1] - w[0])
         i0 = np.clip(np.floor(pos).astype(int), 0, len(w) - 2)
         f = pos - i0
         lphi, lc1, lc2 = (rows[a][keys, i0] * (1 - f) + rows[a][keys, i0 + 1] * f for a in range(3))

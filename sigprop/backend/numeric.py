@@ -373,7 +373,7 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
             np.copyto(term, geo)
         for i, c in enumerate(ffs):
             if c:
-                acc[i] += c * term if c != 1.0 else term
+                acc[i] += c * term
     out = []
     for kk, h, a in zip(ks, head, acc):
         if kk < kt:

@@ -104,7 +104,14 @@ def render_trace(model, tr: dict) -> None:
     c.print(f"[bold]token correlation at the top[/]: {_f(s['corr_top'], '.4f')}; "
             f"[bold]largest logit variance[/]: {_f(s['max_logit_var'])}")
     c.print(f"[bold]verdict[/]: {s['verdict']}")
-    for line in s.get("approximation_notes") or ():
+    _print_approximations(c, s.get("approximation_notes") or ())
+
+
+def _print_approximations(c, notes) -> None:
+    """One line per approximation note (sigprop.model.predict.approximation_notes)."""
+    from rich.markup import escape
+
+    for line in notes:
         c.print(f"[yellow]approximate[/]: {escape(line)}", highlight=False)
 
 
@@ -198,5 +205,4 @@ def render_check(model, res, meas, every: int) -> None:
         c.print(f"[red]{n_bad} of {len(res.predicted)} points outside tolerance[/]; the first:")
         for f in res.failures[:3]:
             c.print("  " + escape(f), highlight=False)
-    for line in res.approximation_notes:
-        c.print(f"[yellow]approximate[/]: {escape(line)}", highlight=False)
+    _print_approximations(c, res.approximation_notes)

@@ -684,7 +684,14 @@ rows 71 and 103 against 40,000 sampled rows of the same law, keys 0, 1, 2, 5, 50
 the sampled w2 of a minor key is itself a few per cent uncertain, not measured here), at 6-10 s
 a row unoptimised (an FFT per key and factor table, 36 nodes). Its tests: without factors, the
 package's independent_row_moments within 1e-3; with two factors, 200,000 sampled rows within 4
-standard errors plus 0.2%. Neither part is in the predictor."""
+standard errors plus 0.2%. Neither part is in the predictor.
+The per-key logit offset v max|rel - 1| (the largest over a model's attention layers;
+`benchmarks/key_offsets.py`, dropout 0, 2026-11-29) of the validated causal configurations: the
+classic floor at 96 layers at most 0.34 (DSLM's own init), the modern blocks at 96 layers at most
+1.09 (olmo2; LLaMA blocks with torch-default 0.56), the layouts at 48 layers 0.005 (peri), 0.0006
+(parallel) and 35.7 (output); olmo2 at its own sizes (32 layers, seq 4096) 1.59 and the `output`
+placement at 12 layers 2.69 (dropout 0.1). A prediction whose offset exceeds 3 carries an
+approximation note (`predict.KEY_OFFSET_NOTE`)."""
 
 
 #: independent, larger samples of the configurations that miss at 8 draws (see NOTES)

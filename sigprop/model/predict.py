@@ -1322,21 +1322,23 @@ class Points(list):
 
 #: the per-key logit offset (profile.KeyWeights.offset) above which a causal attention's
 #: per-key weights and query path are noted as approximate.  Measured on the validated causal
-#: models (docs/validation.md): every one below 1.1 at the floor's sizes (olmo2 1.6 at its own),
-#: the `output` placement's 12-layer models 2.7; its 48-layer models reach ~37, where the
-#: gradient errs by 5.4% and 8% (Block layouts)
+#: models (`benchmarks/key_offsets.py`; docs/validation.md, Block layouts): every one below 1.1
+#: at the floor's sizes (olmo2 1.6 at its own), the `output` placement's 12-layer models 2.7;
+#: its 48-layer models reach ~37, where the gradient errs by 5.4% and 8%
 KEY_OFFSET_NOTE = 3.0
+
+
+def key_offsets(records) -> list[tuple[int, float]]:
+    """(layer, per-key logit offset) of every causal attention with per-key weights among the
+    forward records ``records`` (a parallel block's in its parts), in order."""
+    return [(rec.layer, kw.offset) for rec in records
+            for kw in (rec.key_w,) + tuple(p.key_w for p in (rec.parts or ())) if kw is not None]
 
 
 def approximation_notes(records) -> tuple[str, ...]:
     """The notes for the forward records ``records``: the causal attentions whose per-key
     logit offset exceeds KEY_OFFSET_NOTE (their layers, the largest offset and where)."""
-    hits = []
-    for rec in records:
-        for kw in (rec.key_w,) + tuple(p.key_w for p in (rec.parts or ())):
-            off = getattr(kw, "offset", 0.0)
-            if off > KEY_OFFSET_NOTE:
-                hits.append((rec.layer, off))
+    hits = [(layer, off) for layer, off in key_offsets(records) if off > KEY_OFFSET_NOTE]
     if not hits:
         return ()
     layer, top = max(hits, key=lambda h: h[1])

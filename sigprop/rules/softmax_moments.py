@@ -229,12 +229,34 @@ def _het_state() -> dict:
         ls = np.arange(_HS_LO, _HS_HI + _HS_STEP / 2, _HS_STEP)
         keep = np.nonzero((w >= _HU_LO - 1e-9) & (w <= _HU_HI + 1e-9))[0][::_HU_EVERY]
         u = w[keep]
-        for arr in (u, ls):
+        for arr in (u, ls, w):
             arr.flags.writeable = False
         return {"base": (u, ls, F, k, nfft, keep), "rows": np.full((3, len(ls), len(u)), np.nan),
-                "done": np.zeros(len(ls), dtype=bool)}
+                "done": np.zeros(len(ls), dtype=bool), "w": w}
 
     return _HET.get((), build)
+
+
+def factor_w_grid() -> np.ndarray:
+    """The w grid (step _HW_STEP) on which :func:`smoothed_factor_logs` gives the factors
+    (read-only)."""
+    return _het_state()["w"]
+
+
+def smoothed_factor_logs(s: float, at=None) -> np.ndarray:
+    """(3, nodes): log phi, log chi_1, log chi_2 at logit variance ``s``, the smoothed factors
+    E[G_a(w + e)], e ~ N(0, s), of the identity above, by FFT, floored at log 1e-300; on the
+    nodes ``at`` of :func:`factor_w_grid` (indices; all nodes by default).  The tables'
+    rows (:func:`_het_tables`) are these at their variances and kept nodes."""
+    state = _het_state()
+    _, _, F, k, nfft, _ = state["base"]
+    nw = len(state["w"])
+    kern = np.exp(-0.5 * s * k * k)
+    out = np.empty((3, nw if at is None else len(at)))
+    for a in range(3):
+        c = np.fft.irfft(F[a] * kern, nfft)
+        out[a] = np.log(np.maximum(c[:nw] if at is None else c[at], 1e-300))
+    return out
 
 
 def _het_base():
@@ -249,15 +271,12 @@ def _het_tables(sub: slice | None = None):
     variance grid; all by default), each variance's row computed by FFT the first time it is
     asked for (memoised: a pure function of the module's constants)."""
     state = _het_state()
-    u, ls, F, k, nfft, keep = state["base"]
+    u, ls, _, _, _, keep = state["base"]
     sub = slice(0, len(ls)) if sub is None else sub
     rows, done = state["rows"], state["done"]
     todo = np.arange(len(ls))[sub][~done[sub]]
     for i in todo:
-        kern = np.exp(-0.5 * math.exp(ls[i]) * k * k)
-        for a in range(3):
-            c = np.fft.irfft(F[a] * kern, nfft)[keep]
-            rows[a, i] = np.log(np.maximum(c, 1e-300))
+        rows[:, i] = smoothed_factor_logs(math.exp(ls[i]), keep)
         done[i] = True
     return u, ls, rows[0], rows[1], rows[2]
 
