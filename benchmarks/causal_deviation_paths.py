@@ -47,7 +47,7 @@ import numpy as np
 from sigprop.backend import numeric
 from sigprop.mc.components.attention import AttentionMC
 from sigprop.mc.model import _attention_params
-from sigprop.model import positions
+from sigprop.model import logit_law, positions
 from sigprop.model import predict as PR
 from sigprop.model import profile as PF
 from sigprop.model.presets import resolve
@@ -125,11 +125,7 @@ def input_cov(v: float, r: float, prof: np.ndarray, S: np.ndarray) -> np.ndarray
     return K * np.sqrt(np.outer(prof, prof)) * v
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    z = z - z.max(axis=1, keepdims=True)
-    P = np.exp(z)
-    P /= P.sum(axis=1, keepdims=True)
-    return P
+_softmax = logit_law._softmax
 
 
 def factor_fit(S: np.ndarray, r: float, n: int, nf: int = 2, iters: int = 50):
@@ -198,16 +194,10 @@ def factor_law_moments(s: np.ndarray, loadings: np.ndarray, nodes: int = 6, du: 
 
 
 def query_factor(z: np.ndarray, C: np.ndarray, q: float) -> float:
-    """E over the sampled logits z (draws, n) of sum_jk P_j P_k ((J C J^T)_jk + q (J J^T)_jk) C_jk,
-    J = I - 1 P^T: the query path's generic term of one row (the value-direction gradient and
-    the keys' token-varying parts both of covariance C; attention dropout's q)."""
-    P = _softmax(z)
-    CP = P @ C
-    pcp = np.einsum("nj,nj->n", CP, P)
-    s1 = np.einsum("nj,nj->n", P @ (C * C), P)
-    s2 = np.einsum("nj,nj,nj->n", P, CP, CP)
-    drop = np.einsum("nj,j->n", P * P, np.diag(C)) - 2 * np.einsum("nj,nj,nj->n", P, P, CP) + (P * P).sum(axis=1) * pcp
-    return float(np.mean(s1 - 2 * s2 + pcp * pcp + q * drop))
+    """The query path's generic term of one row over the sampled logits z (draws, n)
+    (sigprop.model.logit_law.query_term of their softmax; C the keys' covariance, q the
+    attention dropout's p / (1 - p))."""
+    return logit_law.query_term(_softmax(z), C, q)
 
 
 def law_models(S: np.ndarray, r: float, vbar: float, q: float, draws: int, rng) -> dict:

@@ -57,7 +57,7 @@ import numpy as np
 
 from sigprop import memo
 from sigprop.backend import numeric
-from sigprop.model import pair_rows, store, tables
+from sigprop.model import logit_law, pair_rows, store, tables
 from sigprop.model.positions import cumsum_inplace, set_diag
 from sigprop.rules import attention as attention_rule, get
 from sigprop.rules.layernorm import combine_token_stats, harmonic_token_var
@@ -513,7 +513,10 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
         a = _pair_terms(r, d, pos.n)
         # (on a grid, the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
         f, rho, wsum = _weighted(r, C, kw, grid, None if grid is None else (Co, Mk, dK + dM))
-        diag = wsum + d * np.asarray(r["local"], float)
+        local = np.asarray(r["local"], float)
+        if getattr(kw, "query", None) is not None:
+            local = local * kw.query
+        diag = wsum + d * local
     kf_diag, kf_off, kk_diag = pos.flat_kernel_means
     # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
     # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat
@@ -532,6 +535,11 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
+    qf = getattr(kw, "query", None)
+    if qf is not None:
+        # the query path's deviation factor per row (sigprop.model.logit_law): its variance
+        # times qf_i, its covariance of two rows times sqrt(qf_i qf_i')
+        Co *= np.sqrt(np.outer(qf, qf))
     out = _one_row_off(r, a, d, kap, pos.UtDU, pos.n)
     if kw is not None:
         pairs = pairs * rho * rho
@@ -634,11 +642,14 @@ class KeyWeights(tuple):
     """The pair (w1, w2) of :func:`key_weights`, with ``offset``: the largest per-key logit
     offset v max|rel - 1| of the layer (logit-variance units;
     :func:`sigprop.rules.attention.key_weights_and_offset`), which sets how far the per-key
-    weights' additive fit is from the exchangeable keys the rule takes."""
+    weights' additive fit is from the exchangeable keys the rule takes; and ``query``: the
+    query path's factor per row where the weights came from the sampled logit law
+    (sigprop.model.logit_law; None otherwise)."""
 
-    def __new__(cls, w1, w2, offset: float):
+    def __new__(cls, w1, w2, offset: float, query=None):
         out = super().__new__(cls, (w1, w2))
         out.offset = float(offset)
+        out.query = query
         return out
 
 
@@ -647,12 +658,24 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None) ->
     over the positions (or the nodes of ``grid``), for an attention input of mean-field state
     ``x`` whose token correlations deviate from their mean by S (see
     :func:`key_logit_scales` and :func:`sigprop.rules.attention.key_weights`); 1 everywhere
-    for S = 0; with the layer's largest per-key logit offset (:class:`KeyWeights`).  ``pre``:
-    the grid's prefix sums of S (NodeGrid.prefix_sums), if at hand."""
+    for S = 0; with the layer's largest per-key logit offset (:class:`KeyWeights`).  Above
+    logit_law.LAW_OFFSET (and at most logit_law.LAW_MAX positions) the weights, and a query
+    factor per row, come from the rows' sampled logit law instead.  ``pre``: the grid's prefix
+    sums of S (NodeGrid.prefix_sums), if at hand."""
     from sigprop.rules.attention import key_weights_and_offset
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
-    # both weights as one (2, rows, keys) array (the series returns them so)
-    w, offset = key_weights_and_offset(params, x, rel, counts, _stored_series_coefs)
+    v_tok, v_common = attention_rule.key_logit_vars(params, x)
+    offset = attention_rule.key_offset(v_tok, rel) if v_tok > 0 else 0.0
+    query = None
+    if logit_law.applies(offset, len(S) if grid is None else grid.L):
+        # keys far apart: the row's logit law in full, sampled (sigprop.model.logit_law)
+        p = float(params.get("p", 0.0))
+        w = logit_law.law_weights(S, float(x.corr), v_tok, p / (1.0 - p), grid, v_common)
+        query = w[2]
+        w = w[:2]
+    else:
+        # both weights as one (2, rows, keys) array (the series returns them so)
+        w, offset = key_weights_and_offset(params, x, rel, counts, _stored_series_coefs, (v_tok, v_common))
     w = np.asarray(w)
     if grid is None:
         w = np.where(counts > 0, w, 0.0)
@@ -660,7 +683,7 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None) ->
         # beyond the diagonal (rows shorter than the key), for the grid's stencils: the
         # value at the key's own row
         w = np.where(grid.lower, w, np.diagonal(w, axis1=1, axis2=2)[:, None, :])
-    return KeyWeights(w[0], w[1], offset)
+    return KeyWeights(w[0], w[1], offset, query)
 
 
 def _weighted(r: dict, C: np.ndarray, kw, grid=None, off=None):

@@ -1352,12 +1352,33 @@ def _series_coefs_at(k: int, nkey: bytes):
     return memo.frozen(np.stack(out))
 
 
+def key_logit_vars(params: dict, x: Forward) -> tuple[float, float]:
+    """(v_tok, v_common): the row logit variance of the token-varying part that carries the
+    stream's per-key structure (the mean row logit variance; with QK-norm or rotary positions
+    the rule's s_mean), and the rotary key-shared part vsh (1 - kbar(L)), which every key takes
+    on its own (0 without rotary positions); see :func:`key_weights_and_offset`."""
+    if not params.get("qk_norm", 0) and not params.get("rope", 0.0):
+        return mean_row_logit_var(params, x), 0.0
+    from sigprop.backend import numeric as m
+    c = _Ctx(m, Forward(float(x.mean), float(x.var), float(x.corr)), _RULE.param_values(params),
+             rope=bool(params.get("rope", 0.0)), check=False)
+    return float(c.s_mean), (float(c.vsh * (1 - c.kbL)) if params.get("rope", 0.0) else 0.0)
+
+
+def key_offset(v_tok: float, rel: np.ndarray) -> float:
+    """The largest per-key logit offset v_tok max|max(rel, KEY_REL_MIN) - 1| (logit-variance
+    units) of the relative per-key variances ``rel`` (:func:`key_weights_and_offset`)."""
+    rel = np.asarray(rel, dtype=float)
+    return float(v_tok) * (float(np.abs(np.maximum(rel, KEY_REL_MIN) - 1.0).max()) if rel.size else 0.0)
+
+
 def key_weights(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
     """:func:`key_weights_and_offset`'s weights alone."""
     return key_weights_and_offset(params, x, rel, counts, node_coefs)[0]
 
 
-def key_weights_and_offset(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None):
+def key_weights_and_offset(params: dict, x: Forward, rel: np.ndarray, counts: np.ndarray, node_coefs=None,
+                           logit_vars=None):
     """(weights, offset): the per-key weights below and the largest per-key logit offset
     v max|rel - 1| (logit-variance units) that chose their regime.
 
@@ -1386,22 +1407,16 @@ def key_weights_and_offset(params: dict, x: Forward, rel: np.ndarray, counts: np
     here only the ratios are taken); QK-norm and rotary positions: the token-varying part
     (the rule's s_mean) carries the per-key scales, the rotary key-shared part
     vsh (1 - kbar(L)) stays common to every key.  ``node_coefs``: where the series
-    coefficients at their log-variance nodes come from (:func:`_series_coefs`)."""
-    from sigprop.backend import numeric as m
+    coefficients at their log-variance nodes come from (:func:`_series_coefs`);
+    ``logit_vars``: :func:`key_logit_vars` where the caller has it."""
     from sigprop.rules.softmax_moments import independent_row_moments
     rel = np.maximum(np.asarray(rel, dtype=float), KEY_REL_MIN)
     counts = np.asarray(counts, dtype=float)
-    if not params.get("qk_norm", 0) and not params.get("rope", 0.0):
-        v_tok, v_common = mean_row_logit_var(params, x), 0.0
-    else:
-        c = _Ctx(m, Forward(float(x.mean), float(x.var), float(x.corr)), _RULE.param_values(params),
-                 rope=bool(params.get("rope", 0.0)), check=False)
-        v_tok = float(c.s_mean)
-        v_common = float(c.vsh * (1 - c.kbL)) if params.get("rope", 0.0) else 0.0
+    v_tok, v_common = key_logit_vars(params, x) if logit_vars is None else logit_vars
     if not v_tok > 0:
         return (np.ones(rel.shape), np.ones(rel.shape)), 0.0
     rel1 = rel - 1.0
-    offset = v_tok * (float(np.abs(rel1).max()) if rel1.size else 0.0)
+    offset = key_offset(v_tok, rel)
     if offset <= KEY_EXCHANGEABLE_MAX:
         return (np.ones(rel.shape), np.ones(rel.shape)), offset
     if offset <= KEY_SERIES_MAX:
