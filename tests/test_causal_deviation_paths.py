@@ -83,23 +83,6 @@ def test_factor_fit_recovers_an_additive_plus_rank_two_deviation():
     assert not np.allclose(a, J @ (np.diag(D1) + G1 @ G1.T) @ J, atol=1e-3)
 
 
-def test_query_factor_against_explicit_matrices():
-    rng = np.random.default_rng(4)
-    n, q = 5, 0.2
-    A = rng.normal(size=(n, n))
-    C = A @ A.T / n
-    z = rng.normal(size=(7, n)) * 1.5
-    got = cdp.query_factor(z, C, q)
-    tot = 0.0
-    for row in z:
-        P = np.exp(row - row.max())
-        P /= P.sum()
-        J = np.eye(n) - np.outer(np.ones(n), P)
-        X = J @ C @ J.T + q * J @ J.T
-        tot += np.sum(np.outer(P, P) * X * C)
-    assert got == pytest.approx(tot / len(z), rel=1e-12)
-
-
 def test_factor_law_moments_without_factors_is_the_independent_row():
     """No loadings: the quadrature is the independent keys' identity, as the package's
     independent_row_moments evaluates it from its tables."""
