@@ -17,8 +17,9 @@ over positions), so the layer's own response to S is what is measured.  Printed 
 
 - per path, the mean input gradient variance over positions with S and without, their ratio,
   and the same from the position model (sigprop.model.profile._attention_cov with the per-key
-  weights of profile.key_weights, against none; per path through the rule's per-row terms by
-  path, as benchmarks/causal_layer_cov.py);
+  weights of profile.key_weights, and their query factor where the sampled logit law gives
+  them, against none; per path through the rule's per-row terms by path, as
+  benchmarks/causal_layer_cov.py);
 - the per-key weights n_i E[P_ij] (w1) and E[P_ij^2] over the exchangeable E[P^2] (w2) of keys
   0, 1, 2, 5 averaged over rows 32..63 and 64..127, sampled (before attention dropout; the w2
   reference from the exchangeable draws) against profile.key_weights;
@@ -260,10 +261,11 @@ def main() -> None:
         flat = sample(params, input_cov(v, r, np.ones(L), 0.0 * S), a.trials, a.batch, rng)
         x = Forward(np.float64(0.0), np.float64(v), np.float64(r))
         g = Backward(np.float64(1.0), np.float64(0.0))
-        w1, w2 = PF.key_weights(params, x, S)
+        kw = PF.key_weights(params, x, S)      # (with the query factor where the law applies)
+        w1, w2 = kw
         rows = clc.path_rows(params, x, PF._rows_direct(params, x))
         scale = float(rule.backward(numeric, x, g, rule.param_values(params)).var)
-        f_all = PF.attention_backward(params, x, g, np.eye(L), None, None, None, (w1, w2))[0]
+        f_all = PF.attention_backward(params, x, g, np.eye(L), None, None, None, kw)[0]
         print(f"\nlayer {layer}: stream variance {v:.4g}, r {r:.4f}, "
               f"mean S of position 0 with the others {S[0, 1:].mean():+.3f}, of positions 64.. among "
               f"themselves {S[64:, 64:][~np.eye(L - 64, dtype=bool)].mean():+.3f}")
@@ -273,13 +275,14 @@ def main() -> None:
                 ps, pf = scale * f_all, scale
             else:
                 ps, pf = (float(np.mean(np.diag(PF._attention_cov(rows[k], np.eye(L), kwk, None, None, None))))
-                          for kwk in ((w1, w2), None))
+                          for kwk in (kw, None))
             se = np.hypot(ms.std(ddof=1) / ms.mean(), mf.std(ddof=1) / mf.mean()) / np.sqrt(len(ms))
             print(f"  {k:3s}  sampled S {ms.mean():.4g} / S=0 {mf.mean():.4g} = {ms.mean() / mf.mean():.3f} "
                   f"+- {se * ms.mean() / mf.mean():.3f}   predicted {ps:.4g} / {pf:.4g} = {ps / pf:.3f}")
         laws = law_models(S, r, mean_row_logit_var(params, x), a.dropout / (1.0 - a.dropout), a.law_draws, rng)
+        qpm = "1 (additive fit)" if kw.query is None else f"{float(np.mean(kw.query)):.3f} (mean of its per-row factors)"
         print(f"  query path's S factor of the full logit law {laws['query']:.3f} (sampled layer "
-              f"{with_s['q'].mean() / flat['q'].mean():.3f}, position model 1)")
+              f"{with_s['q'].mean() / flat['q'].mean():.3f}, position model {qpm})")
         h2 = np.array([flat["P2"].mean(0)[i, :i + 1].mean() for i in range(L)])
         for lo, hi in ROWS:
             sl = slice(lo, hi)
