@@ -137,11 +137,13 @@ def test_key_weights_switch_to_the_law_and_back():
     assert kw[0][30, 0] < 0.8 and kw.query[2] > 1.3
     # w1 is n E[P_j]: its mean over a row's keys is 1 (the weights sum to 1 in every draw)
     assert kw[0][30, :31].mean() == pytest.approx(1.0, rel=1e-12)
-    # seeded by the state: the same state draws the same numbers, another state others
+    # seeded by the stream (the layer): the same stream draws the same numbers, another
+    # stream others
     again = profile.key_weights(params, x, S)
     assert np.array_equal(again[0], kw[0]) and np.array_equal(again.query, kw.query)
-    other = profile.key_weights(params, x, _structured(40, first=1.1))
+    other = profile.key_weights(params, x, S, stream=1)
     assert not np.array_equal(other.query, kw.query)
+    assert other.query.mean() == pytest.approx(kw.query.mean(), rel=0.05)
     low = profile.key_weights(params, Forward(0.0, 0.05, 0.1), S)
     assert low.offset <= LL.LAW_OFFSET and low.query is None
 
@@ -195,3 +197,23 @@ def test_attention_cov_takes_the_query_factor():
     want = float(r["qry_c"]) * C * (np.sqrt(np.outer(qf, qf)) - 1)
     assert np.allclose((got - base)[off], want[off], rtol=1e-10, atol=1e-14)
     assert np.abs(want[off]).max() > 1e-6 * np.abs(base).max()
+
+
+def test_grid_law_against_every_position():
+    """On a node grid (the path the predictor takes from 65 to LAW_MAX positions) the law at
+    the nodes against the same law over every position: S smooth in log position, the query
+    factor and the first keys' w1 within the sampling noise."""
+    L = 100
+    g = positions.NodeGrid(L)
+    u = np.log(np.arange(1.0, L + 1))
+    S = -0.25 * np.exp(-np.add.outer(u, u) / 2.0) + 0.03 * np.exp(-np.abs(np.subtract.outer(u, u)))
+    np.fill_diagonal(S, 0.0)
+    r, vbar, q = 0.7, 8.0, 0.1
+    exact = LL.law_weights(S, r, vbar, q, None)
+    nodes = LL.law_weights(S[np.ix_(g.x, g.x)], r, vbar, q, g)
+    x = g.x
+    assert np.allclose(nodes[2], exact[2][x], rtol=0.03)
+    assert np.max(np.abs(nodes[2] - 1)) > 0.1            # the factor is not trivially 1 here
+    late = x >= 50
+    for k in range(3):
+        assert np.allclose(nodes[0][late, k], exact[0][x[late], k], rtol=0.12)

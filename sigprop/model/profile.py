@@ -653,15 +653,16 @@ class KeyWeights(tuple):
         return out
 
 
-def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None) -> KeyWeights:
+def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None, stream: int = 0) -> KeyWeights:
     """The causal attention's mean and second-moment key weights (w1, w2), each (rows, keys)
     over the positions (or the nodes of ``grid``), for an attention input of mean-field state
     ``x`` whose token correlations deviate from their mean by S (see
     :func:`key_logit_scales` and :func:`sigprop.rules.attention.key_weights`); 1 everywhere
     for S = 0; with the layer's largest per-key logit offset (:class:`KeyWeights`).  Above
     logit_law.LAW_OFFSET (and at most logit_law.LAW_MAX positions) the weights, and a query
-    factor per row, come from the rows' sampled logit law instead.  ``pre``: the grid's prefix
-    sums of S (NodeGrid.prefix_sums), if at hand."""
+    factor per row, come from the rows' sampled logit law instead (``stream``: the layer's
+    index, part of its seed).  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if
+    at hand."""
     from sigprop.rules.attention import key_weights_and_offset
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
     v_tok, v_common = attention_rule.key_logit_vars(params, x)
@@ -670,7 +671,7 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None) ->
     if logit_law.applies(offset, len(S) if grid is None else grid.L):
         # keys far apart: the row's logit law in full, sampled (sigprop.model.logit_law)
         p = float(params.get("p", 0.0))
-        w = logit_law.law_weights(S, float(x.corr), v_tok, p / (1.0 - p), grid, v_common)
+        w = logit_law.law_weights(S, float(x.corr), v_tok, p / (1.0 - p), grid, v_common, stream)
         query = w[2]
         w = w[:2]
     else:
