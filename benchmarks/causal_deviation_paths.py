@@ -229,8 +229,8 @@ def law_models(S: np.ndarray, r: float, vbar: float, q: float, draws: int, rng) 
         z0 = rng.standard_normal((draws, n)) * np.sqrt(vbar)
         P, P2, P0 = _softmax(z), _softmax(z2), _softmax(z0)
         h2 = float(np.mean(P0 * P0))
-        out["law"].append((P.mean(axis=0)[:n] * n, (P * P).mean(axis=0) / h2))
-        out["rank2"].append((P2.mean(axis=0) * n, (P2 * P2).mean(axis=0) / h2))
+        out["law"].append(logit_law.sample_weights(P, h2))
+        out["rank2"].append(logit_law.sample_weights(P2, h2))
     return out
 
 
@@ -279,7 +279,8 @@ def main() -> None:
             se = np.hypot(ms.std(ddof=1) / ms.mean(), mf.std(ddof=1) / mf.mean()) / np.sqrt(len(ms))
             print(f"  {k:3s}  sampled S {ms.mean():.4g} / S=0 {mf.mean():.4g} = {ms.mean() / mf.mean():.3f} "
                   f"+- {se * ms.mean() / mf.mean():.3f}   predicted {ps:.4g} / {pf:.4g} = {ps / pf:.3f}")
-        laws = law_models(S, r, mean_row_logit_var(params, x), a.dropout / (1.0 - a.dropout), a.law_draws, rng)
+        vbar = mean_row_logit_var(params, x)
+        laws = law_models(S, r, vbar, a.dropout / (1.0 - a.dropout), a.law_draws, rng)
         qpm = "1 (additive fit)" if kw.query is None else f"{float(np.mean(kw.query)):.3f} (mean of its per-row factors)"
         print(f"  query path's S factor of the full logit law {laws['query']:.3f} (sampled layer "
               f"{with_s['q'].mean() / flat['q'].mean():.3f}, position model {qpm})")
@@ -302,7 +303,6 @@ def main() -> None:
                      for nm in ("law", "rank2")]
                 parts.append(f"key {j}: " + ", ".join(f))
             print(f"  rows {lo}..{hi - 1}, Gaussian logit laws (every 8th row)\n    " + "\n    ".join(parts))
-        vbar = mean_row_logit_var(params, x)
         sc = vbar / (1.0 - r)
         for i in a.quadrature:
             n = i + 1

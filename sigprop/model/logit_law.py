@@ -106,15 +106,19 @@ def _cholesky(C: np.ndarray) -> np.ndarray:
         return np.linalg.cholesky(Cp + jitter * np.eye(len(C)))
 
 
+def sample_weights(P: np.ndarray, h2: float) -> tuple:
+    """(w1, w2) per key from sampled attention rows P (draws, n): n E[P_j] and E[P_j^2] / h2,
+    h2 the iid row's E[P^2] (per key, averaged over its keys)."""
+    return P.mean(axis=0) * P.shape[1], (P * P).mean(axis=0) / h2
+
+
 def row_law(z: np.ndarray, z0: np.ndarray, C: np.ndarray, r: float, q: float) -> tuple:
     """(w1, w2, query factor) of one row of n keys from its sampled logits z (draws, n) of the
     law and z0 of the iid row drawn from the same normal numbers, C the keys' covariance less r
     (n x n, in stream units: (1 - r) I + S) (the module docstring)."""
     n = len(C)
     P, P0 = _softmax(z), _softmax(z0)
-    h2 = float(np.mean(P0 * P0))
-    w1 = P.mean(axis=0) * n
-    w2 = (P * P).mean(axis=0) / h2
+    w1, w2 = sample_weights(P, float(np.mean(P0 * P0)))
     ref = query_term(P0, (1.0 - r) * np.eye(n), q)
     return w1, w2, (query_term(P, C, q) / ref if ref > 0 else 1.0)
 

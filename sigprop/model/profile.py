@@ -502,6 +502,10 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
     a position ``grid`` (sums over positions as the grid's quadratures,
     sigprop.model.positions; then C, ``kw``, ``kap`` and ``vw`` over the grid's nodes)."""
     pos = _positions(len(C), grid)
+    # the query path's deviation factor per row, where the weights came from the sampled logit
+    # law (sigprop.model.logit_law): its variance times qf_i, its covariance of two rows times
+    # sqrt(qf_i qf_i')
+    qf = getattr(kw, "query", None)
     Co = _offdiag(C)
     Mk = Co * pos.key_pair_weights()
     K = pos.UtXU(Co)
@@ -514,9 +518,7 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
         # (on a grid, the diagonal of U^T (Co + Mk) U as the sum of the two kernels' diagonals)
         f, rho, wsum = _weighted(r, C, kw, grid, None if grid is None else (Co, Mk, dK + dM))
         local = np.asarray(r["local"], float)
-        if getattr(kw, "query", None) is not None:
-            local = local * kw.query
-        diag = wsum + d * local
+        diag = wsum + d * (local if qf is None else local * qf)
     kf_diag, kf_off, kk_diag = pos.flat_kernel_means
     # pair-of-rows variance: the value path's uniform-weight part as U^T C' U, its softmax part
     # and the key path's with the pair weights M (_pair_scales), normalised to the rule's flat
@@ -535,10 +537,7 @@ def _attention_cov(r: dict, C: np.ndarray, kw=None, kap=None, vw=None, grid=None
     Co *= float(r["qry_c"])
     if kap is not None:
         Co *= kap
-    qf = getattr(kw, "query", None)
     if qf is not None:
-        # the query path's deviation factor per row (sigprop.model.logit_law): its variance
-        # times qf_i, its covariance of two rows times sqrt(qf_i qf_i')
         Co *= np.sqrt(np.outer(qf, qf))
     out = _one_row_off(r, a, d, kap, pos.UtDU, pos.n)
     if kw is not None:
@@ -663,7 +662,6 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None, st
     factor per row, come from the rows' sampled logit law instead (``stream``: the layer's
     index, part of its seed).  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if
     at hand."""
-    from sigprop.rules.attention import key_weights_and_offset
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
     v_tok, v_common = attention_rule.key_logit_vars(params, x)
     offset = attention_rule.key_offset(v_tok, rel) if v_tok > 0 else 0.0
@@ -676,7 +674,7 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None, st
         w = w[:2]
     else:
         # both weights as one (2, rows, keys) array (the series returns them so)
-        w, offset = key_weights_and_offset(params, x, rel, counts, _stored_series_coefs, (v_tok, v_common))
+        w = attention_rule.key_weights_and_offset(params, x, rel, counts, _stored_series_coefs, (v_tok, v_common))[0]
     w = np.asarray(w)
     if grid is None:
         w = np.where(counts > 0, w, 0.0)
