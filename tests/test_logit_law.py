@@ -26,6 +26,16 @@ def test_query_term_against_explicit_matrices():
     assert LL.query_term(P, C, q) == pytest.approx(tot / len(z), rel=1e-12)
 
 
+def test_query_term_iid_is_the_query_term_of_a_multiple_of_the_identity():
+    """The iid reference's closed form in the draws' sums of P^2 and P^3 against the general
+    product form, over several c, q and row lengths."""
+    rng = np.random.default_rng(8)
+    for n in (2, 5, 33):
+        P = LL._softmax(rng.normal(size=(40, n)) * 1.7)
+        for c, q in ((1.0, 0.0), (0.35, 0.2), (2.5, 1.0)):
+            assert LL.query_term_iid(P, c, q) == pytest.approx(LL.query_term(P, c * np.eye(n), q), rel=1e-12)
+
+
 def test_query_term_ignores_additive_parts():
     """m_j + m_k added to C leaves the term (J 1 = 0); a generic symmetric addition does not."""
     rng = np.random.default_rng(5)

@@ -77,20 +77,34 @@ def positions_deviation(S: np.ndarray, grid) -> np.ndarray:
 
 
 def _softmax(z: np.ndarray) -> np.ndarray:
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    e /= e.sum(axis=1, keepdims=True)
-    return e
+    """Row-wise softmax of z (draws, n), computed in z's own memory (z is overwritten)."""
+    z -= z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    z /= z.sum(axis=1, keepdims=True)
+    return z
 
 
 def query_term(P: np.ndarray, C: np.ndarray, q: float) -> float:
     """E over the rows of attention weights P (draws, n) of
     sum_jk P_j P_k ((J C J^T)_jk + q (J J^T)_jk) C_jk, J = I - 1 P^T (the module docstring)."""
     CP = P @ C
-    pcp = np.einsum("nj,nj->n", CP, P)
+    X = P * CP
+    pcp = X.sum(axis=1)
     s1 = np.einsum("nj,nj->n", P @ (C * C), P)
-    s2 = np.einsum("nj,nj,nj->n", P, CP, CP)
-    drop = (P * P) @ np.diag(C) - 2 * np.einsum("nj,nj,nj->n", P, P, CP) + (P * P).sum(axis=1) * pcp
+    s2 = np.einsum("nj,nj->n", X, CP)
+    P2 = P * P
+    drop = P2 @ np.diag(C) - 2 * np.einsum("nj,nj->n", X, P) + P2.sum(axis=1) * pcp
     return float(np.mean(s1 - 2 * s2 + pcp * pcp + q * drop))
+
+
+def query_term_iid(P: np.ndarray, c: float, q: float) -> float:
+    """:func:`query_term` for C = c I, in closed form in the draws' sums of P^2 and P^3:
+    c^2 (S2 - 2 S3 + S2^2) + q c (S2 - 2 S3 + S2^2)."""
+    P2 = P * P
+    s2 = P2.sum(axis=1)
+    s3 = np.einsum("nj,nj->n", P2, P)
+    t = s2 - 2.0 * s3 + s2 * s2
+    return float(np.mean(t)) * (c * c + q * c)
 
 
 def _cholesky(C: np.ndarray) -> np.ndarray:
@@ -115,11 +129,11 @@ def sample_weights(P: np.ndarray, h2: float) -> tuple:
 def row_law(z: np.ndarray, z0: np.ndarray, C: np.ndarray, r: float, q: float) -> tuple:
     """(w1, w2, query factor) of one row of n keys from its sampled logits z (draws, n) of the
     law and z0 of the iid row drawn from the same normal numbers, C the keys' covariance less r
-    (n x n, in stream units: (1 - r) I + S) (the module docstring)."""
-    n = len(C)
+    (n x n, in stream units: (1 - r) I + S) (the module docstring).  z and z0 are overwritten
+    (their softmax is computed in place)."""
     P, P0 = _softmax(z), _softmax(z0)
     w1, w2 = sample_weights(P, float(np.mean(P0 * P0)))
-    ref = query_term(P0, (1.0 - r) * np.eye(n), q)
+    ref = query_term_iid(P0, 1.0 - r, q)
     return w1, w2, (query_term(P, C, q) / ref if ref > 0 else 1.0)
 
 
@@ -147,7 +161,8 @@ def law_weights(S: np.ndarray, r: float, vbar: float, q: float, grid=None, v_com
             continue
         G = np.random.default_rng([SEED, int(stream), n]).standard_normal((DRAWS, n))
         z = G @ _cholesky(A[:n, :n]).T
-        r1, r2, qf[a] = row_law(z, G * np.sqrt(vbar + v_common), C[:n, :n], r, q)
+        G *= np.sqrt(vbar + v_common)           # the iid row's logits (G not needed after)
+        r1, r2, qf[a] = row_law(z, G, C[:n, :n], r, q)
         keys = rows[: a + 1]
         w1[a, : a + 1], w2[a, : a + 1] = r1[keys], r2[keys]
     return w1, w2, qf
