@@ -133,7 +133,7 @@ def _structured(L, first=1.2):
 
 def test_key_weights_switch_to_the_law_and_back():
     """profile.key_weights takes the law above LAW_OFFSET and at most LAW_MAX positions (with
-    the query factor), the default weights otherwise (no query factor)."""
+    the query factor), the default weights at offsets up to LAW_LO (no query factor)."""
     params = dict(d=64, n_heads=2, d_head=32, L=40, p=0.0, causal=1, q_std=0.3, k_std=0.3, v_std=0.1,
                   o_std=0.1, q_bias_std=0.0, k_bias_std=0.0, v_bias_std=0.0, o_bias_std=0.0)
     x = Forward(0.0, 4.0, 0.1)
@@ -155,7 +155,47 @@ def test_key_weights_switch_to_the_law_and_back():
     assert not np.array_equal(other.query, kw.query)
     assert other.query.mean() == pytest.approx(kw.query.mean(), rel=0.05)
     low = profile.key_weights(params, Forward(0.0, 0.05, 0.1), S)
-    assert low.offset <= LL.LAW_OFFSET and low.query is None
+    assert low.offset <= LL.LAW_LO and low.query is None
+
+
+def test_law_share_ramps_linearly_between_the_thresholds():
+    lo, hi = LL.LAW_LO, LL.LAW_OFFSET
+    assert lo < hi
+    assert LL.law_share(lo, 100) == 0.0 and LL.law_share(lo - 1.0, 100) == 0.0
+    assert LL.law_share(hi, 100) == 1.0 and LL.law_share(hi + 5.0, 100) == 1.0
+    assert LL.law_share(0.25 * lo + 0.75 * hi, 100) == pytest.approx(0.75, rel=1e-12)
+    assert LL.law_share(hi + 5.0, LL.LAW_MAX + 1) == 0.0
+    assert LL.applies(0.5 * (lo + hi), 100) and not LL.applies(lo, 100)
+
+
+def test_key_weights_blend_is_continuous_across_the_ramp(monkeypatch):
+    """Between LAW_LO and LAW_OFFSET the weights and the query factor are the fit's and the
+    law's, weighted by law_share: the law's alone just above the ramp, the fit's alone just
+    below it (no query factor), and the share's mixture inside; no step at either end."""
+    params = dict(d=64, n_heads=2, d_head=32, L=40, p=0.1, causal=1, q_std=0.3, k_std=0.3, v_std=0.1,
+                  o_std=0.1, q_bias_std=0.0, k_bias_std=0.0, v_bias_std=0.0, o_bias_std=0.0)
+    x = Forward(0.0, 4.0, 0.1)
+    S = _structured(40)
+    off = profile.key_weights(params, x, S).offset
+    # the same input, thresholds placed around its offset
+    monkeypatch.setattr(LL, "LAW_LO", off - 2.0)
+    monkeypatch.setattr(LL, "LAW_OFFSET", off - 1.0)
+    law = profile.key_weights(params, x, S)
+    monkeypatch.setattr(LL, "LAW_LO", off + 1.0)
+    monkeypatch.setattr(LL, "LAW_OFFSET", off + 2.0)
+    fit = profile.key_weights(params, x, S)
+    assert fit.query is None and law.query is not None
+    low = np.tril_indices(40)
+    assert np.abs(law[0] - fit[0])[low].max() > 0.1          # the two differ here
+    for share in (1e-9, 0.3, 1.0 - 1e-9):
+        monkeypatch.setattr(LL, "LAW_LO", off - share * 1.0)
+        monkeypatch.setattr(LL, "LAW_OFFSET", off + (1.0 - share) * 1.0)
+        mid = profile.key_weights(params, x, S)
+        assert LL.law_share(off, 40) == pytest.approx(share, rel=1e-6)
+        for k in (0, 1):
+            want = (1.0 - share) * fit[k] + share * law[k]
+            assert np.allclose(mid[k][low], want[low], rtol=1e-9, atol=1e-12)
+        assert np.allclose(mid.query, (1.0 - share) + share * law.query, rtol=1e-9)
 
 
 def test_key_weights_law_limited_in_length(monkeypatch):

@@ -1322,12 +1322,12 @@ class Points(list):
 
 #: the per-key logit offset (profile.KeyWeights.offset) above which a causal attention is
 #: noted: its per-key weights and query path come from the rows' sampled logit law
-#: (sigprop.model.logit_law, the same threshold), or, beyond that law's longest sequence, stay
-#: the additive fit's, noted as approximate.  Measured on the validated causal models
-#: (`benchmarks/key_offsets.py`; docs/validation.md, Block layouts): every one below 1.1 at the
-#: floor's sizes (olmo2 1.6 at its own), the `output` placement's 12-layer models 2.7, its
-#: 48-layer models ~37
-KEY_OFFSET_NOTE = logit_law.LAW_OFFSET
+#: (sigprop.model.logit_law: in part from LAW_LO, in full above LAW_OFFSET), or, beyond that
+#: law's longest sequence, stay the additive fit's, noted as approximate.  Measured on the
+#: validated causal models (`benchmarks/key_offsets.py`; docs/validation.md, Block layouts):
+#: every one below 1.1 at the floor's sizes (olmo2 1.6 at its own), the `output` placement's
+#: 12-layer models 2.7, its 48-layer models ~37
+KEY_OFFSET_NOTE = logit_law.LAW_LO
 
 
 def _key_weights(records):
@@ -1362,7 +1362,8 @@ def approximation_notes(records) -> tuple[str, ...]:
         if law:
             notes.append(head + "its per-key weights and the query path's share of the stream's position "
                          f"deviation come from the rows' Gaussian logit law, sampled ({logit_law.DRAWS} draws, "
-                         f"seed {logit_law.SEED}; sigprop.model.logit_law); " + LAW_MEASURED)
+                         f"seed {logit_law.SEED}; sigprop.model.logit_law; in full above offset "
+                         f"{logit_law.LAW_OFFSET:g}, weighted with the additive fit's below); " + LAW_MEASURED)
         else:
             notes.append(head + "the position model's per-key weights (an additive fit of the stream's "
                          "position deviation) overstate the first keys there and its query path leaves that "
@@ -1373,7 +1374,7 @@ def approximation_notes(records) -> tuple[str, ...]:
 
 #: what the notes of approximation_notes say was measured (docs/validation.md, Block layouts)
 LAW_MEASURED = ("on the `output` placement's 48-layer causal models at 128 positions (offsets to ~37) "
-                "the gradient was measured within 3.8% (dropout 0.1) and 5.8% (dropout 0) of Monte Carlo "
+                "the gradient was measured within 3.9% (dropout 0.1) and 5.8% (dropout 0) of Monte Carlo "
                 "(docs/validation.md, Block layouts)")
 FIT_MEASURED = ("with the additive fit the `output` placement's 48-layer causal models at 128 positions "
                 "(offsets to ~37) had the gradient within 5.4% (dropout 0.1) and 8% (dropout 0) of Monte "

@@ -660,21 +660,27 @@ def key_weights(params: dict, x: Forward, S: np.ndarray, grid=None, pre=None, st
     for S = 0; with the layer's largest per-key logit offset (:class:`KeyWeights`).  Above
     logit_law.LAW_OFFSET (and at most logit_law.LAW_MAX positions) the weights, and a query
     factor per row, come from the rows' sampled logit law instead (``stream``: the layer's
-    index, part of its seed).  ``pre``: the grid's prefix sums of S (NodeGrid.prefix_sums), if
-    at hand."""
+    index, part of its seed); between logit_law.LAW_LO and LAW_OFFSET the law's and the
+    fit's, weighted by logit_law.law_share.  ``pre``: the grid's prefix sums of S
+    (NodeGrid.prefix_sums), if at hand."""
     rel, counts = key_logit_scales(S, float(x.corr), grid, pre)
     v_tok, v_common = attention_rule.key_logit_vars(params, x)
     offset = attention_rule.key_offset(v_tok, rel) if v_tok > 0 else 0.0
     query = None
-    if logit_law.applies(offset, len(S) if grid is None else grid.L):
-        # keys far apart: the row's logit law in full, sampled (sigprop.model.logit_law)
-        p = float(params.get("p", 0.0))
-        w = logit_law.law_weights(S, float(x.corr), v_tok, p / (1.0 - p), grid, v_common, stream)
-        query = w[2]
-        w = w[:2]
-    else:
+    t = logit_law.law_share(offset, len(S) if grid is None else grid.L)
+    if t < 1.0:
         # both weights as one (2, rows, keys) array (the series returns them so)
         w = attention_rule.key_weights_and_offset(params, x, rel, counts, _stored_series_coefs, (v_tok, v_common))[0]
+    if t > 0.0:
+        # keys far apart: the row's logit law in full, sampled (sigprop.model.logit_law),
+        # weighted with the fit's below LAW_OFFSET (the query factor with the fit's 1)
+        p = float(params.get("p", 0.0))
+        law = logit_law.law_weights(S, float(x.corr), v_tok, p / (1.0 - p), grid, v_common, stream)
+        if t == 1.0:
+            w, query = np.asarray(law[:2]), law[2]
+        else:
+            w = (1.0 - t) * np.asarray(w) + t * np.asarray(law[:2])
+            query = (1.0 - t) + t * law[2]
     w = np.asarray(w)
     if grid is None:
         w = np.where(counts > 0, w, 0.0)
