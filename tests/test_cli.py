@@ -89,13 +89,28 @@ def test_numeric_paths_never_import_sympy():
     ["check", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "8", "--z", "inf"],
     ["check-component", "dropout", "-p", "p=0.1", "--seed", "-1"],
     ["predict", "--layers", "1000001"],
+    ["predict", "--layers", "2", "--seq-len", "99999999999999999999"],
+    ["predict", "--layers", "2", "--seq-len", str(2 ** 53 + 1)],
+    ["predict", "--layers", "2", "--causal", "--seq-len", str(2 ** 30 + 1)],
 ])
 def test_more_bad_input_exits_2_without_traceback(args):
     """Seeds must be >= 0 (NumPy raised a traceback), tolerances finite (a NaN tolerance
-    failed every point instead), depth within the cap."""
+    failed every point instead), depth within the cap, the sequence within 2^53 positions
+    (beyond, the trace turned to NaN: exit 3) and a causal one within 2^30 (beyond, the
+    position grid's sums over every position ran out of memory or time)."""
     r = run(*args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stdout == "" and "Traceback" not in r.stderr and r.stderr.strip()
+
+
+def test_float_overflow_outside_predict_is_one_line_exit_3():
+    """A subnormal input variance sends the solver's attention search out of float64 (an
+    OverflowError in the rule, outside the predictor's own conversion): one line on stderr
+    and exit 3, not a traceback."""
+    r = run("solve-init", "--input-var", "5e-324", "--json")
+    assert r.returncode == 3, (r.returncode, r.stderr[-500:])
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "float64" in r.stderr
 
 
 def test_console_flushes_everything_before_its_fast_exit():

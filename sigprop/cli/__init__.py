@@ -106,7 +106,8 @@ def main(args: list[str] | None = None) -> None:
 def _library_errors(fn, *args, **kwargs) -> int:
     """The exit code of ``fn(*args, **kwargs)`` (its return value if an int, else 0); the
     library's bad input (SigpropError) ends in :func:`fail` with exit 2, a numerical failure
-    with exit 3."""
+    (FloatingPointError, or an OverflowError or ZeroDivisionError that reached here) with exit
+    3."""
     from sigprop.errors import SigpropError
 
     try:
@@ -115,6 +116,11 @@ def _library_errors(fn, *args, **kwargs) -> int:
         fail(str(e), 2)
     except FloatingPointError as e:
         fail(f"numerical failure: {e}", 3)
+    except (OverflowError, ZeroDivisionError) as e:
+        # a float operation outside float64 that no library layer turned into a message of its
+        # own (predict's does: FloatingPointError above): one line, not a traceback
+        fail(f"numerical failure: a moment left the float64 range ({type(e).__name__}: {e}); the inputs' "
+             "scales are outside what sigprop evaluates", 3)
     return code if isinstance(code, int) else 0
 
 

@@ -303,6 +303,8 @@ ORDER = 4
 END_SPLIT = 4
 
 _G_ONE, _G_H, _G_H2 = 0, 1, 2
+#: positions per pass when a node grid sums its panels' moments over every position
+_CHUNK = 1 << 20
 
 
 class RowOperator:
@@ -446,19 +448,21 @@ class NodeGrid:
         self._moments: dict = {}
         self._limits: dict = {}
         # per panel, the sums of g(m) (u_m - u_p)^k over its positions (k < order), for the
-        # three factors g: 1, 1/n, 1/n^2 (one pass over the positions)
-        m = np.arange(L, dtype=float)
-        pan = np.repeat(np.arange(nb), self.pe - self.x)
-        d = np.log(m + 1.0) - self.u[pan]
-        gs = (np.ones(L), 1.0 / (m + 1.0), 1.0 / ((m + 1.0) * (m + 1.0)))
-        self._pw = []
-        for gm in gs:
-            cols, t = [], gm.copy()
-            for k in range(self.order):
-                cols.append(np.add.reduceat(t, self.x))
-                t *= d
-            self._pw.append(np.stack(cols, axis=1))
-        del m, pan, d, gs, t
+        # three factors g: 1, 1/n, 1/n^2 (one pass over the positions, in chunks of at most
+        # _CHUNK positions: memory does not grow with L)
+        self._pw = [np.zeros((nb, self.order)) for _ in range(3)]
+        for a in range(0, L, _CHUNK):
+            m = np.arange(a, min(L, a + _CHUNK), dtype=float)
+            pan = np.searchsorted(self.x, m, side="right") - 1
+            d = np.log(m + 1.0) - self.u[pan]
+            # the panels this chunk touches, and where each starts within it
+            first = np.flatnonzero(np.r_[True, pan[1:] != pan[:-1]])
+            for pw, gm in zip(self._pw, (np.ones(len(m)), 1.0 / (m + 1.0), 1.0 / ((m + 1.0) * (m + 1.0)))):
+                t = gm
+                for k in range(self.order):
+                    pw[pan[first], k] += np.add.reduceat(t, first)
+                    t = t * d
+        del m, pan, d, t
         # smooth sums (no kink): plain quadrature weights and suffix weights
         sm = [self._panels(_G_ONE, 0, nb - 1), self._panels(_G_H, 0, nb - 1), self._panels(_G_H2, 0, nb - 1)]
         self.q = sm[0].sum(axis=0)                     # sum over all positions

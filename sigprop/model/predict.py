@@ -1292,6 +1292,10 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
     if model.n_layers > MAX_LAYERS:
         raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
+    if model.causal and model.seq_len > MAX_CAUSAL_SEQ_LEN:
+        raise DomainError(f"seq_len {model.seq_len:,} is beyond the {MAX_CAUSAL_SEQ_LEN:,} positions (2^30) sigprop "
+                          "predicts for a causal model (its position grid sums over every position once: ~1 minute "
+                          "at 2^30)")
     # (a branch that adds nothing evaluates 0/0 for its correlation, which the rules report as
     # 0: NumPy's warnings about it are silenced)
     with _no_gc(), np.errstate(divide="ignore", invalid="ignore"), progress.task("sigprop: predicting"):
@@ -1305,7 +1309,13 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
             # one branch is not, and weight stds or scales near the float64 range take it out
             raise FloatingPointError(
                 f"a branch's moments leave the float64 range ({type(e).__name__}: {e}); "
-                "weight stds and scales this large are outside what sigprop evaluates") from None
+                "weight stds and scales this large (or this small) are outside what sigprop evaluates") from None
+
+
+#: the longest causal sequence predicted: the position grid (sigprop.model.positions.NodeGrid)
+#: sums its panels' moments over every position once, ~50 s at 10^9 positions (memory does not
+#: grow with it)
+MAX_CAUSAL_SEQ_LEN = 2 ** 30
 
 
 class Points(list):

@@ -44,7 +44,7 @@ import numpy as np
 
 from sigprop.errors import DomainError
 from sigprop.model.deepnorm import deepnorm_constants
-from sigprop.model.spec import (ACTIVATIONS, BLOCKS, KINDS, MAX_LAYERS, NORMS, PLACEMENTS, Dropout, Model,
+from sigprop.model.spec import (ACTIVATIONS, BLOCKS, KINDS, MAX_LAYERS, MAX_SEQ_LEN, NORMS, PLACEMENTS, Dropout, Model,
                                 Sublayers, weight_names)
 from sigprop.state import Backward, Forward
 
@@ -154,7 +154,7 @@ OPTIONS: dict[str, Option] = _opts(
            "them; 1 = multi-query)", lo=1, cli="kv_heads"),
     Option("d_head", int, None, "head width (default: model width / heads, which must divide it)", lo=1),
     Option("d_ff", int, None, "FFN width (default 4 d_model, or the preset's)", lo=1),
-    Option("seq_len", int, 256, "sequence length L", lo=1),
+    Option("seq_len", int, 256, "sequence length L", lo=1, hi=MAX_SEQ_LEN),
     Option("dropout", float, None, "sets the attention, hidden and FFN-inner dropout (not given: "
            "0.1, 0.1 and 0, the DSLM figure model, or the preset's)", **_PROB),
     Option("attn_dropout", float, None, "dropout on the attention probabilities", **_PROB),

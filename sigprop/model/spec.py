@@ -33,6 +33,9 @@ from sigprop.state import Backward, Forward
 #: the deepest model sigprop resolves and predicts: the prediction keeps every sublayer's
 #: state (about 5 KB of memory per layer, ~0.4 KB of trace JSON), so 10^6 layers need ~5 GB
 MAX_LAYERS = 1_000_000
+#: the longest sequence a model may have: position counts and their products stay exact in
+#: float64 below 2^53 (at 2^62 the predictions turned to NaN)
+MAX_SEQ_LEN = 2 ** 53
 
 WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "attention": ("q", "k", "v", "o"),
@@ -349,6 +352,9 @@ class Model(_Frozen):
             self._set(k, int(v))
         if self.seq_len < 2:
             raise DomainError(f"seq_len must be >= 2 (a token correlation needs two tokens), got {self.seq_len}")
+        if self.seq_len > MAX_SEQ_LEN:
+            raise DomainError(f"seq_len must be at most 2^53 = {MAX_SEQ_LEN:,} (positions counted exactly in "
+                              f"float64), got {self.seq_len:,}")
         if self.activation not in ACTIVATIONS:
             raise DomainError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
         if self.norm not in NORMS:
