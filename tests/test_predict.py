@@ -49,6 +49,17 @@ def test_zero_branch_scale_is_the_identity():
     np.testing.assert_allclose(_series(pts, "gvar"), 1.0, rtol=1e-12)
 
 
+@pytest.mark.parametrize("arch", ["preln", "postln"])
+def test_weights_whose_squares_underflow_predict_like_zero_weights(arch):
+    """Weight stds of 1e-300 (their fourth powers underflow to 0 in the value path's scale)
+    predict as the zero init does (a ZeroDivisionError, exit 3, before): the branches add
+    nothing, the stream and the gradient pass unchanged."""
+    tiny = predict(resolve(arch, n_layers=6, init_std=1e-300, **SMALL))
+    zero = predict(resolve(arch, n_layers=6, init_std=0.0, **SMALL))
+    for k in ("var", "corr", "gvar"):
+        np.testing.assert_allclose(_series(tiny, k), _series(zero, k), rtol=1e-12, atol=1e-300)
+
+
 def test_preln_forward_linear_backward_hyperbolic():
     m = resolve("preln", n_layers=96, **SMALL)
     tr = trace(m, predict(m))

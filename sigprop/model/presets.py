@@ -184,7 +184,7 @@ OPTIONS: dict[str, Option] = _opts(
     Option("input_corr", float, None, "token correlation of the stream entering layer 1 "
            "(default: r0 (1 - hidden dropout), r0 = 0.221, or what the preset's token embedding gives)",
            lo=0.0, hi=1.0),
-    Option("grad_var", float, 1.0, "variance of dLoss/dx at the top", lo=0.0),
+    Option("grad_var", float, 1.0, "variance of dLoss/dx at the top", lo=0.0, open_lo=True),
     Option("grad_corr", float, 0.0, "token correlation of dLoss/dx at the top", lo=-1.0, hi=1.0),
     Option("skip_scale", float, None, "override the skip scale a of every sublayer"),
     Option("branch_scale", float, None, "override the branch scale b of every sublayer"),

@@ -790,8 +790,10 @@ class _Scaled:
 
     def row(self, x: Forward) -> list:
         s = self.s
-        r = [v * s for v in self.table.row(x)]
-        r[0] = r[0] / math.sqrt(s)               # the mean scales with sqrt(s)
+        row = self.table.row(x)
+        r = [v * s for v in row]
+        # the mean scales with sqrt(s) (taken directly: s may underflow to 0, weights ~1e-300)
+        r[0] = row[0] * math.sqrt(s)
         return r
 
     forward_of = staticmethod(_ChainTable.forward_of)

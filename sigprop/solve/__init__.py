@@ -24,6 +24,8 @@ the registered rules along the model's block description (:mod:`sigprop.solve.bl
 
 from __future__ import annotations
 
+import math
+
 from sigprop.errors import DomainError
 
 TARGETS = ("unit-variance", "unit-forward", "logit-var", "max-depth")
@@ -67,8 +69,8 @@ def solve(target: str = "unit-variance", *, arch: str = "preln", init: str | Non
         from sigprop.model.spec import Model
 
         model = Model.load(model)
-    if not (tol > 0):
-        raise DomainError(f"tolerance must be > 0, got {tol!r}")
+    if not (tol > 0 and math.isfinite(tol)):
+        raise DomainError(f"tolerance must be a finite number > 0, got {tol!r}")
     if target in ("unit-variance", "unit-forward"):
         if init is not None:
             raise DomainError("init does not apply to the unit targets: they solve every weight std")

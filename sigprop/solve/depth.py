@@ -50,7 +50,7 @@ def max_depth(max_ratio: float, arch: str = "preln", init: str | None = None, n_
     from sigprop.model.trace import summary
 
     if not (max_ratio > 1 and math.isfinite(max_ratio)):
-        raise DomainError(f"--max-grad-ratio must be a number > 1, got {max_ratio!r}")
+        raise DomainError(f"--max-grad-ratio must be a finite number > 1, got {max_ratio!r}")
     if not (isinstance(n_max, int) and n_max >= 1):
         raise DomainError(f"--max-layers must be a positive integer, got {n_max!r}")
     options = {k: v for k, v in options.items() if v is not None}

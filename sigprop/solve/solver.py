@@ -192,7 +192,7 @@ def solve_unit(arch: str | None, target: str = "unit-variance", logit_var: float
     if target not in ("unit-variance", "unit-forward"):
         raise DomainError(f"solve_unit: target must be unit-variance or unit-forward, got {target!r}")
     if not (logit_var > 0 and math.isfinite(logit_var)):
-        raise DomainError(f"the logit variance must be > 0, got {logit_var!r}")
+        raise DomainError(f"the logit variance must be a finite number > 0, got {logit_var!r}")
     t0 = time.perf_counter()
     if model is not None:
         if any(v is not None for v in options.values()):
@@ -629,7 +629,7 @@ def solve_logit_var(value: float, arch: str = "preln", init: str | None = None, 
     from sigprop.solve.equations import for_model
 
     if not (value > 0 and math.isfinite(value)):
-        raise DomainError(f"--value (the logit variance) must be > 0, got {value!r}")
+        raise DomainError(f"--value (the logit variance) must be a finite number > 0, got {value!r}")
     t0 = time.perf_counter()
     if model is not None:
         if init is not None or any(v is not None for v in options.values()):
