@@ -94,13 +94,16 @@ def test_numeric_paths_never_import_sympy():
     ["predict", "--layers", "2", "--causal", "--seq-len", str(2 ** 30 + 1)],
     ["solve-init", "--layers", "2", "--tol", "inf", "--json"],
     ["solve-init", "--layers", "2", "--target", "logit-var", "--value", "inf", "--json"],
+    ["check", "--layers", "1", "--d-model", "8", "--heads", "2", "--d-ff", "8", "--seq-len", "2", "--trials", "2",
+     "--batch", "1", "--input-var", "1e-300"],
 ])
 def test_more_bad_input_exits_2_without_traceback(args):
     """Seeds must be >= 0 (NumPy raised a traceback), tolerances finite (a NaN tolerance
     failed every point instead), depth within the cap, the sequence within 2^53 positions
     (beyond, the trace turned to NaN: exit 3) and a causal one within 2^30 (beyond, the
     position grid's sums over every position ran out of memory or time), solver tolerances and
-    targets finite (--tol inf wrote "tolerance": Infinity, not JSON)."""
+    targets finite (--tol inf wrote "tolerance": Infinity, not JSON), a float32 check within
+    the variances float32 samples (an input variance of 1e-300 underflowed: NaN, exit 3)."""
     r = run(*args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stdout == "" and "Traceback" not in r.stderr and r.stderr.strip()

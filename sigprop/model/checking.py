@@ -147,6 +147,28 @@ def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: i
     }
 
 
+#: the variances a float32 simulation samples faithfully: a token's features are ~sqrt(var)
+#: and their squares ~var, which must stay well inside float32's normal range (1.2e-38 to
+#: 3.4e38) for sums over the features
+FLOAT32_VAR_RANGE = (1e-30, 1e30)
+
+
+def _require_representable(points, dtype: str) -> None:
+    """Refuse (DomainError) a float32 check whose predicted stream or gradient variance leaves
+    FLOAT32_VAR_RANGE anywhere: the simulation would underflow or overflow there and report NaN
+    (an input variance of 1e-300 did)."""
+    if dtype != "float32":
+        return
+    lo, hi = FLOAT32_VAR_RANGE
+    llo, lhi = math.log(lo), math.log(hi)
+    for p in points:
+        for what, lv in (("stream", p.log_var), ("gradient", p.log_gvar)):
+            if lv != -math.inf and not llo <= lv <= lhi:     # (an exact 0 samples as 0)
+                where = "the input" if p.layer == 0 else f"layer {p.layer} ({p.sublayer})"
+                raise DomainError(f"the predicted {what} variance at {where} is {math.exp(lv) if lv < 709 else math.inf:.3g}, "
+                                  f"outside the {lo:g} to {hi:g} a float32 simulation samples: use --dtype float64")
+
+
 def check_model(model, tol: dict, *, trials: int, batch: int, seed: int, dtype: str = "float32",
                 backend: str = "numpy", device: str = "cpu", rng: str = "host", dask: str | None = None,
                 workers: int | None = None, progress: bool = False):
@@ -164,6 +186,7 @@ def check_model(model, tol: dict, *, trials: int, batch: int, seed: int, dtype: 
     bk = get_backend(backend, device)
     points = predict(model, stop_at_saturation=True)
     require_complete(points)
+    _require_representable(points, dtype)
     dist = from_options(dask, workers)
     try:
         meas = simulate(model, batch=batch, trials=trials, seed=seed, dtype=getattr(np, dtype),
