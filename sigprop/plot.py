@@ -154,12 +154,14 @@ def measure(rows, batch: int, trials: int, seed: int, dtype):
     given at its top), so that model is simulated; None for a row whose prediction is the
     input point alone."""
     from sigprop.mc.model import simulate
+    from sigprop.model.checking import require_representable
 
     for r in rows:
         sat = r.saturation_layer
         if sat == 1:
             yield r, None
             continue
+        require_representable(r.points, np.dtype(dtype).name if dtype is not None else "float32")
         yield r, simulate(r.model if sat is None else r.model.truncated(sat - 1), batch=batch, trials=trials,
                           seed=seed, dtype=dtype)
 

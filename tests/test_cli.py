@@ -96,14 +96,23 @@ def test_numeric_paths_never_import_sympy():
     ["solve-init", "--layers", "2", "--target", "logit-var", "--value", "inf", "--json"],
     ["check", "--layers", "1", "--d-model", "8", "--heads", "2", "--d-ff", "8", "--seq-len", "2", "--trials", "2",
      "--batch", "1", "--input-var", "1e-300"],
+    ["check", "--layers", "1", "--d-model", "8", "--heads", "2", "--d-ff", "8", "--seq-len", "2", "--trials", "2",
+     "--batch", "1", "--input-var", "1e-29"],
+    ["check", "--layers", "1", "--d-model", "8", "--heads", "2", "--d-ff", "8", "--seq-len", "2", "--trials", "2",
+     "--batch", "1", "--input-var", "1e-250", "--dtype", "float64"],
+    ["predict", "--layers", "2", "--input-var", "1e-300"],
+    ["predict", "--arch", "llama", "--layers", "2", "--init-std", "1e-300"],
 ])
 def test_more_bad_input_exits_2_without_traceback(args):
     """Seeds must be >= 0 (NumPy raised a traceback), tolerances finite (a NaN tolerance
     failed every point instead), depth within the cap, the sequence within 2^53 positions
     (beyond, the trace turned to NaN: exit 3) and a causal one within 2^30 (beyond, the
     position grid's sums over every position ran out of memory or time), solver tolerances and
-    targets finite (--tol inf wrote "tolerance": Infinity, not JSON), a float32 check within
-    the variances float32 samples (an input variance of 1e-300 underflowed: NaN, exit 3)."""
+    targets finite (--tol inf wrote "tolerance": Infinity, not JSON), a check within the
+    variances its dtype samples (float32 at an input variance of 1e-300: NaN, exit 3; at 1e-29
+    the logit variance underflowed; float64 at 1e-250: standard errors 0), a norm's input above
+    e^-600 (below, its eps was ignored: input gradient 2.4e39 predicted, 2.5 measured), a token
+    embedding whose std's square is positive (1e-300: a division by zero, exit 3)."""
     r = run(*args)
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert r.stdout == "" and "Traceback" not in r.stderr and r.stderr.strip()

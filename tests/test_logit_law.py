@@ -165,7 +165,17 @@ def test_law_share_ramps_linearly_between_the_thresholds():
     assert LL.law_share(hi, 100) == 1.0 and LL.law_share(hi + 5.0, 100) == 1.0
     assert LL.law_share(0.25 * lo + 0.75 * hi, 100) == pytest.approx(0.75, rel=1e-12)
     assert LL.law_share(hi + 5.0, LL.LAW_MAX + 1) == 0.0
-    assert LL.applies(0.5 * (lo + hi), 100) and not LL.applies(lo, 100)
+    assert LL.law_share(float("nan"), 100) == 0.0           # (a NaN offset: the fit)
+    assert LL.law_share(float("inf"), 100) == 1.0
+
+
+def test_law_share_with_the_thresholds_together_is_a_step(monkeypatch):
+    monkeypatch.setattr(LL, "LAW_LO", 2.5)
+    monkeypatch.setattr(LL, "LAW_OFFSET", 2.5)
+    assert LL.law_share(2.5, 100) == 0.0 and LL.law_share(2.5 + 1e-12, 100) == 1.0
+    monkeypatch.setattr(LL, "LAW_LO", float("inf"))
+    monkeypatch.setattr(LL, "LAW_OFFSET", float("inf"))
+    assert LL.law_share(1e300, 100) == 0.0                # both infinite: the fit everywhere
 
 
 def test_key_weights_blend_is_continuous_across_the_ramp(monkeypatch):

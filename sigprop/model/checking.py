@@ -147,26 +147,45 @@ def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: i
     }
 
 
-#: the variances a float32 simulation samples faithfully: a token's features are ~sqrt(var)
-#: and their squares ~var, which must stay well inside float32's normal range (1.2e-38 to
-#: 3.4e38) for sums over the features
-FLOAT32_VAR_RANGE = (1e-30, 1e30)
+#: the variances a simulation samples faithfully, per dtype: a token's features are ~sqrt(var),
+#: their squares ~var, and the standard errors take squares of those (~var^2), which must stay
+#: inside the dtype's normal range (float32 1.2e-38 to 3.4e38, float64 2.2e-308 to 1.8e308)
+VAR_RANGES = {"float32": (1e-15, 1e15), "float64": (1e-140, 1e140)}
 
 
-def _require_representable(points, dtype: str) -> None:
-    """Refuse (DomainError) a float32 check whose predicted stream or gradient variance leaves
-    FLOAT32_VAR_RANGE anywhere: the simulation would underflow or overflow there and report NaN
-    (an input variance of 1e-300 did)."""
-    if dtype != "float32":
+def _power_of_ten(lv: float) -> str:
+    """exp(lv) as text, in powers of ten beyond float64's range."""
+    if math.isnan(lv):
+        return "NaN"
+    if -700.0 < lv < 700.0:
+        return f"{math.exp(lv):.3g}"
+    return f"1e{lv / math.log(10.0):+.0f}" if math.isfinite(lv) else ("0" if lv < 0 else "inf")
+
+
+def require_representable(points, dtype: str) -> None:
+    """Refuse (DomainError) a simulation in ``dtype`` of the predicted ``points`` whose stream
+    or gradient variance, or attention logit variance, leaves the dtype's VAR_RANGES anywhere:
+    the simulation would underflow or overflow there and report NaN or a standard error of 0
+    (float32 at an input variance of 1e-300: NaN; at 1e-29 the logit variance, ~var^2,
+    underflowed; float64 at 1e-250: standard errors 0).  An exact 0 (a branch that adds
+    nothing) samples as 0 and passes."""
+    if dtype not in VAR_RANGES:
         return
-    lo, hi = FLOAT32_VAR_RANGE
+    lo, hi = VAR_RANGES[dtype]
     llo, lhi = math.log(lo), math.log(hi)
     for p in points:
-        for what, lv in (("stream", p.log_var), ("gradient", p.log_gvar)):
-            if lv != -math.inf and not llo <= lv <= lhi:     # (an exact 0 samples as 0)
+        lt = None
+        if p.logit_var is not None:
+            lt = math.log(p.logit_var) if p.logit_var > 0 else (-math.inf if p.logit_var == 0 else math.nan)
+        for what, lv in (("stream", p.log_var), ("gradient", p.log_gvar), ("attention logit", lt)):
+            if lv is None or lv == -math.inf:
+                continue
+            if not llo <= lv <= lhi:
                 where = "the input" if p.layer == 0 else f"layer {p.layer} ({p.sublayer})"
-                raise DomainError(f"the predicted {what} variance at {where} is {math.exp(lv) if lv < 709 else math.inf:.3g}, "
-                                  f"outside the {lo:g} to {hi:g} a float32 simulation samples: use --dtype float64")
+                f_lo, f_hi = VAR_RANGES["float64"]
+                hint = ": use --dtype float64" if dtype == "float32" and math.log(f_lo) <= lv <= math.log(f_hi) else ""
+                raise DomainError(f"the predicted {what} variance at {where} is {_power_of_ten(lv)}, outside the "
+                                  f"{lo:g} to {hi:g} a {dtype} simulation samples{hint}")
 
 
 def check_model(model, tol: dict, *, trials: int, batch: int, seed: int, dtype: str = "float32",
@@ -186,7 +205,7 @@ def check_model(model, tol: dict, *, trials: int, batch: int, seed: int, dtype: 
     bk = get_backend(backend, device)
     points = predict(model, stop_at_saturation=True)
     require_complete(points)
-    _require_representable(points, dtype)
+    require_representable(points, dtype)
     dist = from_options(dask, workers)
     try:
         meas = simulate(model, batch=batch, trials=trials, seed=seed, dtype=getattr(np, dtype),

@@ -68,12 +68,6 @@ def law_share(offset: float, L: int) -> float:
     return (offset - LAW_LO) / (LAW_OFFSET - LAW_LO)
 
 
-def applies(offset: float, L: int) -> bool:
-    """Whether the sampled law enters a layer's per-key weights (in part or in full):
-    offset above LAW_LO and at most LAW_MAX positions."""
-    return law_share(offset, L) > 0.0
-
-
 def _interp_matrix(grid) -> np.ndarray:
     """(L, nodes): linear interpolation in log(position + 1) from the grid's nodes."""
     u = np.log(np.arange(1.0, grid.L + 1))

@@ -612,6 +612,20 @@ class Predictor:
                 # the records keep the states without the position deviation (an L x L matrix)
                 kept = self._end = rec.s_out
                 records.append(rec)
+        if m.final_norm:
+            self._norm_in_range(s.log_var, m.n_layers, "final norm")
+
+    def _norm_in_range(self, log_var: float, layer: int, where: str) -> None:
+        """Refuse (DomainError) a norm whose input variance is below exp(-_LOG_VAR_LIMIT) while
+        the norm has an eps: there the stream is handed to the norm rule clipped
+        (:func:`_real`), as if the norm were scale-invariant, which holds for a huge variance
+        (eps negligible) and fails for a tiny one (eps dominates: an input variance of 1e-300
+        was predicted with an input gradient of 2.4e39 where Monte Carlo measures 2.5)."""
+        if log_var < -_LOG_VAR_LIMIT and self.model.norm_eps > 0:
+            raise DomainError(
+                f"the residual stream's variance is 1e{log_var / math.log(10.0):+.0f} at the norm of layer {layer}'s "
+                f"{where}, below e^-{_LOG_VAR_LIMIT:g} (~{math.exp(-_LOG_VAR_LIMIT):.1e}), where sigprop does not "
+                f"evaluate a norm with eps {self.model.norm_eps:g}: a larger input variance or weight scales")
 
     def _unit(self, layer: int, unit, s: StreamState, kept: StreamState):
         """One residual unit: (its record, the stream state after it) for the stream state
@@ -629,6 +643,7 @@ class Predictor:
         xcov = None         # causal: the stream's covariance over positions (formed once)
         pre_ops = ln_prof = None
         if unit.in_norm:
+            self._norm_in_range(lv, layer, unit.label)
             ln = self._norm(tok, h)
             pre_ops = (ln,)
             h = _fwd(ln)
@@ -695,6 +710,7 @@ class Predictor:
         else:
             # the norm after the residual sum
             s_sum = StreamState(zlv, z, tok, prof, None, logit_var)
+            self._norm_in_range(zlv, layer, unit.label)
             ln = self._norm(tok, _real(zlv, z))
             pre_ops = (ln,)
             lv, x = _normalise(_fwd(ln))
@@ -1292,10 +1308,6 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
     if model.n_layers > MAX_LAYERS:
         raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
-    if model.causal and model.seq_len > MAX_CAUSAL_SEQ_LEN:
-        raise DomainError(f"seq_len {model.seq_len:,} is beyond the {MAX_CAUSAL_SEQ_LEN:,} positions (2^30) sigprop "
-                          "predicts for a causal model (its position grid sums over every position once: ~1 minute "
-                          "at 2^30)")
     # (a branch that adds nothing evaluates 0/0 for its correlation, which the rules report as
     # 0: NumPy's warnings about it are silenced)
     with _no_gc(), np.errstate(divide="ignore", invalid="ignore"), progress.task("sigprop: predicting"):
@@ -1310,12 +1322,6 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
             raise FloatingPointError(
                 f"a branch's moments leave the float64 range ({type(e).__name__}: {e}); "
                 "weight stds and scales this large (or this small) are outside what sigprop evaluates") from None
-
-
-#: the longest causal sequence predicted: the position grid (sigprop.model.positions.NodeGrid)
-#: sums its panels' moments over every position once, ~50 s at 10^9 positions (memory does not
-#: grow with it)
-MAX_CAUSAL_SEQ_LEN = 2 ** 30
 
 
 class Points(list):

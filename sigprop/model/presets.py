@@ -787,9 +787,10 @@ def embedding_input(emb: Embedding, init_std: float, d_model: int, seq_len: int,
     from sigprop.rules import get
 
     word = emb.word * init_std
-    if not word > 0:
+    if not word * word > 0:             # (a std whose square underflows adds nothing either)
         raise DomainError(f"the {emb.source} token embedding has word-table std init_std = {init_std:g}: "
-                          "it needs init_std > 0 (or give the input stream: input_var, input_corr)")
+                          "it needs init_std > 0, with a square above float64's smallest number (or give the "
+                          "input stream: input_var, input_corr)")
     x, _ = get("embedding").evaluate(Forward(0.0, 1.0, 0.0), word_std=word, pos_std=emb.position * init_std,
                                      seg_std=emb.segment * init_std, word_collision=R0_EMBEDDING,
                                      segment_collision=1.0, L=seq_len)

@@ -33,9 +33,14 @@ from sigprop.state import Backward, Forward
 #: the deepest model sigprop resolves and predicts: the prediction keeps every sublayer's
 #: state (about 5 KB of memory per layer, ~0.4 KB of trace JSON), so 10^6 layers need ~5 GB
 MAX_LAYERS = 1_000_000
-#: the longest sequence a model may have: position counts and their products stay exact in
-#: float64 below 2^53 (at 2^62 the predictions turned to NaN)
+#: the longest sequence a model may have (2^53: position counts exact in float64; the
+#: predictions turned to NaN by 2^62, and at 2^53 a 2-layer Pre-LN trace sits within 5e-5 of its
+#: large-L limit)
 MAX_SEQ_LEN = 2 ** 53
+#: the longest causal sequence: the position grid (sigprop.model.positions.NodeGrid) sums its
+#: panels' moments over every position once, ~50 s at 10^9 positions (memory does not grow
+#: with it)
+MAX_CAUSAL_SEQ_LEN = 2 ** 30
 
 WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "attention": ("q", "k", "v", "o"),
@@ -362,6 +367,9 @@ class Model(_Frozen):
         if not isinstance(self.causal, (bool, np.bool_)):
             raise DomainError(f"causal must be true or false, got {self.causal!r}")
         self._set("causal", bool(self.causal))
+        if self.causal and self.seq_len > MAX_CAUSAL_SEQ_LEN:
+            raise DomainError(f"seq_len {self.seq_len:,} is beyond the {MAX_CAUSAL_SEQ_LEN:,} positions (2^30) of a "
+                              "causal model (its position grid sums over every position once: ~1 minute at 2^30)")
         if not isinstance(self.dropout, Dropout):
             raise DomainError("dropout must be a sigprop.model.spec.Dropout")
         x, g = self.input, self.grad
