@@ -277,3 +277,29 @@ def test_grid_law_against_every_position():
     late = x >= 50
     for k in range(3):
         assert np.allclose(nodes[0][late, k], exact[0][x[late], k], rtol=0.12)
+
+
+def test_prediction_is_continuous_where_a_layer_enters_the_ramp(monkeypatch):
+    """The whole prediction, with the ramp's start placed just below and just above the largest
+    per-key offset of a 12-layer `output` model (the law's share 1e-9 against the fit alone: a
+    query factor of ~1 against none), moves by less than 1e-6; with the old single switch there
+    (the law in full just above) it moves by more."""
+    from sigprop.mc import floor
+    from sigprop.model.predict import key_offsets, predict, run
+    from sigprop.model.presets import resolve
+
+    m = resolve("preln", "normal", n_layers=12, dropout=0.0, causal=True, **floor.DIMS, placement="output")
+    monkeypatch.setattr(LL, "LAW_LO", float("inf"))
+    monkeypatch.setattr(LL, "LAW_OFFSET", float("inf"))
+    top = max(off for _, off in key_offsets(run(m)[0]))
+
+    def grads(lo, hi):
+        monkeypatch.setattr(LL, "LAW_LO", lo)
+        monkeypatch.setattr(LL, "LAW_OFFSET", hi)
+        return np.array([p.log_gvar for p in predict(m)])
+
+    fit = grads(top + 1e-9, top + 1.0)
+    ramp = grads(top - 1e-9, top - 1e-9 + 1.0)
+    step = grads(top - 1e-9, top - 1e-9)
+    assert np.max(np.abs(ramp - fit)) < 1e-6
+    assert np.max(np.abs(step - fit)) > 1e-5
