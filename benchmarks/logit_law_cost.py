@@ -20,12 +20,12 @@ from sigprop.model.predict import predict
 from sigprop.model.presets import resolve
 
 
-def _timed(model, offset: float) -> float:
-    """One prediction's seconds, the law's thresholds (LAW_LO, LAW_OFFSET) both moved to
-    ``offset`` where it is infinite (the additive fit everywhere), else as they are."""
+def _timed(model, law: bool) -> float:
+    """One prediction's seconds, with the law (its thresholds as they are) or without it
+    (LAW_LO and LAW_OFFSET raised to infinity: the additive fit everywhere)."""
     saved = logit_law.LAW_LO, logit_law.LAW_OFFSET
-    if offset == float("inf"):
-        logit_law.LAW_LO = logit_law.LAW_OFFSET = offset
+    if not law:
+        logit_law.LAW_LO = logit_law.LAW_OFFSET = float("inf")
     try:
         t = time.perf_counter()
         predict(model)
@@ -40,9 +40,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     a = ap.parse_args()
     model = resolve("preln", "normal", n_layers=48, dropout=a.dropout, causal=True, **floor.DIMS, placement="output")
-    law = logit_law.LAW_OFFSET
-    for off in (float("inf"), law):                    # untimed: tables and memos
-        _timed(model, off)
+    for law in (False, True):                          # untimed: tables and memos
+        _timed(model, law)
     calls = []
     orig = logit_law.law_weights
 
@@ -56,8 +55,8 @@ def main() -> None:
     try:
         fit, with_law = [], []
         for _ in range(a.repeats):
-            fit.append(_timed(model, float("inf")))
-            with_law.append(_timed(model, law))
+            fit.append(_timed(model, False))
+            with_law.append(_timed(model, True))
     finally:
         logit_law.law_weights = orig
     f, w = statistics.median(fit), statistics.median(with_law)

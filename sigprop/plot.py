@@ -161,7 +161,7 @@ def measure(rows, batch: int, trials: int, seed: int, dtype):
         if sat == 1:
             yield r, None
             continue
-        require_representable(r.points, np.dtype(dtype).name if dtype is not None else "float32")
+        require_representable(r.points, np.dtype(dtype).name)
         yield r, simulate(r.model if sat is None else r.model.truncated(sat - 1), batch=batch, trials=trials,
                           seed=seed, dtype=dtype)
 

@@ -108,7 +108,7 @@ def _library_errors(fn, *args, **kwargs) -> int:
     library's bad input (SigpropError) ends in :func:`fail` with exit 2, a numerical failure
     (FloatingPointError, or an OverflowError or ZeroDivisionError that reached here) with exit
     3."""
-    from sigprop.errors import SigpropError
+    from sigprop.errors import SigpropError, float_range_failure
 
     try:
         code = fn(*args, **kwargs)
@@ -117,10 +117,8 @@ def _library_errors(fn, *args, **kwargs) -> int:
     except FloatingPointError as e:
         fail(f"numerical failure: {e}", 3)
     except (OverflowError, ZeroDivisionError) as e:
-        # a float operation outside float64 that no library layer turned into a message of its
-        # own (predict's does: FloatingPointError above): one line, not a traceback
-        fail(f"numerical failure: a moment left the float64 range ({type(e).__name__}: {e}); the inputs' "
-             "scales are outside what sigprop evaluates", 3)
+        # one that no library layer turned into a FloatingPointError (predict's does): one line
+        fail(f"numerical failure: {float_range_failure(e)}", 3)
     return code if isinstance(code, int) else 0
 
 

@@ -84,11 +84,17 @@ class Growth(NamedTuple):
 
 def _times(log_value: float, digits: int = 3) -> str:
     """'x<value>' for exp(log_value), in scientific notation beyond a double's range."""
+    return "x" + sci_exp(log_value, digits)
+
+
+def sci_exp(log_value: float, digits: int = 3) -> str:
+    """exp(log_value) as text, in scientific notation beyond a double's range ('inf', '0' at
+    the infinities, '?' for NaN)."""
     if not math.isfinite(log_value):
-        return "xinf" if log_value > 0 else "x0" if log_value < 0 else "x?"
+        return "inf" if log_value > 0 else "0" if log_value < 0 else "?"
     if abs(log_value) < 700:
-        return f"x{np.exp(log_value):.{digits}g}"
-    return "x" + sci_log10(log_value / np.log(10.0), digits)
+        return f"{np.exp(log_value):.{digits}g}"
+    return sci_log10(log_value / np.log(10.0), digits)
 
 
 def sci_log10(l10: float, digits: int = 3) -> str:

@@ -29,7 +29,8 @@ import numpy as np
 from sigprop import memo, progress
 from sigprop.backend import numeric
 from sigprop.model import blocks, logit_law, positions, profile, store
-from sigprop.errors import DomainError
+from sigprop.model.growth import sci_exp
+from sigprop.errors import DomainError, float_range_failure
 from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp
@@ -623,7 +624,7 @@ class Predictor:
         was predicted with an input gradient of 2.4e39 where Monte Carlo measures 2.5)."""
         if log_var < -_LOG_VAR_LIMIT and self.model.norm_eps > 0:
             raise DomainError(
-                f"the residual stream's variance is 1e{log_var / math.log(10.0):+.0f} at the norm of layer {layer}'s "
+                f"the residual stream's variance is {sci_exp(log_var)} at the norm of layer {layer}'s "
                 f"{where}, below e^-{_LOG_VAR_LIMIT:g} (~{math.exp(-_LOG_VAR_LIMIT):.1e}), where sigprop does not "
                 f"evaluate a norm with eps {self.model.norm_eps:g}: a larger input variance or weight scales")
 
@@ -1319,9 +1320,7 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
         except (OverflowError, ZeroDivisionError, np.linalg.LinAlgError) as e:
             # the residual stream and the gradient are carried in log space; the inside of
             # one branch is not, and weight stds or scales near the float64 range take it out
-            raise FloatingPointError(
-                f"a branch's moments leave the float64 range ({type(e).__name__}: {e}); "
-                "weight stds and scales this large (or this small) are outside what sigprop evaluates") from None
+            raise float_range_failure(e) from None
 
 
 class Points(list):
