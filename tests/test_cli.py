@@ -118,6 +118,17 @@ def test_more_bad_input_exits_2_without_traceback(args):
     assert r.stdout == "" and "Traceback" not in r.stderr and r.stderr.strip()
 
 
+def test_check_within_the_dtype_range_is_not_refused():
+    """The float32 guard's bounds are where sampling fails (checking.VAR_RANGES): a stream of
+    variance 1e20, which float32 samples with finite moments, is checked, not refused."""
+    r = run("check", "--layers", "1", "--d-model", "8", "--heads", "2", "--d-ff", "8", "--seq-len", "2",
+            "--trials", "2", "--batch", "1", "--input-var", "1e20", "--json")
+    assert r.returncode in (0, 1), r.stderr[-300:]
+    out = json.loads(r.stdout)
+    assert out["schema"] == "sigprop.check/1"
+    assert "NaN" not in r.stdout and "Infinity" not in r.stdout
+
+
 def test_float_overflow_outside_predict_is_one_line_exit_3():
     """A subnormal input variance sends the solver's attention search out of float64 (an
     OverflowError in the rule, outside the predictor's own conversion): one line on stderr
