@@ -251,6 +251,15 @@ def test_degenerate_values_are_bad_input(cmd, args, word):
     assert word in r.stderr
 
 
+@pytest.mark.parametrize("arch", ["preln", "llama", "gpt2", "olmo2"])
+def test_one_token_is_refused_alike_with_and_without_a_token_embedding(arch):
+    # (a preset with a token embedding met the embedding rule's own bound first, worded
+    # "embedding: L must lie in [2, inf]")
+    r = _sigprop("predict", "--arch", arch, "--seq-len", "1", "--layers", "2")
+    _one_line_exit_2(r)
+    assert "seq_len must be >= 2 (a token correlation needs two tokens), got 1" in r.stderr
+
+
 @pytest.mark.parametrize("path,value,word", [(("seq_len",), 1, "seq_len must be >= 2"),
                                              (("grad", "var"), 0.0, "grad.var must be > 0")])
 def test_spec_degenerate_values_are_bad_input(tmp_path, path, value, word):

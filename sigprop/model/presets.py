@@ -45,7 +45,7 @@ import numpy as np
 from sigprop.errors import DomainError
 from sigprop.model.deepnorm import deepnorm_constants
 from sigprop.model.spec import (ACTIVATIONS, BLOCKS, KINDS, MAX_LAYERS, MAX_SEQ_LEN, NORMS, PLACEMENTS, Dropout, Model,
-                                Sublayers, weight_names)
+                                Sublayers, require_two_tokens, weight_names)
 from sigprop.state import Backward, Forward
 
 #: measured BERT/Wikipedia embedding token correlation before embedding dropout, hard-coded
@@ -786,6 +786,7 @@ def embedding_input(emb: Embedding, init_std: float, d_model: int, seq_len: int,
     (the hidden dropout, which the presets apply to the embedding too)."""
     from sigprop.rules import get
 
+    require_two_tokens(seq_len)
     word = emb.word * init_std
     if not word * word > 0:             # (a std whose square underflows adds nothing either)
         raise DomainError(f"the {emb.source} token embedding has word-table std init_std = {init_std:g}: "

@@ -320,6 +320,13 @@ class Dropout(_Frozen):
 # the model
 # ---------------------------------------------------------------------------------------
 
+
+def require_two_tokens(seq_len: int, where: str = "") -> None:
+    """Refuse (DomainError) a sequence of fewer than two tokens, whose token correlation is
+    undefined; ``where``: the field's prefix in the message."""
+    if seq_len < 2:
+        raise DomainError(f"{where}seq_len must be >= 2 (a token correlation needs two tokens), got {seq_len}")
+
 class Model(_Frozen):
     """A fully resolved model (docs/formats.md, "The model object").
 
@@ -355,8 +362,7 @@ class Model(_Frozen):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise DomainError(f"{k} must be a positive integer, got {v!r}")
             self._set(k, int(v))
-        if self.seq_len < 2:
-            raise DomainError(f"seq_len must be >= 2 (a token correlation needs two tokens), got {self.seq_len}")
+        require_two_tokens(self.seq_len)
         if self.seq_len > MAX_SEQ_LEN:
             raise DomainError(f"seq_len must be at most 2^53 = {MAX_SEQ_LEN:,} (positions counted exactly in "
                               f"float64), got {self.seq_len:,}")
@@ -693,8 +699,7 @@ def _parse_model(obj, where: str) -> Model:
     if not isinstance(arch, str):
         raise DomainError(f"{where}.arch must be a string, got {_type_name(arch)}")
     ints = {k: _int(obj, k, where) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len")}
-    if ints["seq_len"] < 2:
-        raise DomainError(f"{where}.seq_len must be >= 2 (a token correlation needs two tokens), got {ints['seq_len']}")
+    require_two_tokens(ints["seq_len"], f"{where}.")
     activation = _choice(obj, "activation", ACTIVATIONS, where)
     norm = _choice(obj, "norm", NORMS, where)
     causal = obj["causal"]
