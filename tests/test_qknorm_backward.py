@@ -122,3 +122,17 @@ def test_qknorm_logit_kurtosis_with_anisotropic_weights(d, dh):
                             o_std=d**-0.5, qk_norm=2))
     c = A._Ctx(numeric, Forward(np.float64(0.0), np.float64(1.0), np.float64(0.0)), p, False)
     assert abs(float(c.k4n) - mean) < 3 * se + 0.004, (float(c.k4n), mean, se)
+
+
+@pytest.mark.parametrize("norm", [1, 2])
+def test_qknorm_backward_at_fully_correlated_tokens_is_the_limit(norm):
+    # at input correlation 1 the keys are fully correlated (rk = 1): QK-norm's fourth cumulant
+    # is 0 there and its statistic v T2e2 was not computed, which the query and key paths
+    # then read (KeyError: `predict --qk-norm --input-corr 1` ended in a traceback)
+    params = dict(d=64, n_heads=4, d_head=16, qk_norm=norm, L=16, q_std=0.2, k_std=0.2, v_std=0.2, o_std=0.2)
+    r = rule("attention")
+    at = {c: r.evaluate(Forward(0.0, 1.0, c), Backward(1.0, 0.0), **params) for c in (1.0, 1.0 - 1e-9)}
+    (y1, g1), (y0, g0) = at[1.0], at[1.0 - 1e-9]
+    assert np.isfinite(float(g1.var)) and float(g1.var) > 0
+    assert abs(float(g1.var) / float(g0.var) - 1) < 1e-6, (float(g1.var), float(g0.var))
+    assert abs(float(y1.var) / float(y0.var) - 1) < 1e-6

@@ -251,6 +251,16 @@ def test_degenerate_values_are_bad_input(cmd, args, word):
     assert word in r.stderr
 
 
+@pytest.mark.parametrize("args", [["--qk-norm", "--input-corr", "1"], ["--arch", "olmo2", "--input-mean", "1e8"]])
+def test_fully_correlated_keys_under_qk_norm_are_predicted(args):
+    # (rank-collapsed tokens, or a mean that swamps the variance: the keys' correlation is 1,
+    # where QK-norm's backward read a statistic it had not computed: a traceback)
+    r = _sigprop("predict", "--layers", "2", "--json", *args)
+    assert r.returncode == 0, r.stderr
+    pts = json.loads(r.stdout, parse_constant=pytest.fail)["points"]      # (no NaN or Infinity)
+    assert all(p["backward"]["var"] > 0 for p in pts)
+
+
 @pytest.mark.parametrize("arch", ["preln", "llama", "gpt2", "olmo2"])
 def test_one_token_is_refused_alike_with_and_without_a_token_embedding(arch):
     # (a preset with a token embedding met the embedding rule's own bound first, worded

@@ -1680,7 +1680,9 @@ def _qk_norm_paths(m, c, p, st, gt, tr, qry, key, key_x, qry_c, key_c):
     LayerNorm also removes the constant direction (a generic 1/dh)."""
     T2 = st["T2"]
     vc = c.vsh * (c.kbL if c.rope else 1)       # the part constant over a row
-    lost = (c.is_ln * T2 + st["vT2e2"] + vc * T2) / p.d_head     # per unit of the generic T2
+    # (v T2e2 is not computed where every configuration's fourth cumulant is 0: keys fully
+    # correlated, rk = 1, whose token-varying logit variance v, and with it v T2e2, is 0)
+    lost = (c.is_ln * T2 + st.get("vT2e2", 0.0) + vc * T2) / p.d_head     # per unit of the generic T2
     qry = c.hq * (qry - c.tau**2 * tr * gt * lost)
     key = c.hk * (key - gt * c.s_mean * lost)
     return qry, key, c.proj * c.hk * key_x, c.proj * c.hc * qry_c, c.proj * c.hc * key_c
