@@ -139,6 +139,18 @@ def test_float_overflow_outside_predict_is_one_line_exit_3():
     assert len(r.stderr.strip().splitlines()) == 1 and "float64" in r.stderr
 
 
+@pytest.mark.parametrize("mean", ["1e50", "1e100"])
+def test_moments_out_of_range_inside_a_branch_are_a_numerical_failure_not_bad_input(mean):
+    """A huge input mean on olmo2's un-normed attention input: the branch's moments leave
+    float64 and a later rule meets NaN; that was refused as bad input ("x_mean must be finite,
+    got nan", exit 2, after NumPy's overflow warning over three lines): now one line naming
+    the numerical failure, exit 3."""
+    r = run("predict", "--arch", "olmo2", "--layers", "2", "--input-mean", mean, "--json")
+    assert r.returncode == 3, (r.returncode, r.stderr[-500:])
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "input moments are not finite" in r.stderr and "must be finite" not in r.stderr
+
+
 def test_console_flushes_everything_before_its_fast_exit():
     """`python -m sigprop` ends with os._exit after flushing (sigprop.cli.console): a large
     trace (several MB, more than any pipe buffer) must arrive whole, with exit code 0; an

@@ -1310,8 +1310,9 @@ def _run(model, stop_at_saturation: bool, tables: TableCache | None = None):
         raise DomainError(f"n_layers {model.n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts "
                           "(the trace keeps every sublayer's state, ~5 KB of memory per layer)")
     # (a branch that adds nothing evaluates 0/0 for its correlation, which the rules report as
-    # 0: NumPy's warnings about it are silenced)
-    with _no_gc(), np.errstate(divide="ignore", invalid="ignore"), progress.task("sigprop: predicting"):
+    # 0: NumPy's warnings about it are silenced; so are its overflows, whose inf a later rule
+    # meets as a numerical failure, Rule.fast, reported below in one line)
+    with _no_gc(), np.errstate(divide="ignore", invalid="ignore", over="ignore"), progress.task("sigprop: predicting"):
         pr = Predictor(model, stop_at_saturation, tables)
         try:
             records = pr.forward()

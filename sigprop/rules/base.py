@@ -236,6 +236,11 @@ class Rule:
             y = self.forward(numeric, x, p) if need_forward or g is None else None
             gb = None if g is None else self.backward(numeric, x, g, p)
         except (ZeroDivisionError, OverflowError, ValueError):
+            # (an input state that is not finite came out of an earlier rule whose moments
+            # left the float64 range: a numerical failure, not a bad input of this rule)
+            if not all(map(math.isfinite, (*x, *(g or ())))):
+                raise OverflowError(f"the {self.name} rule's input moments are not finite "
+                                    f"(x = {tuple(x)}, g = {None if g is None else tuple(g)})") from None
             y, gb = self.evaluate(x, g, **params)
         # plain floats out (a rule may compute in NumPy scalars)
         if y is not None:
