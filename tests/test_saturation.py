@@ -322,3 +322,21 @@ def test_saturation_met_inside_a_sublayer_ends_the_trace_too(monkeypatch):
     pts = predict(_saturating(), stop_at_saturation=True)
     assert pts.saturation_layer == 3 and len(pts) == 5
     assert pts.domain_note.startswith("attention row logit variance") and pts.domain_note.endswith("at layer 3")
+
+
+def test_check_object_writes_an_infinite_relative_error_as_inf():
+    # (a measured logit variance of 0 against a nonzero prediction: its relative error is inf,
+    # which the check's JSON wrote as the non-JSON token Infinity)
+    import dataclasses
+
+    from sigprop.model.checking import check_object
+
+    m = resolve("preln", n_layers=1, **TINY)
+    meas = simulate(m, batch=2, trials=2, seed=0)
+    assert meas.logit_var[1] is not None
+    meas = dataclasses.replace(meas, logit_var=[None, (0.0, 0.0), *meas.logit_var[2:]])
+    res = check_points(predict(m), meas)
+    assert res.errors["logit_var_relerr"]["max"] == float("inf")
+    obj = check_object(m, res, meas, 0, 2, 2)
+    assert obj["errors"]["logit_var_relerr"]["max"] == "inf"
+    json.dumps(obj, allow_nan=False)

@@ -50,7 +50,16 @@ def _stats(a: list[float]) -> dict:
     a = np.asarray(a, dtype=float)
     if a.size == 0:
         return {"median": None, "p90": None, "max": None}
-    return {"median": float(np.median(a)), "p90": float(np.percentile(a, 90)), "max": float(a.max())}
+    with np.errstate(invalid="ignore"):
+        return {"median": _or_higher(np.median(a), a, 50), "p90": _or_higher(np.percentile(a, 90), a, 90),
+                "max": float(a.max())}
+
+
+def _or_higher(v, a: np.ndarray, q: float) -> float:
+    """``v``, a median or percentile interpolated between two values; where the interpolation
+    met two infinite errors (inf - inf: NaN), the q-th percentile's next value up, inf."""
+    v = float(v)
+    return float(np.percentile(a, q, method="higher")) if math.isnan(v) else v
 
 
 def r2_log(pred: list[float], meas: list[float]) -> float | None:
@@ -141,7 +150,10 @@ def check_object(model, res: CheckResult, meas, seed: int, trials: int, batch: i
         "schema": "sigprop.check/1", "version": __version__, "model": model.to_json(), "seed": seed,
         "dtype": meas.dtype, "trials": trials, "batch": batch,
         "backend": meas.backend, "device": meas.device, "rng": meas.rng, "dask_workers": meas.workers,
-        "predicted": res.predicted, "measured": res.measured, "errors": res.errors, "r2_log_var": res.r2,
+        "predicted": res.predicted, "measured": res.measured,
+        # (a relative error against a measured 0 is inf: written "inf", as the trace writes it)
+        "errors": {k: {s: None if v is None else num(v) for s, v in st.items()} for k, st in res.errors.items()},
+        "r2_log_var": res.r2,
         "tolerance": res.tolerance, "pass": res.passed, "failures": res.failures,
         "approximation_notes": list(res.approximation_notes),
         "timing": {"simulate_s": meas.simulate_s, "gflop": meas.gflop},
