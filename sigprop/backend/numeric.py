@@ -315,6 +315,12 @@ def sum_over_lengths(f, L):
     return np.sum(w.reshape(w.shape + (1,) * (vals.ndim - w.ndim)) * vals, axis=0)
 
 
+#: elements of the arrays :func:`pair_length_sum` works on at a time: its ~15 passes per length
+#: node then stay in cache (on a (87, 97, 97) call, 0.125 s in chunks of 32,768 against 0.20 s
+#: in one piece, 0.13 s in chunks of 8,192 and 0.16 s of 131,072; the sums bit-identical)
+PAIR_CHUNK = 32768
+
+
 def pair_length_sum(log_phi2, log_phi1, L, k):
     """sum_{n=1}^{L-1} (n)_k exp((n-k) log_phi2) * sum_{m=1}^{L-n} exp(m log_phi1), with
     (n)_k the falling factorial: the length weights of a pair of causal rows (the shorter
@@ -324,22 +330,18 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
 
     One pass over the length nodes: at each node n >= kt = max(k) one power phi2^(n - kt) is
     shared by every k, whose sum takes the factor phi2^(kt - k) once at the end (nodes
-    n < kt are summed term by term)."""
+    n < kt are summed term by term).  The elements are independent: they are taken
+    :data:`PAIR_CHUNK` at a time, each chunk through every node."""
     ks = (k,) if isinstance(k, int) else tuple(k)
     L = float(L)
     n, w = _length_nodes(1.0, L - 1.0)
     l1 = np.asarray(log_phi1, dtype=float)
     l2 = np.asarray(log_phi2, dtype=float)
-    em1 = np.expm1(l1)
-    small = em1 > -1e-12
-    any_small = bool(small.any())
-    ratio = np.exp(l1) / np.where(small, -1.0, em1)
     shape = np.broadcast_shapes(l1.shape, l2.shape)
     kt = max(ks)
-    head = [np.zeros(shape) for _ in ks]        # nodes n < kt, each k's terms directly
-    acc = [np.zeros(shape) for _ in ks]         # nodes n >= kt, without phi2^(kt - k)
-    term = np.empty(shape)
-    for nn, ww in zip(n, w):
+    # per node: n, the longer row's extra keys M = L - n, the coefficients w (n)_k of each k
+    plan = []
+    for nn, ww in zip(n.tolist(), w.tolist()):
         if ww == 0:
             continue
         ffs = []
@@ -348,39 +350,52 @@ def pair_length_sum(log_phi2, log_phi1, L, k):
             for j in range(kk):
                 ff *= nn - j
             ffs.append(ww * ff if ff > 0 else 0.0)
-        if not any(ffs):
-            continue
-        M = L - nn
-        # the longer row's extra keys, sum_{m=1}^{M} phi1^m = phi1 (phi1^M - 1) / (phi1 - 1)
-        # (M where phi1 ~ 1)
-        geo = np.multiply(l1, M, out=np.empty(shape))
-        np.expm1(geo, out=geo)
-        geo *= ratio
-        if any_small:
-            np.copyto(geo, M, where=small)
-        if nn < kt:
-            for i, (kk, c) in enumerate(zip(ks, ffs)):
+        if any(ffs):
+            plan.append((nn, L - nn, ffs))
+    l1f = np.broadcast_to(l1, shape).reshape(-1)
+    l2f = np.broadcast_to(l2, shape).reshape(-1)
+    outs = [np.empty(l1f.size) for _ in ks]
+    for a in range(0, l1f.size, PAIR_CHUNK):
+        b = min(l1f.size, a + PAIR_CHUNK)
+        c1, c2, sh = l1f[a:b], l2f[a:b], (b - a,)
+        em1 = np.expm1(c1)
+        small = em1 > -1e-12
+        any_small = bool(small.any())
+        ratio = np.exp(c1) / np.where(small, -1.0, em1)
+        head = [np.zeros(sh) for _ in ks]       # nodes n < kt, each k's terms directly
+        acc = [np.zeros(sh) for _ in ks]        # nodes n >= kt, without phi2^(kt - k)
+        term, geo, tmp = np.empty(sh), np.empty(sh), np.empty(sh)
+        for nn, M, ffs in plan:
+            # the longer row's extra keys, sum_{m=1}^{M} phi1^m = phi1 (phi1^M - 1) / (phi1 - 1)
+            # (M where phi1 ~ 1)
+            np.multiply(c1, M, out=geo)
+            np.expm1(geo, out=geo)
+            geo *= ratio
+            if any_small:
+                np.copyto(geo, M, where=small)
+            if nn < kt:
+                for i, (kk, c) in enumerate(zip(ks, ffs)):
+                    if c:
+                        t = exp_flushed(np.multiply(c2, nn - kk, out=term)) if nn > kk else np.ones(sh)
+                        t *= c
+                        t *= geo
+                        head[i] += t
+                continue
+            if nn > kt:
+                exp_flushed(np.multiply(c2, nn - kt, out=term))
+                term *= geo
+            else:
+                np.copyto(term, geo)
+            for i, c in enumerate(ffs):
                 if c:
-                    t = exp_flushed(np.multiply(l2, nn - kk, out=term)) if nn > kk else np.ones(shape)
-                    t *= c
-                    t *= geo
-                    head[i] += t
-            continue
-        if nn > kt:
-            exp_flushed(np.multiply(l2, nn - kt, out=term))
-            term *= geo
-        else:
-            np.copyto(term, geo)
-        for i, c in enumerate(ffs):
-            if c:
-                acc[i] += c * term
-    out = []
-    for kk, h, a in zip(ks, head, acc):
-        if kk < kt:
-            a *= exp_flushed(np.multiply(l2, kt - kk, out=np.empty(shape)))
-        a += h
-        out.append(a)
-    return out[0] if isinstance(k, int) else tuple(out)
+                    acc[i] += np.multiply(term, c, out=tmp)
+        for kk, h, ac, o in zip(ks, head, acc, outs):
+            if kk < kt:
+                ac *= exp_flushed(np.multiply(c2, kt - kk, out=np.empty(sh)))
+            ac += h
+            o[a:b] = ac
+    outs = [o.reshape(shape) for o in outs]
+    return outs[0] if isinstance(k, int) else tuple(outs)
 
 
 #: :func:`exp_flushed` gives 0 below this argument
