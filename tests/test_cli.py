@@ -1,6 +1,7 @@
 """The command line: exit codes, stderr discipline and JSON shapes (contract.md)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -404,3 +405,24 @@ def test_max_depth_probes_sorted():
     assert r.returncode == 0, r.stderr
     ns = [e["n_layers"] for e in json.loads(r.stdout)["evaluations"]]
     assert ns == sorted(ns) and len(set(ns)) == len(ns) and any(n & (n - 1) for n in ns)   # bisected
+
+
+@pytest.mark.parametrize("args,threads", [
+    (["predict", "--layers", "2"], "1"),
+    (["--version"], None),
+    (["solve-init", "--target", "unit-variance"], "1"),
+    (["check", "--layers", "2"], None),
+    (["measure", "--hf", "x"], None),
+])
+def test_rule_commands_run_blas_on_one_thread_unless_told(monkeypatch, args, threads):
+    """(OpenBLAS's threads made the sampled logit law of `predict --arch llama --init xavier`
+    2.2x slower on 2 shared cores, and its last digits depend on their number)"""
+    from sigprop.__main__ import blas_threads
+
+    for k in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(k, raising=False)
+    blas_threads(args)
+    assert os.environ.get("OPENBLAS_NUM_THREADS") == threads and os.environ.get("MKL_NUM_THREADS") == threads
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "2")
+    blas_threads(args)
+    assert os.environ["OPENBLAS_NUM_THREADS"] == "2"        # the user's own setting stays
