@@ -407,3 +407,16 @@ def test_sweep_p99_within_target(name, limit):
     res = run_sweep(C.SWEEPS[name], get(name), n=40, seed=1)
     for mom, pct in res.percentiles.items():
         assert pct["p99"] <= limit, (name, mom, pct)
+
+
+@pytest.mark.parametrize("scale", [1e100, 1e200, 1e300])
+def test_rmsnorm_is_scale_free_up_to_the_float64_range(scale):
+    # (its finite-d terms divided by (s2 + mu^2)^2, which overflowed from ~1e154 on: NaN, where
+    # LayerNorm's rule was fine; `predict --norm rmsnorm --input-var 1e200` ended in exit 3)
+    r = get("rmsnorm")
+    g = Backward(1.0, 0.3)
+    y1, g1 = r.evaluate(Forward(0.3, 1.0, 0.5), g, d=64, eps=0.0)
+    ys, gs = r.evaluate(Forward(0.3 * scale**0.5, scale, 0.5), g, d=64, eps=0.0)
+    for a, b in ((y1.mean, ys.mean), (y1.var, ys.var), (y1.corr, ys.corr), (g1.corr, gs.corr)):
+        assert float(b) == pytest.approx(float(a), rel=1e-12)
+    assert float(gs.var) * scale == pytest.approx(float(g1.var), rel=1e-12)

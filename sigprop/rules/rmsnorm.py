@@ -60,11 +60,14 @@ def _terms(x, p):
     """(Q, c0, vq, cq, cn, t) of the module docstring, the fluctuation terms scaled by kappa."""
     s2, mu2, r, d, k = x.var, x.mean**2, x.corr, p.d, p.kappa_rms
     Q = s2 + mu2
-    c0 = (mu2 + r * s2) / Q
-    vq = k * (4 * mu2 * s2 + 2 * s2**2) / (d * Q**2)
-    cq = k * (4 * mu2 * r * s2 + 2 * r**2 * s2**2) / (d * Q**2)
-    cn = k * (2 * mu2 * (1 + r) * s2 + 2 * r * s2**2) / (d * Q**2)
-    t = k * (2 * mu2 * s2 - s2**2) / (4 * d * Q**2)
+    # the variance's and the squared mean's shares of the mean square (the terms are ratios of
+    # degree 2 in them: in shares, Q^2 never forms, which overflowed from Q ~ 1e154 on)
+    a, b = s2 / Q, mu2 / Q
+    c0 = b + r * a
+    vq = k * (4 * b * a + 2 * a**2) / d
+    cq = k * (4 * b * r * a + 2 * r**2 * a**2) / d
+    cn = k * (2 * b * (1 + r) * a + 2 * r * a**2) / d
+    t = k * (2 * b * a - a**2) / (4 * d)
     return Q, c0, vq, cq, cn, t
 
 
