@@ -132,6 +132,9 @@ def test_log_space_helpers():
     assert residual.log_share(0.0, -math.inf) == 1.0
     assert residual.log_share(math.log(3.0), math.log(1.0)) == pytest.approx(0.75, rel=1e-15)
     assert residual.exp_or_inf(800.0) == math.inf
+    # up to the largest double itself (the bound was 709, which wrote a variance of 1e308 as inf)
+    assert residual.exp_or_inf(math.log(1e308)) == pytest.approx(1e308, rel=1e-13)
+    assert residual.exp_or_inf(math.log(1.7e308)) < math.inf and residual.exp_or_inf(709.79) == math.inf
 
 
 def _attention_params(L, causal):

@@ -55,8 +55,12 @@ register(Residual())
 
 
 def exp_or_inf(v: float) -> float:
-    """exp(v) for a value carried as a logarithm; inf where exp would overflow (v >= 709)."""
-    return math.exp(v) if v < 709.0 else math.inf
+    """exp(v) for a value carried as a logarithm; inf where exp overflows (v above
+    log(1.797e308) = 709.78; a bound of 709 wrote an input variance of 1e308 as inf)."""
+    try:
+        return math.exp(v)
+    except OverflowError:
+        return math.inf
 
 
 def log_share(l1: float, l2: float) -> float:
