@@ -340,3 +340,13 @@ def test_check_object_writes_an_infinite_relative_error_as_inf():
     obj = check_object(m, res, meas, 0, 2, 2)
     assert obj["errors"]["logit_var_relerr"]["max"] == "inf"
     json.dumps(obj, allow_nan=False)
+
+
+def test_summary_of_a_trace_stopped_in_layer_1_names_no_law():
+    # (with only the input point the laws read "constant", beside the verdict "unstable")
+    m = resolve("preln", n_layers=2, init_std=10.0, **TINY)
+    pts = predict(m, stop_at_saturation=True)
+    assert pts.saturation_layer == 1 and len(pts) == 1
+    s = summary(pts)
+    assert s["forward_law"] == s["grad_law"] == "undetermined"
+    assert s["n_layers"] == 0 and s["verdict_class"] == "unstable"

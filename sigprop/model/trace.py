@@ -61,7 +61,10 @@ def summary(points: list) -> dict:
     # to top), as is the gradient's
     fw = fw._replace(log_ratio=log_ratio_fw)
     bw = bw._replace(log_ratio=-log_ratio_bw)      # top over input, as the law was fitted
-    if len(per_layer) < 3:
+    if not per_layer:
+        # no layer predicted (a softmax saturates in layer 1): no law either
+        fw, bw = fw._replace(law="undetermined"), bw._replace(law="undetermined")
+    elif len(per_layer) < 3:
         # too few layers for a law: judged on the whole model's change, input to top
         fw, bw = _few_layers(fw), _few_layers(bw)
     out = {
