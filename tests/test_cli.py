@@ -140,16 +140,30 @@ def test_float_overflow_outside_predict_is_one_line_exit_3():
     assert len(r.stderr.strip().splitlines()) == 1 and "float64" in r.stderr
 
 
-@pytest.mark.parametrize("mean", ["1e50", "1e100"])
+@pytest.mark.parametrize("mean", ["1e100", "1e150"])
 def test_moments_out_of_range_inside_a_branch_are_a_numerical_failure_not_bad_input(mean):
     """A huge input mean on olmo2's un-normed attention input: the branch's moments leave
-    float64 and a later rule meets NaN; that was refused as bad input ("x_mean must be finite,
-    got nan", exit 2, after NumPy's overflow warning over three lines): now one line naming
-    the numerical failure, exit 3."""
+    float64.  That was refused as bad input ("x_mean must be finite, got nan", exit 2, after
+    NumPy's overflow warning over three lines): one line naming a numerical failure, exit 3."""
     r = run("predict", "--arch", "olmo2", "--layers", "2", "--input-mean", mean, "--json")
     assert r.returncode == 3, (r.returncode, r.stderr[-500:])
     assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "input moments are not finite" in r.stderr and "must be finite" not in r.stderr
+    assert "numerical failure" in r.stderr and "must be finite" not in r.stderr
+
+
+def test_a_rule_fed_non_finite_moments_inside_the_predictor_is_a_numerical_failure():
+    """Rule.fast (the predictor's path) meets an input state an earlier rule made non-finite:
+    an OverflowError naming the rule (exit 3 from the CLI); the same state given by a caller
+    to Rule.evaluate stays a bad input (DomainError, exit 2)."""
+    from sigprop.errors import DomainError
+    from sigprop.rules import get
+    from sigprop.state import Forward
+
+    x = Forward(float("nan"), float("nan"), float("nan"))
+    with pytest.raises(OverflowError, match="the silu rule's input moments are not finite"):
+        get("silu").fast(x, None, {})
+    with pytest.raises(DomainError, match="must be finite"):
+        get("silu").evaluate(x)
 
 
 def test_console_flushes_everything_before_its_fast_exit():

@@ -238,7 +238,7 @@ def test_zero_branch_cli_predict_and_check():
 
 @pytest.mark.parametrize("cmd", ["predict", "check", "compare"])
 @pytest.mark.parametrize("args,word", [
-    (["--seq-len", "1"], "seq_len"),
+    (["--seq-len", "1"], "a token correlation needs two tokens"),
     (["--grad-var", "0"], "grad"),
     (["--input-var", "0"], "input"),
     (["--skip-scale", "0", "--branch-scale", "0"], "vanishes"),
@@ -267,7 +267,7 @@ def test_one_token_is_refused_alike_with_and_without_a_token_embedding(arch):
     # "embedding: L must lie in [2, inf]")
     r = _sigprop("predict", "--arch", arch, "--seq-len", "1", "--layers", "2")
     _one_line_exit_2(r)
-    assert "seq_len must be >= 2 (a token correlation needs two tokens), got 1" in r.stderr
+    assert "seq-len must be an integer in [2, " in r.stderr and "(a token correlation needs two tokens), got 1" in r.stderr
 
 
 @pytest.mark.parametrize("path,value,word", [(("seq_len",), 1, "seq_len must be >= 2"),

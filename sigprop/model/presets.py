@@ -77,6 +77,7 @@ class Option(NamedTuple):
     open_hi: bool = False
     choices: tuple | None = None
     cli: str | None = None     # the command-line and config-file name, where it differs
+    why: str | None = None     # the reason for its lower bound, said where a value is below it
 
     @property
     def flag(self) -> str:
@@ -113,7 +114,9 @@ class Option(NamedTuple):
         bad_lo = self.lo is not None and (value <= self.lo if self.open_lo else value < self.lo)
         bad_hi = self.hi is not None and (value >= self.hi if self.open_hi else value > self.hi)
         if bad_lo or bad_hi:
-            raise DomainError(f"{label} must be {self.describe()}, got {value if self.type is int else format(value, 'g')}")
+            why = f" ({self.why})" if self.why and bad_lo else ""
+            raise DomainError(f"{label} must be {self.describe()}{why}, "
+                              f"got {value if self.type is int else format(value, 'g')}")
         return value
 
     def describe(self) -> str:
@@ -154,7 +157,7 @@ OPTIONS: dict[str, Option] = _opts(
            "them; 1 = multi-query)", lo=1, cli="kv_heads"),
     Option("d_head", int, None, "head width (default: model width / heads, which must divide it)", lo=1),
     Option("d_ff", int, None, "FFN width (default 4 d_model, or the preset's)", lo=1),
-    Option("seq_len", int, 256, "sequence length L", lo=1, hi=MAX_SEQ_LEN),
+    Option("seq_len", int, 256, "sequence length L", lo=2, hi=MAX_SEQ_LEN, why="a token correlation needs two tokens"),
     Option("dropout", float, None, "sets the attention, hidden and FFN-inner dropout (not given: "
            "0.1, 0.1 and 0, the DSLM figure model, or the preset's)", **_PROB),
     Option("attn_dropout", float, None, "dropout on the attention probabilities", **_PROB),
