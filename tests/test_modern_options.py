@@ -194,7 +194,7 @@ def test_parallel_block():
     (dict(arch="dslm", placement="peri"), "init 'dslm' is derived for the pre and post placements, not peri"),
     (dict(arch="dslm-post", placement="output"), "not output"),
     (dict(arch="postln", block="parallel"), "a parallel block normalises one input for both branches"),
-    (dict(arch="preln", placement="peri", block="parallel"), "has placement peri"),
+    (dict(arch="preln", placement="peri", block="parallel"), "placement peri was given"),
     (dict(arch="dslm", block="parallel"), "a parallel block (one residual sum per layer) is not defined"),
     (dict(arch="deepnorm", block="parallel"), "is not defined for it"),
     (dict(arch="preln", init="dslm", block="parallel"), "init 'dslm' is derived for sequential blocks"),

@@ -923,8 +923,8 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
                               "a parallel block (one residual sum per layer) is not defined for it")
         if (placement != 0).any():
             used = ", ".join(sorted({PLACEMENTS[int(c)] for c in np.unique(placement)}))
-            raise DomainError(f"a parallel block normalises one input for both branches (placement pre); "
-                              f"{arch} has placement {used}"
+            whose = f"placement {used} was given" if opts["placement"] else f"{arch} has placement {used}"
+            raise DomainError(f"a parallel block normalises one input for both branches (placement pre); {whose}"
                               + ("" if opts["placement"] or "pre" not in info.placements else ": give placement pre"))
         skip_ffn = np.ones(n)                     # one skip path per layer: the attention sublayer's
     scales = scales._replace(post=placement == PLACEMENTS.index("post"))
