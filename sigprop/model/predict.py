@@ -29,8 +29,8 @@ import numpy as np
 from sigprop import memo, progress
 from sigprop.backend import numeric
 from sigprop.model import blocks, logit_law, positions, profile, store
-from sigprop.model.growth import sci_exp
 from sigprop.errors import DomainError, float_range_failure
+from sigprop.model.growth import sci_exp
 from sigprop.model.spec import MAX_LAYERS, _no_gc, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp

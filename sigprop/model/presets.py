@@ -45,7 +45,7 @@ import numpy as np
 from sigprop.errors import DomainError
 from sigprop.model.deepnorm import deepnorm_constants
 from sigprop.model.spec import (ACTIVATIONS, BLOCKS, KINDS, MAX_LAYERS, MAX_SEQ_LEN, NORMS, PLACEMENTS, Dropout, Model,
-                                Sublayers, require_two_tokens, weight_names)
+                                Sublayers, TWO_TOKENS, require_two_tokens, weight_names)
 from sigprop.state import Backward, Forward
 
 #: measured BERT/Wikipedia embedding token correlation before embedding dropout, hard-coded
@@ -157,7 +157,7 @@ OPTIONS: dict[str, Option] = _opts(
            "them; 1 = multi-query)", lo=1, cli="kv_heads"),
     Option("d_head", int, None, "head width (default: model width / heads, which must divide it)", lo=1),
     Option("d_ff", int, None, "FFN width (default 4 d_model, or the preset's)", lo=1),
-    Option("seq_len", int, 256, "sequence length L", lo=2, hi=MAX_SEQ_LEN, why="a token correlation needs two tokens"),
+    Option("seq_len", int, 256, "sequence length L", lo=2, hi=MAX_SEQ_LEN, why=TWO_TOKENS),
     Option("dropout", float, None, "sets the attention, hidden and FFN-inner dropout (not given: "
            "0.1, 0.1 and 0, the DSLM figure model, or the preset's)", **_PROB),
     Option("attn_dropout", float, None, "dropout on the attention probabilities", **_PROB),

@@ -321,11 +321,16 @@ class Dropout(_Frozen):
 # ---------------------------------------------------------------------------------------
 
 
+#: why a sequence needs at least two tokens (said by every refusal of a shorter one)
+TWO_TOKENS = "a token correlation needs two tokens"
+
+
 def require_two_tokens(seq_len: int, where: str = "") -> None:
     """Refuse (DomainError) a sequence of fewer than two tokens, whose token correlation is
     undefined; ``where``: the field's prefix in the message."""
     if seq_len < 2:
-        raise DomainError(f"{where}seq_len must be >= 2 (a token correlation needs two tokens), got {seq_len}")
+        raise DomainError(f"{where}seq_len must be >= 2 ({TWO_TOKENS}), got {seq_len}")
+
 
 class Model(_Frozen):
     """A fully resolved model (docs/formats.md, "The model object").
