@@ -157,13 +157,6 @@ def test_kernel_shortcuts_against_brute_force_sums():
     assert math.isclose(g.mean_off(K), tot / (3000 * 2999), rel_tol=1e-12)
 
 
-def test_keep_heap_is_idempotent():
-    """positions.keep_heap applies once per process (glibc) and says so on every call."""
-    first = positions.keep_heap()
-    assert positions.keep_heap() is first
-    assert isinstance(first, bool)
-
-
 @pytest.mark.parametrize("kind", ["decreasing", "increasing", "mixed"])
 def test_UtDU_outer_shortcut_equals_the_gather(kind):
     """U^T diag(a) U through an outer minimum/maximum where the suffix sums are monotone is

@@ -26,8 +26,6 @@ and, at finite width, large: the SE says how much).
 from __future__ import annotations
 
 import copy
-import ctypes
-import ctypes.util
 import time
 from dataclasses import dataclass
 
@@ -420,36 +418,6 @@ class _Trial:
         return Y, (lambda G: self.norm.backward(G, cache))
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3      # glibc mallopt parameters
-
-
-_malloc_tuned = False
-
-
-def _reuse_freed_memory() -> None:
-    """Keep freed heap memory in the process for reuse (glibc only; elsewhere a no-op).
-
-    A trial allocates ~100 MB of fresh arrays (the caches of the backward) and frees them at
-    its end; by default glibc hands that memory back to the kernel and the next trial
-    page-faults all of it in again: ~25k faults and ~20% of the CPU time of a reference trial.
-    A high trim threshold (with the mmap threshold fixed at glibc's own dynamic maximum,
-    32 MiB, so that arrays up to that size come from the heap) lets later trials reuse the
-    pages.  Process-wide and kept (like a caching allocator): the process holds at most its
-    peak heap, which it needed anyway."""
-    global _malloc_tuned
-    if _malloc_tuned:
-        return
-    _malloc_tuned = True
-    try:
-        name = ctypes.util.find_library("c")
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return
-    if libc is not None and hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt"):
-        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
-        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
-
-
 def trial_seeds(seed: int, trials: int) -> list:
     """One independent seed per trial: ``SeedSequence(seed).spawn(trials)`` (trial t's child
     does not depend on the number of trials), so that trials can run anywhere, in any order."""
@@ -522,8 +490,6 @@ def input_gradient_profile(model, batch: int, rng, dtype=np.float32) -> np.ndarr
 def _trial_task(model, batch: int, seed, dtype, backend: str, device: str, stream: str):
     """One trial from its own seed on a named backend (what a Dask worker runs)."""
     bk = get_backend(backend, device)
-    if bk.device_name == "cpu":
-        _reuse_freed_memory()
     return run_trial(model, batch, Rng(seed, bk, stream), dtype)
 
 
@@ -542,8 +508,6 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     seeds = trial_seeds(seed, trials)
     t0 = time.perf_counter()
     if distributor is None:
-        if bk.device_name == "cpu":
-            _reuse_freed_memory()
         out = []
         for t in range(trials):
             out.append(run_trial(m, batch, Rng(seeds[t], bk, stream), dtype))

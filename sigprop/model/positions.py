@@ -35,8 +35,6 @@ docs/validation.md ("Causal models at long context").
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
 from sigprop import memo
@@ -719,38 +717,6 @@ class NodeGrid:
 
     def signature(self) -> tuple:
         return ("nodes", self.L, self.head, self.h, self.order)
-
-
-#: glibc's mallopt parameter for the free memory at the top of the heap that is kept
-_M_TRIM_THRESHOLD = -1
-_HEAP = {"kept": None}
-
-
-def keep_heap(trim: int = 64 << 20) -> bool:
-    """Keep up to ``trim`` bytes of freed memory at the top of the C heap for reuse (glibc
-    only; elsewhere nothing happens).  A causal prediction allocates and frees several position
-    matrices (0.3-2 MB) per operation, thousands per model; glibc serves them from the heap
-    once its dynamic threshold has risen above their size, but gives the heap's top back to
-    the system whenever more than twice that is free, so the next matrices were faulted in
-    again page by page (measured: system time ~1/3 of a 768-layer run, 1.1 of 3.4 s CPU at
-    L 8192).  A 4 MB block is allocated and freed first, which raises the dynamic threshold
-    above the matrices' sizes (a block that large is mapped on its own; freeing it sets the
-    threshold to its size; it is left unwritten, so none of its pages is faulted in); mallopt then fixes the thresholds there with the larger trim.
-    Process-wide, idempotent; the peak memory is unchanged (freed blocks are reused).
-    Returns whether it applied."""
-    if _HEAP["kept"] is None:
-        ok = False
-        try:
-            libc = ctypes.CDLL(None)                 # the process's own symbols
-            mallopt = getattr(libc, "mallopt", None)
-            if mallopt is not None:
-                block = np.empty(1 << 19)        # never written: its pages are not touched
-                del block
-                ok = bool(mallopt(_M_TRIM_THRESHOLD, int(trim)))
-        except (OSError, AttributeError, TypeError):
-            ok = False
-        _HEAP["kept"] = ok
-    return _HEAP["kept"]
 
 
 def grid_for(L: int, exact_max: int | None = None) -> NodeGrid | None:

@@ -16,10 +16,8 @@ exact (floats are written with Python's shortest repr).
 
 from __future__ import annotations
 
-import gc
 import json
 import math
-from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 from typing import Mapping
@@ -125,20 +123,6 @@ def _column(value, n: int, dtype, what: str) -> np.ndarray:
         a = np.array(a, dtype=dtype, copy=True)
     a.flags.writeable = False
     return a
-
-
-@contextmanager
-def _no_gc():
-    """Pause the cyclic garbage collector while building or reading millions of small dicts
-    (a 100,000-layer model is 1.1 million of them); it would otherwise rescan the growing heap
-    again and again, for nothing: these containers hold no cycles."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _first_bad(bad: np.ndarray) -> int | None:
@@ -509,8 +493,7 @@ class Model(_Frozen):
     # -- JSON -----------------------------------------------------------------------------
     def to_json(self) -> dict:
         """The model object (plain dicts, lists, floats; ``json.dumps``-ready)."""
-        with _no_gc():
-            return self._to_json()
+        return self._to_json()
 
     def _to_json(self) -> dict:
         return {**self.json_head(), "layers": self.layers_json()}
@@ -559,8 +542,7 @@ class Model(_Frozen):
     def from_json(cls, obj, where: str = "model") -> "Model":
         """Validate a model object and build the Model (DomainError with the JSON
         path of the first bad value otherwise)."""
-        with _no_gc():
-            return _parse_model(obj, where)
+        return _parse_model(obj, where)
 
     def truncated(self, n_layers: int) -> "Model":
         """The model's first ``n_layers`` layers (1 <= n_layers <= self.n_layers), the same
@@ -602,8 +584,7 @@ def read_json(path, what: str, constant_note: str = ""):
         raise ValueError(f"non-standard JSON constant {name}{constant_note}")
 
     try:
-        with _no_gc():
-            return json.loads(text, parse_constant=reject)
+        return json.loads(text, parse_constant=reject)
     except json.JSONDecodeError as e:
         raise DomainError(f"{what} {str(path)!r} is not valid JSON: {e.msg} "
                           f"(line {e.lineno}, column {e.colno})") from None

@@ -6,8 +6,11 @@ is most of a solve's time: docs/benchmarks.md).  A built table is a pure functio
 the rule chain, its parameters and the rules' source code, so it is kept on disk and reused
 by later processes.
 
-* Where: ``$SIGPROP_CACHE_DIR``, else ``$XDG_CACHE_HOME/sigprop``, else ``~/.cache/sigprop``.
-  ``SIGPROP_CACHE_DIR=off`` (or ``0``, ``none``, empty) disables the store.
+* Where: ``$SIGPROP_CACHE_DIR`` when it is set; else, once :func:`use_default` has been called
+  (the command line does, in ``sigprop.__main__``), ``$XDG_CACHE_HOME/sigprop``, else
+  ``~/.cache/sigprop``; else nowhere: a library call reads and writes no store unless asked
+  (the environment variable, or :func:`use_default`).  ``SIGPROP_CACHE_DIR=off`` (or ``0``,
+  ``none``, empty) disables the store everywhere.
 * Key: a SHA-256 of the table's inputs together with a digest of the source files that can
   shape a table's numbers (``_SOURCES``: the whole ``sigprop.rules``, ``sigprop.backend`` and
   ``sigprop.model`` packages and the modules they import, and the solver's branch evaluation
@@ -60,12 +63,24 @@ _NOT_NUMERIC = ("__init__.py", "progress.py", "memo.py")
 MAGIC = b"SIGPROP-TABLE-2\n"
 SUFFIX = ".tbl"
 _digest: str | None = None
+#: whether the default directory is used where $SIGPROP_CACHE_DIR is not set (:func:`use_default`)
+_DEFAULT = {"on": False}
+
+
+def use_default(on: bool = True) -> None:
+    """Use the default directory (``$XDG_CACHE_HOME/sigprop``, else ``~/.cache/sigprop``) where
+    ``$SIGPROP_CACHE_DIR`` is not set; the command line turns it on, a library call that wants
+    the store between processes turns it on itself (or sets the variable)."""
+    _DEFAULT["on"] = bool(on)
 
 
 def directory() -> Path | None:
+    """The store's directory; None: no store (disabled, or the library not asked to use one)."""
     env = os.environ.get("SIGPROP_CACHE_DIR")
     if env is not None:
         return None if env.strip().lower() in _OFF else Path(env)
+    if not _DEFAULT["on"]:
+        return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "sigprop"
 

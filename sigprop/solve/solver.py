@@ -253,13 +253,12 @@ def _refine(sol: Solution, columns: dict) -> None:
     forward predictions until the variance is within REFINE_TO of 1 or REFINE_ROUNDS rounds;
     ``sol.extra["refined"]`` records them."""
     from sigprop.model.predict import Predictor
-    from sigprop.model.spec import _no_gc
 
     chains = sol.equations.chains
     units = sol.units()
     devs, factors = [], []
     for _ in range(REFINE_ROUNDS + 1):
-        with _no_gc(), np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
             records = Predictor(sol.model).forward()
         dev = max(abs(math.exp(r.z_log_var if r.post else r.out_log_var) - 1.0) for r in records)
         devs.append(dev)

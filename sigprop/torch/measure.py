@@ -232,7 +232,10 @@ def measure(model, source: Source, *, trials: int = 4, batch: int = 4, seed: int
             raise DomainError(f"threads must be >= 1, got {threads}")
         torch.set_num_threads(int(threads))
     try:
-        fw, bw, lg, sim_s = _trials(torch, m, source, pts, seeds, batch, tdt, tokens, init, progress, fw, bw, lg)
+        # each trial seeds torch's global generator (the model's own init draws from it); the
+        # caller's generator state is restored afterwards, as are its thread count
+        with torch.random.fork_rng(devices=[]):
+            fw, bw, lg, sim_s = _trials(torch, m, source, pts, seeds, batch, tdt, tokens, init, progress, fw, bw, lg)
     finally:
         torch.set_num_threads(old_threads)
     from sigprop.mc.model import _flops
