@@ -22,15 +22,12 @@ def _span(values) -> str:
     return _g(v[0]) if v.size == 1 else f"{_g(v.min())} to {_g(v.max())}"
 
 
-_GLU_NAMES = {"silu": "SwiGLU", "gelu": "GeGLU", "relu": "ReGLU"}
-
-
 def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     """The model a table describes, as (label, text) pairs: shape, blocks, init, dropout, and
     what is assumed of the input stream (where a preset derived it, from what) and of the
     gradient arriving at the top.  ``arch=False`` (several architectures under the same
     options): without the preset's name, placements, init and residual scales."""
-    from sigprop.model.blocks import NORM_NAMES
+    from sigprop import registry
 
     m, d, x, g = model, model.dropout, model.input, model.grad
     subs = (m.attention, m.ffn)
@@ -38,18 +35,18 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     init = notes.get("init")
     stds = _span([s.std[w] for s in subs for w in s.std])
     biases = _span([s.bias_std[w] for s in subs for w in s.bias_std])
-    ffn = f"{_GLU_NAMES[m.activation]} FFN" if m.ffn_kind == "glu" else m.activation
+    ffn = f"{registry.activation(m.activation).glu_title} FFN" if m.ffn_kind == "glu" else m.activation
     att = [f"{m.n_heads} heads x {m.d_head}"
            + (f" ({m.n_kv_heads} key/value heads)" if m.n_kv_heads != m.n_heads else ""),
            f"{m.seq_len} tokens", "causal" if m.causal else "bidirectional"]
     if m.rope is not None:
         att.append(f"RoPE base {m.rope:g}")
     if m.qk_norm is not None:
-        att.append(f"QK-norm ({NORM_NAMES[m.qk_norm]})")
+        att.append(f"QK-norm ({registry.norm(m.qk_norm).title})")
     items = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
                        f"d_ff {m.d_ff}, {ffn}"),
              ("attention", ", ".join(att))]
-    norm = [f"{NORM_NAMES[m.norm]} eps {m.norm_eps:g}"]
+    norm = [f"{registry.norm(m.norm).title} eps {m.norm_eps:g}"]
     if arch:
         norm.append("placement " + " and ".join(sorted(m.attention.placements() | m.ffn.placements())))
     norm.append(f"{m.block} blocks")

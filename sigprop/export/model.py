@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import sympy as sp
 
-from sigprop import symbols
+from sigprop import registry, symbols
 from sigprop.export.document import Page, equation_list, fragment, itemize, standalone
 from sigprop.export.typeset import Block, Equation, Layout, Printer, escape_text, tex_width
 
@@ -44,8 +44,6 @@ FUNCTIONS = {
     "lambda_RMS": r"\lambda_{\mathrm{RMS}}", "sigma2": r"\sigma^{2}", "g2": r"\sigma^{2}_{g}",
     "V_A": "V_{A}", "r_A": "r_{A}", "Gamma_A": r"\Gamma_{A}",
 }
-#: the norm functions' suffix per norm rule
-_NORM_TAG = {"layernorm": "LN", "rmsnorm": "RMS"}
 
 
 def printer() -> Printer:
@@ -64,7 +62,7 @@ def norm_functions(norm: str = "layernorm"):
     as sympy."""
     from sigprop.rules import get
 
-    tag = _NORM_TAG[norm]
+    tag = registry.norm(norm).tag
     f = get(norm).symbolic()
     lam = f["g_var"].subs(symbols.symbol("g_std"), 1)
     return {f"v_{tag}": (symbols.symbol("x_var"), f["x_var"]), f"r_{tag}": (symbols.symbol("x_corr"), f["x_corr"]),
@@ -96,7 +94,7 @@ def update_maps(post: bool = False, placement: str | None = None, norm: str = "l
     s2, r = _S("sigma_s") ** 2, _S("r_s", real=True)
     G, rg = _S("sigma_gnext") ** 2, _S("r_gnext", real=True)
     V, rk, Gam = sp.Function("V_k"), sp.Function("r_k"), sp.Function("Gamma_k")
-    tag = _NORM_TAG[norm]
+    tag = registry.norm(norm).tag
     vLN, rLN, lam = sp.Function(f"v_{tag}"), sp.Function(f"r_{tag}"), sp.Function(f"lambda_{tag}")
 
     def scale(c, state=None, grad=None):
@@ -277,13 +275,13 @@ def model_latex(model, fragment_only: bool = False) -> str:
         "included, enters through its moment map at its input state: output variance $V_{k}$, output "
         "token correlation $r_{k}$ and backward gain $\\Gamma_{k}$ (gradient variance at its input per "
         "unit gradient variance at its output).")
-    tag = _NORM_TAG[norm_rule]
+    tag = registry.norm(norm_rule).tag
     if model.block == "parallel":
         parts.append(r"\subsection*{Parallel blocks (one norm, attention and FFN branches summed)}")
         parts.append(equation_list(_block_eqs(update_maps(norm=norm_rule, parallel=True), P, width)))
     else:
         for placement in used:
-            title = _PLACEMENT_TITLE[placement].replace("LN", "RMSNorm" if tag == "RMS" else tag) + (" sublayers" if len(used) > 1 else "")
+            title = _PLACEMENT_TITLE[placement].replace("LN", registry.norm(norm_rule).short) + (" sublayers" if len(used) > 1 else "")
             parts.append(rf"\subsection*{{{title}}}")
             parts.append(equation_list(_block_eqs(update_maps(placement=placement, norm=norm_rule), P, width)))
     parts.append(rf"\subsection*{{Norm functions (\texttt{{{norm_rule}}} rule)}}")

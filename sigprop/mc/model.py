@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sigprop import progress as _progress
+from sigprop import registry
 from sigprop.errors import DomainError
 from sigprop.mc.backend import Backend, Rng, as_rng, backend_of, get_backend, np_dtype, numpy_backend
 from sigprop.mc.components import get as component
@@ -48,8 +49,6 @@ ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm"})
 #: what a model may use: the others are refused (DomainError), never ignored
 SUPPORTED_FEATURES = BLOCK_FEATURES | ATTENTION_FEATURES
 
-#: the gated FFN's Monte Carlo component per activation
-_GLU = {"relu": "reglu", "gelu": "geglu", "silu": "swiglu"}
 _PRE, _POST, _PERI, _OUTPUT = (PLACEMENTS.index(p) for p in ("pre", "post", "peri", "output"))
 
 
@@ -60,8 +59,9 @@ def check_supported(model, backend: Backend | None = None) -> None:
     bk = backend or numpy_backend()
     if bk.is_numpy:
         return
-    names = ["attention", "linear", "dropout", model.norm]
-    names.append(_GLU[model.activation] if model.ffn_kind == "glu" else model.activation)
+    names = ["attention", "linear", "dropout", registry.norm(model.norm).component]
+    act = registry.activation(model.activation)
+    names.append(act.glu if model.ffn_kind == "glu" else act.component)
     for name in names:
         if not component(name).array_api:
             raise DomainError(f"the Monte Carlo component {name} runs on the numpy backend only "
@@ -122,7 +122,7 @@ def _attention_params(m, l):
     if m.rope is not None:
         p["rope"] = float(m.rope)
     if m.qk_norm is not None:
-        p["qk_norm"] = 1 if m.qk_norm == "layernorm" else 2
+        p["qk_norm"] = registry.norm(m.qk_norm).qk_code
         p["qk_eps"] = m.norm_eps
     return p
 
@@ -192,11 +192,11 @@ class _Trial:
         self.bk = self.rng.backend
         check_supported(model, self.bk)
         self.attn = component("attention")
-        self.norm = self.ln = component(model.norm)    # ln: the same component, by its older name
+        self.norm = self.ln = component(registry.norm(model.norm).component)    # ln: the same component, by its older name
         self.norm_p = _norm_params(model)
         self.lin = component("linear")
-        self.act = component(model.activation)
-        self.glu = component(_GLU[model.activation]) if model.ffn_kind == "glu" else None
+        self.act = component(registry.activation(model.activation).component)
+        self.glu = component(registry.activation(model.activation).glu) if model.ffn_kind == "glu" else None
         self.drop = component("dropout")
         self.fused_relu = model.activation == "relu" and self.glu is None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from sigprop import registry
 from sigprop.model.spec import PLACEMENTS
 
 #: placement -> (norm before the branch, norm on the branch output, norm after the sum)
@@ -31,14 +32,6 @@ PLACEMENT_NORMS = {
 }
 _BY_CODE = tuple(PLACEMENT_NORMS[p] for p in PLACEMENTS)
 
-#: the norm kinds' names in text
-NORM_NAMES = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
-
-#: the attention rule's qk_norm codes
-QK_NORM_CODES = {"layernorm": 1, "rmsnorm": 2}
-
-#: the gated FFN's rule per activation (sigprop.rules.glu)
-GLU_RULES = {"relu": "reglu", "gelu": "geglu", "silu": "swiglu"}
 
 
 class Branch(NamedTuple):
@@ -110,7 +103,7 @@ def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None)
     d_ff = m.d_ff if d_ff is None else d_ff
     p_inner = m.dropout.ffn_inner if p_inner is None else p_inner
     if m.ffn_kind == "glu":
-        return [(GLU_RULES[m.activation], dict(d_in=d, d_ff=d_ff, gate_std=std["gate"], up_std=std["up"],
+        return [(registry.activation(m.activation).glu, dict(d_in=d, d_ff=d_ff, gate_std=std["gate"], up_std=std["up"],
                                                gate_b_std=bias_std["gate"], up_b_std=bias_std["up"])),
                 ("dropout", dict(p=p_inner)),
                 ("linear", dict(d_in=d_ff, d_out=d, w_std=std["down"], b_std=bias_std["down"]))]
@@ -140,7 +133,7 @@ def branch_chain(model, kind: str, l: int) -> list:
         if m.n_kv_heads != m.n_heads:
             params["kv_heads"] = m.n_kv_heads
         if m.qk_norm is not None:
-            params["qk_norm"] = QK_NORM_CODES[m.qk_norm]
+            params["qk_norm"] = registry.norm(m.qk_norm).qk_code
             params["qk_eps"] = m.norm_eps
         if m.rope is not None:
             params["rope"] = m.rope
@@ -161,9 +154,8 @@ def norm_params(model, tok: tuple[float, float], g_generic: float = 1.0) -> tupl
     """The model's norm as (rule name, parameters) for an input whose per-token statistics
     are ``tok`` = (centred share, kappa) (sigprop.rules.layernorm) and an upstream gradient
     with share ``g_generic`` along the directions the norm's Jacobian removes."""
-    if model.norm == "rmsnorm":
-        return "rmsnorm", dict(d=model.d_model, eps=model.norm_eps, kappa_rms=tok[1], g_generic_rms=g_generic)
-    return "layernorm", dict(d=model.d_model, eps=model.norm_eps, centred=tok[0], kappa=tok[1], g_generic=g_generic)
+    kind = registry.norm(model.norm)
+    return kind.rule, kind.params(model.d_model, model.norm_eps, tok, g_generic)
 
 
 #: per-token statistics (centred share, kappa) of a norm's output and of a Gaussian-like

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sigprop import memo, progress
+from sigprop import memo, progress, registry
 from sigprop.backend import numeric
 from sigprop.model import blocks, logit_law, positions, profile, store
 from sigprop.errors import DomainError, float_range_failure
@@ -35,8 +35,7 @@ from sigprop.model.spec import MAX_LAYERS, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
-from sigprop.rules import attention, get, layernorm, residual, rmsnorm
-from sigprop.rules.activation import relu_ffn_euler_var
+from sigprop.rules import attention, get, layernorm, residual
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.attention import logit_var as attention_logit_var
 # the mean row logit variance the attention rule bounds (ROW_LOGIT_VAR_MAX), under the name
@@ -383,15 +382,6 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float], log_bg: float 
     return (skip * gen[0] + branch, skip * gen[1] + branch)
 
 
-#: the norm rules' parameter for the upstream gradient's share along what their Jacobian
-#: removes (LayerNorm: the all-ones vector and the output; RMSNorm: the output)
-_GENERIC = {"layernorm": "g_generic", "rmsnorm": "g_generic_rms"}
-
-#: the norm rules' parameter for the slope of the upstream gradient's relative per-token mean
-#: square on the input's relative per-token variance (rules.layernorm.token_slope_below)
-_SLOPE = {"layernorm": "g_slope", "rmsnorm": "g_slope_rms"}
-
-
 def _eps_share(log_var: float, eps: float) -> float:
     """v/(v + eps) for a stream of log variance ``log_var`` (clipped to float range)."""
     v = math.exp(min(max(log_var, -_LOG_VAR_LIMIT), _LOG_VAR_LIMIT))
@@ -412,16 +402,6 @@ def _skip_share(rec: SublayerRecord, plain: bool) -> float:
         return 0.0
     lx = rec.log_a2 + rec.s_in.log_var - rec.s_out.log_var
     return 0.0 if math.isnan(lx) else math.exp(min(0.0, lx))
-
-
-#: the norm rules' kappa of a normalised branch output and factor on the branch's gradient
-#: (Predictor._out_norm_stats)
-_OUT_STATS = {"layernorm": layernorm.branch_output_stats, "rmsnorm": rmsnorm.branch_output_stats}
-
-
-def _generic_share(rule: str, gen: tuple[float, float]) -> float:
-    """That share from the gradient's shares (along 1, along the stream direction)."""
-    return 0.5 * (gen[0] + gen[1]) if rule == "layernorm" else gen[1]
 
 
 # attention parameters that do not enter the softmax weights' statistics
@@ -507,6 +487,9 @@ class Predictor:
         self._at = 0
         m = model
         self.d = m.d_model
+        # the model's norm kind and activation: what the predictor asks of them (sigprop.registry)
+        self.norm_kind = registry.norm(m.norm)
+        self.activation = registry.activation(m.activation)
         self.width = m.n_heads * m.d_head
         # how many layers share each layer's branch parameters: a chain used by at least
         # BUILD_AFTER layers gets its interpolation table at its first use (the same choice
@@ -738,9 +721,9 @@ class Predictor:
         kind, l, n = br.kind, br.layer, br.norm_scale
         euler_var = att_rows = key_w = out_ops = out_prof = None
         out_ratio = 1.0
-        if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and m.activation == "relu":
+        if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and self.activation.ffn_euler_var is not None:
             s = m.ffn
-            euler_var = relu_ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
+            euler_var = self.activation.ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
                                                float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
         chain = self._chain(kind, l, unit.in_norm, n)
         logit_var = None
@@ -844,7 +827,7 @@ class Predictor:
                 break
             if t is None and rule not in ("linear", "residual", "dropout"):
                 t = r.token_moments(numeric, x, r.param_values(params))
-                if rule in ("relu", "gelu", "silu"):
+                if rule in registry.activation_rules():
                     # moments in the pre-activation's variance: carried to the branch input
                     t = t.through_linear(share)
             elif t is None and rule == "linear":
@@ -857,7 +840,7 @@ class Predictor:
             x = r.fast(x, None, params)[0]
         if t is None or width is None:
             return 1.0, 1.0
-        return _OUT_STATS[self.model.norm](t, width, self.d, h, tok[1], in_norm)
+        return self.norm_kind.branch_output_stats(t, width, self.d, h, tok[1], in_norm)
 
     def _sum_branches(self, parts: list, outs: list):
         """The sum b_1 y_1 + b_2 y_2 + ... of a parallel block's branch outputs (independent:
@@ -1101,7 +1084,7 @@ class Predictor:
         # its Jacobian leaves nothing along the stream's direction (LayerNorm: nor along 1);
         # below it a token's gradient scales as 1/(s_t + eps): slope -v/(v + eps)
         slope = -_eps_share(s.log_var, self.model.norm_eps)
-        return GradState(lg, gb.corr, (0.0, 0.0) if self.model.norm == "layernorm" else (1.0, 0.0), w, slope)
+        return GradState(lg, gb.corr, self.norm_kind.shares_below, w, slope)
 
     def _unit_backward(self, rec: SublayerRecord, g: GradState) -> tuple[GradState, UnitGains]:
         """One residual unit, top down: (the gradient state w.r.t. the stream entering
@@ -1119,7 +1102,8 @@ class Predictor:
             # through the norm after the residual sum, then split into skip and branch
             zlv = rec.s_sum.log_var
             ln = rec.pre_ops[0]
-            lp = norm_params = {**ln.params, _GENERIC[ln.rule]: _generic_share(ln.rule, gen)}
+            nk = self.norm_kind
+            lp = norm_params = {**ln.params, nk.generic_key: nk.generic_share(gen)}
             gb = _bwd(ln, Backward(1.0, gc), lp)
             kw = 1.0
             if w is not None:
@@ -1143,10 +1127,10 @@ class Predictor:
         if rec.in_norm:
             # (a plain pre-norm unit's norm is its input norm, pre_ops[0])
             op = rec.pre_ops[0]
-            if slope_norm and rec.kind == "ffn" and op.rule in _SLOPE:
+            if slope_norm and rec.kind == "ffn" and op.rule == self.norm_kind.rule:
                 # the FFN's norm sees the slope (attention mixes the tokens' gradients: its
                 # norm is left at 0)
-                norm_params = {**op.params, _SLOPE[op.rule]: slope_norm}
+                norm_params = {**op.params, self.norm_kind.slope_key: slope_norm}
             if w is not None:
                 vg, cg, gbr = _gains_at(lambda q: _bwd(op, q, norm_params), gbr)
                 k, k2, u = profile.layernorm_backward(u, s_in.prof, vg, cg, grid=G)

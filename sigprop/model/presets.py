@@ -42,6 +42,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
+from sigprop import registry
 from sigprop.errors import DomainError
 from sigprop.model.deepnorm import deepnorm_constants
 from sigprop.model.spec import (ACTIVATIONS, BLOCKS, KINDS, MAX_LAYERS, MAX_SEQ_LEN, NORMS, PLACEMENTS, Dropout, Model,
@@ -141,8 +142,8 @@ ARCH_NAMES = ("preln", "postln", "dslm", "dslm-post", "deepnorm", "lns", "mixln"
               "llama", "gpt2", "bert", "olmo2", "peri")
 INIT_NAMES = ("normal", "xavier", "torch-default", "scaled", "dslm", "deepnorm")
 #: the ``ffn`` option: name -> (the model's ffn_kind, the activation it fixes; None: mlp, which
-#: takes the ``activation`` option)
-FFNS = {"mlp": ("mlp", None), "swiglu": ("glu", "silu"), "geglu": ("glu", "gelu"), "reglu": ("glu", "relu")}
+#: takes the ``activation`` option); the gated cores from the registry, newest activation first
+FFNS = {"mlp": ("mlp", None), **{registry.activation(a).glu: ("glu", a) for a in reversed(registry.activations())}}
 #: RoPE's base when rope is on and no base is given (LLaMA, Hugging Face's default)
 DEFAULT_ROPE_BASE = 10000.0
 
@@ -564,10 +565,6 @@ def ffn_block_from_rules(d_model: int, d_ff: int, activation: str, p_ffn: float,
     return block
 
 
-#: activation -> the gated-FFN rule with that activation on its gate
-GLU_RULES = {"relu": "reglu", "gelu": "geglu", "silu": "swiglu"}
-
-
 def glu_block_from_rules(d_model: int, d_ff: int, activation: str, p_ffn: float, p_hid: float) -> FFNBlock:
     """The gated FFN block composed from the registered rules: the gated core (gate and up
     projections, both of std s, and their product: the ``reglu``/``geglu``/``swiglu`` rule),
@@ -575,7 +572,7 @@ def glu_block_from_rules(d_model: int, d_ff: int, activation: str, p_ffn: float,
     stream (mean 0)."""
     from sigprop.rules import REGISTRY, get
 
-    name = GLU_RULES[activation]
+    name = registry.activation(activation).glu
     if name not in REGISTRY:  # (sigprop/rules/glu.py registers them)
         raise DomainError(f"init 'dslm' needs the {name!r} rule, which is not registered (sigprop/rules/glu.py)")
     core, lin, drop = get(name), get("linear"), get("dropout")
@@ -811,7 +808,7 @@ def _embedding_note(emb: Embedding, init_std: float, norm: str, p_hid: float, gi
         tables.append(f"position table N(0, {emb.position * init_std:g}^2)")
     if emb.segment:
         tables.append(f"segment table N(0, {emb.segment * init_std:g}^2) with one segment")
-    after = ([{"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[norm]] if emb.norm else []) + \
+    after = ([registry.norm(norm).title] if emb.norm else []) + \
         ([f"dropout {p_hid:g}"] if p_hid else [])
     text = (f"the {emb.source} token embedding: {' + '.join(tables)}, two positions holding the same token "
             f"with probability {R0_EMBEDDING:g}" + (f", then {' and '.join(after)}" if after else ""))

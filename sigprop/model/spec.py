@@ -24,6 +24,7 @@ from typing import Mapping
 
 import numpy as np
 
+from sigprop import registry
 from sigprop.errors import DomainError
 from sigprop.state import Backward, Forward
 
@@ -49,8 +50,10 @@ GLU_WEIGHTS = ("gate", "up", "down")
 #: ffn_kind -> the FFN sublayer's weight names
 FFN_WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"mlp": WEIGHTS["ffn"], "glu": GLU_WEIGHTS})
 KINDS = tuple(WEIGHTS)
-ACTIVATIONS = ("relu", "gelu", "silu")
-NORMS = ("layernorm", "rmsnorm")
+#: the activations and norm kinds (sigprop.registry) registered when this module was imported;
+#: a model is validated against the registry as it is then
+ACTIVATIONS = registry.activations()
+NORMS = registry.norms()
 #: sublayer placements, in the order of their codes in ``Sublayers.placement``
 PLACEMENTS = ("pre", "post", "peri", "output")
 BLOCKS = ("sequential", "parallel")
@@ -355,10 +358,10 @@ class Model(_Frozen):
         if self.seq_len > MAX_SEQ_LEN:
             raise DomainError(f"seq_len must be at most 2^53 = {MAX_SEQ_LEN:,} (positions counted exactly in "
                               f"float64), got {self.seq_len:,}")
-        if self.activation not in ACTIVATIONS:
-            raise DomainError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
-        if self.norm not in NORMS:
-            raise DomainError(f"norm must be one of {', '.join(NORMS)}, got {self.norm!r}")
+        if self.activation not in registry.activations():
+            raise DomainError(f"activation must be one of {', '.join(registry.activations())}, got {self.activation!r}")
+        if self.norm not in registry.norms():
+            raise DomainError(f"norm must be one of {', '.join(registry.norms())}, got {self.norm!r}")
         if not isinstance(self.causal, (bool, np.bool_)):
             raise DomainError(f"causal must be true or false, got {self.causal!r}")
         self._set("causal", bool(self.causal))
@@ -405,8 +408,9 @@ class Model(_Frozen):
             if self.d_head % 2:
                 raise DomainError(f"rope needs an even d_head, got {self.d_head}")
             self._set("rope", float(self.rope))
-        if self.qk_norm is not None and self.qk_norm not in NORMS:
-            raise DomainError(f"qk_norm must be null or one of {', '.join(map(repr, NORMS))}, got {self.qk_norm!r}")
+        if self.qk_norm is not None and self.qk_norm not in registry.norms():
+            raise DomainError(f"qk_norm must be null or one of {', '.join(map(repr, registry.norms()))}, "
+                              f"got {self.qk_norm!r}")
         if not isinstance(self.final_norm, (bool, np.bool_)):
             raise DomainError(f"final_norm must be true or false, got {self.final_norm!r}")
         self._set("final_norm", bool(self.final_norm))
@@ -686,8 +690,8 @@ def _parse_model(obj, where: str) -> Model:
         raise DomainError(f"{where}.arch must be a string, got {_type_name(arch)}")
     ints = {k: _int(obj, k, where) for k in ("n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len")}
     require_two_tokens(ints["seq_len"], f"{where}.")
-    activation = _choice(obj, "activation", ACTIVATIONS, where)
-    norm = _choice(obj, "norm", NORMS, where)
+    activation = _choice(obj, "activation", registry.activations(), where)
+    norm = _choice(obj, "norm", registry.norms(), where)
     causal = obj["causal"]
     if not isinstance(causal, bool):
         raise DomainError(f"{where}.causal must be true or false, got {causal!r}")
@@ -750,7 +754,7 @@ def _parse_modern(obj: dict, where: str) -> dict:
         if not out["rope"] > 1:
             raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
     if obj.get("qk_norm") is not None:
-        out["qk_norm"] = _choice(obj, "qk_norm", NORMS, where)
+        out["qk_norm"] = _choice(obj, "qk_norm", registry.norms(), where)
     if "final_norm" in obj:
         if not isinstance(obj["final_norm"], bool):
             raise DomainError(f"{where}.final_norm must be true or false, got {obj['final_norm']!r}")

@@ -32,6 +32,7 @@ import numpy as np
 import sympy as sp
 
 import sigprop.backend.symbolic as sm
+from sigprop import registry
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model import blocks
 from sigprop.model.predict import SUPPORTED as _PREDICT_SUPPORTED
@@ -78,7 +79,7 @@ def ffn_block(model) -> tuple[dict, Derivation]:
     der.lines = [f"V_F(r) = {_pretty(V)}", f"r_F(r) = {_pretty(x.corr)}",
                  f"Gamma_F (backward gain per unit upstream gradient) = {_pretty(_simplify(gb.var))}"]
     der.exprs = [V, x.corr, gb.var]
-    der.assumption = f"the input is n * {blocks.NORM_NAMES[model.norm]}(x): mean 0, variance n^2, token correlation r"
+    der.assumption = f"the input is n * {registry.norm(model.norm).title}(x): mean 0, variance n^2, token correlation r"
     vals = {d: model.d_model, dff: model.d_ff, p_f: model.dropout.ffn_inner, p_h: model.dropout.hidden}
     return {"V": V, "Gamma": gb.var, "subs": vals, "w": ws, "n": n}, der
 
@@ -181,7 +182,7 @@ def attention_block(model, records=()) -> Derivation | None:
         p = SimpleNamespace(**{k: (sp.Float(v) if isinstance(v, float) else sp.Integer(int(v))) for k, v in full.items()})
         c = att_rule._Ctx(sm, Forward(0, n2, r), p, rope=False, check=False)
         vbar = c.s_mean
-        kind = {1: "LayerNorm", 2: "RMSNorm"}[int(qk)]
+        kind = registry.norm_by_qk_code(qk).title
         der.lines.append(f"QK-norm ({kind} per head, eps {full['qk_eps']:g}): the mean row logit variance at a "
                          "normalised input of variance n^2 and token correlation r no longer depends on the W_q, W_k "
                          "stds (only through eps):")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 
+from sigprop import registry
 from sigprop.backend import numeric
 from sigprop.rules.base import Rule, TokenMoments, register
 from sigprop.state import Backward, Forward
@@ -205,6 +206,10 @@ class GeLU(_HiddenUnit, Rule):
 
 register(ReLU())
 register(GeLU())
+registry.register(registry.Activation("relu", "ReLU", rule="relu", component="relu", torch="relu", glu="reglu",
+                                      glu_title="ReGLU", ffn_euler_var=relu_ffn_euler_var))
+registry.register(registry.Activation("gelu", "GeLU", rule="gelu", component="gelu", torch="gelu", glu="geglu",
+                                      glu_title="GeGLU"))
 
 
 # ---- SiLU -----------------------------------------------------------------------------
@@ -282,3 +287,5 @@ class SiLU(_HiddenUnit, Rule):
 
 
 register(SiLU())
+registry.register(registry.Activation("silu", "SiLU", rule="silu", component="silu", torch="silu", glu="swiglu",
+                                      glu_title="SwiGLU"))

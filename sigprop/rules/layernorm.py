@@ -44,7 +44,7 @@ u, v_t iid standard normal in n dimensions, so ``y_t = sqrt(d) a_t / |a_t|`` (ep
   Var(e) = 2 kappa/(d-1).  :func:`token_slope_below` carries lam down a stack.
 """
 
-from sigprop import symbols
+from sigprop import registry, symbols
 from sigprop.rules.base import Param, Rule, register
 from sigprop.state import Backward, Forward
 
@@ -287,3 +287,12 @@ def branch_output_stats(t, width, d, x, x_kappa, in_norm):
     :func:`branch_output_kappa`."""
     v_b, ratio = branch_output_terms(t, width, d, x, x_kappa, in_norm)
     return branch_output_kappa(v_b, d), ratio
+
+
+registry.register(registry.Norm(
+    "layernorm", "LayerNorm", short="LN", tag="LN", rule="layernorm", component="layernorm", torch="LayerNorm",
+    qk_code=1,
+    params=lambda d, eps, tok, g_generic: dict(d=d, eps=eps, centred=tok[0], kappa=tok[1], g_generic=g_generic),
+    # its Jacobian removes the all-ones vector and the output's direction
+    generic_key="g_generic", generic_share=lambda gen: 0.5 * (gen[0] + gen[1]), shares_below=(0.0, 0.0),
+    slope_key="g_slope", branch_output_stats=branch_output_stats))

@@ -48,7 +48,7 @@ square multiplies the gradient variance by 1 - g_slope_rms vq Q_h/(Q_h + eps), a
 LayerNorm (sigprop.rules.layernorm.token_slope_factor).
 """
 
-from sigprop import symbols
+from sigprop import registry, symbols
 from sigprop.rules.base import Param, Rule, register
 from sigprop.rules.layernorm import branch_output_terms, token_slope_factor
 
@@ -155,3 +155,12 @@ def branch_output_stats(t, width, d, x, x_kappa, in_norm):
     :func:`branch_output_kappa`."""
     v_b, ratio = branch_output_terms(t, width, d, x, x_kappa, in_norm)
     return branch_output_kappa(v_b, d), ratio
+
+
+registry.register(registry.Norm(
+    "rmsnorm", "RMSNorm", short="RMSNorm", tag="RMS", rule="rmsnorm", component="rmsnorm", torch="RMSNorm",
+    qk_code=2,
+    params=lambda d, eps, tok, g_generic: dict(d=d, eps=eps, kappa_rms=tok[1], g_generic_rms=g_generic),
+    # its Jacobian removes the output's direction only (it keeps the mean)
+    generic_key="g_generic_rms", generic_share=lambda gen: gen[1], shares_below=(1.0, 0.0),
+    slope_key="g_slope_rms", branch_output_stats=branch_output_stats))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import sympy as sp
 
+from sigprop import registry
 from sigprop.solve import equations as E
 
 
@@ -77,8 +78,6 @@ def _logit_block(eqs, value, s2_first, s2_rest, g) -> list[Step]:
     return out
 
 
-_NORM_NAME = {"layernorm": "LN", "rmsnorm": "RMSNorm"}
-
 #: the unit forms, by (input norm, output norm, norm after the sum, parallel)
 _FORMS = {
     (True, False, False, False): ("pre", "$x' = lambda x + beta Dropout(F(n {N}(x)))$"),
@@ -93,7 +92,7 @@ _FORMS = {
 def _forms(sol) -> list[tuple[str, str]]:
     """The unit forms the solved model uses, in order of first use: (name, formula)."""
     out, seen = [], set()
-    nn = _NORM_NAME.get(sol.model.norm, sol.model.norm)
+    nn = registry.norm(sol.model.norm).short
     for u in sol.units():
         s0 = u[0]
         key = (s0.in_norm, s0.out_norm, s0.post, len(u) > 1)
@@ -113,7 +112,7 @@ def _unit_steps(sol) -> list[Step]:
     post = any(u[0].post for u in units)
     normed = any(u[0].out_norm for u in units)
     parallel = any(len(u) > 1 for u in units)
-    nn = _NORM_NAME.get(g.norm, g.norm)
+    nn = registry.norm(g.norm).short
     out: list[Step] = []
     sN = sp.Symbol("sigma_{s+1}^2", positive=True)
     forms = _forms(sol) if m is not None else []

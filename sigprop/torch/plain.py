@@ -20,16 +20,13 @@ import math
 import torch
 from torch import nn
 
+from sigprop import registry
 from sigprop.errors import DomainError
 from sigprop.torch.init import apply_init, as_model
 
-_ACT = {"relu": torch.relu, "gelu": nn.functional.gelu, "silu": nn.functional.silu}
-
-
 def _norm(kind: str, d: int, eps: float) -> nn.Module:
-    if kind == "layernorm":
-        return nn.LayerNorm(d, eps=eps)
-    return nn.RMSNorm(d, eps=eps)
+    """The norm kind's torch.nn module (sigprop.registry: its class name)."""
+    return getattr(nn, registry.norm(kind).torch)(d, eps=eps)
 
 
 class Attention(nn.Module):
@@ -56,7 +53,7 @@ class FFN(nn.ModuleDict):
         names = {"mlp": (("in", d, f), ("out", f, d)),
                  "glu": (("gate", d, f), ("up", d, f), ("down", f, d))}[m.ffn_kind]
         super().__init__({name: nn.Linear(a, b) for name, a, b in names})
-        self.kind, self.act, self.p = m.ffn_kind, _ACT[m.activation], m.dropout.ffn_inner
+        self.kind, self.act, self.p = m.ffn_kind, getattr(nn.functional, registry.activation(m.activation).torch), m.dropout.ffn_inner
 
     def forward(self, h):
         if self.kind == "glu":
