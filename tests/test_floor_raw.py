@@ -4,7 +4,6 @@ measurement judges exactly as the simulated one."""
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import subprocess
@@ -141,3 +140,44 @@ def test_a_pickle_you_wrote_converts_only_when_asked(tmp_path, monkeypatch):
         assert back.forward == meas.forward and back.backward == meas.backward and back.points == meas.points
         assert floor.run_one(*CFG, 2, 1, 0, raw) == floor.judge(
             resolve(*CFG[:2], n_layers=1, dropout=0.0, causal=False, **SMALL), meas, *CFG, 2, 1, 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX file kinds")
+def test_a_stored_measurement_that_is_not_a_small_regular_npz_is_refused_at_once(tmp_path):
+    """A FIFO (no writer: a blocking open would wait forever), a directory, a .npy, a broken
+    zip and an archive declaring more than RAW_MAX_BYTES of arrays: RawError, not a hang or
+    a traceback of another kind (in a subprocess with a timeout, so a regression fails)."""
+    import zipfile
+
+    os.mkfifo(tmp_path / "fifo.npz")
+    (tmp_path / "dir.npz").mkdir()
+    np.save(tmp_path / "array.npy", np.zeros(3))
+    (tmp_path / "array.npy").rename(tmp_path / "array.npz")
+    (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04" + bytes(100))
+    with zipfile.ZipFile(tmp_path / "bomb.npz", "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        with zf.open("forward.npy", "w", force_zip64=True) as w:     # 1.1 GB of zeros, ~1 MB deflated
+            chunk = bytes(1 << 24)
+            for _ in range((floor.RAW_MAX_BYTES >> 24) + 2):
+                w.write(chunk)
+    names = ["fifo", "dir", "array", "broken", "bomb"]
+    code = ("import sys\nfrom pathlib import Path\nfrom sigprop.mc import floor\n"
+            f"for n in {names!r}:\n"
+            "    try:\n"
+            f"        floor.load_measurement(Path({str(tmp_path)!r}) / (n + '.npz'))\n"
+            "    except floor.RawError as e:\n"
+            "        print(n, 'refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == names, r.stdout
+    assert "MiB" in r.stdout.splitlines()[-1]
+
+
+def test_a_broken_stored_measurement_stops_the_floor_with_one_line(tmp_path):
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    floor.raw_path(raw, *CFG, 2, 1, 0).write_bytes(b"not an archive")
+    r = subprocess.run([sys.executable, "-m", "sigprop.mc.floor", "--raw", str(raw), "--out", str(tmp_path / "out"),
+                        "--only", "preln", "--inits", "normal", "--depths", "1", "--dropouts", "0", "--causal", "0",
+                        "--trials", "2", "--batch", "1"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "not a stored measurement" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

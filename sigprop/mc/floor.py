@@ -19,7 +19,8 @@ system.
 
 The measurements in ``--raw DIR`` are data, never code: NumPy ``.npz`` files of plain arrays
 (:func:`save_measurement`), read with ``allow_pickle=False`` and checked field by field
-(:func:`load_measurement`), written to a temporary file and renamed into place.  Pickles
+(:func:`load_measurement`: a regular file, opened without waiting on a FIFO, of at most
+``RAW_MAX_BYTES`` packed and unpacked), written to a temporary file and renamed into place.  Pickles
 (``*.pkl``, the format before 2026-12-02) are not read: unpickling runs whatever the file
 says, and DIR may be shared.  A configuration whose measurement is only a pickle is refused
 before anything runs; ``--convert-pickles`` converts the pickles in DIR that you wrote
@@ -124,6 +125,9 @@ RAW_SUFFIX, PICKLE_SUFFIX = ".npz", ".pkl"
 #: a stored measurement's format version (the ``format`` field of its .npz)
 RAW_FORMAT = "sigprop.floor.raw/1"
 _MOMENT_FIELDS = ("mean", "var", "cov", "mean_se", "var_se", "cov_se")
+#: the most a stored measurement's file, and its arrays unpacked, may take (the floor's largest,
+#: 32 draws of a 96-layer model, is under 1 MB)
+RAW_MAX_BYTES = 1 << 30
 
 
 def raw_path(raw: Path, arch, init, n, p, causal, trials, batch, seed, options=()) -> Path:
@@ -176,14 +180,33 @@ def load_measurement(path: Path) -> ModelMeasurement:
     """The measurement :func:`save_measurement` wrote to ``path``.  Read as data only
     (``allow_pickle=False``: an object array in the file is refused, never unpickled), every
     field checked for its dtype and shape; RawError otherwise."""
+    import stat
+    import zipfile
+
     def bad(why):
         return RawError(f"{path}: not a stored measurement ({why})")
 
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            got = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:    # not an .npz; an object array (pickle)
-        raise bad(f"{type(e).__name__}: {e}") from None
+    try:        # never blocked on a FIFO; a regular file whose arrays hold at most RAW_MAX_BYTES
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise bad(f"cannot open: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > RAW_MAX_BYTES:
+        os.close(fd)
+        raise bad(f"not a regular file of at most {RAW_MAX_BYTES >> 20} MiB")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            z = np.load(fh, allow_pickle=False)
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise bad("not an .npz archive")
+            with z:
+                if sum(i.file_size for i in z.zip.infolist()) > RAW_MAX_BYTES:
+                    raise bad(f"its arrays would take over {RAW_MAX_BYTES >> 20} MiB")
+                got = {k: z[k] for k in z.files}
+        except RawError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:   # not an .npz; a pickle
+            raise bad(f"{type(e).__name__}: {e}") from None
     if got.get("format") is None or got["format"].shape != () or str(got["format"]) != RAW_FORMAT:
         raise bad(f"no format {RAW_FORMAT!r}")
     want = {"forward": ("f", 2, 6), "backward": ("f", 2, 6), "logit_var": ("f", 2, 2), "logit_present": ("b", 1, None),
@@ -1185,8 +1208,11 @@ def main():
     if a.dask is None and a.workers is None:
         for cfg in todo:
             t = time.perf_counter()
-            record(cfg, run_one(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:]),
-                   time.perf_counter() - t)
+            try:
+                res = run_one(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:])
+            except RawError as e:       # a stored measurement that is not one: one line, no traceback
+                raise SystemExit(f"floor: {e}")
+            record(cfg, res, time.perf_counter() - t)
         return
     from sigprop.mc.distributed import connect, stderr_progress
     from sigprop.mc.floor import run_one as task     # by module name, also under `python -m`
