@@ -264,3 +264,107 @@ def test_predictions_in_one_process_do_not_depend_on_earlier_ones(monkeypatch):
                            text=True, check=True, env={**os.environ, "SIGPROP_CACHE_DIR": "off"}).stdout
             for first in (False, True)]
     assert outs[0] == outs[1] and outs[0].strip()
+
+
+# -- hostile or broken entries: never followed, blocked on or read whole -------------------
+
+_M = ["--layers", "4", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16"]
+
+
+def _plant(kind: str, entry, other):
+    """Put a ``kind`` of thing where the entry file ``entry`` was (``other``: another entry
+    file of the store, a valid one)."""
+    entry.unlink()
+    if kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "symlink-dev-zero":
+        entry.symlink_to("/dev/zero")
+    elif kind == "symlink-entry":                   # to a regular, valid entry: refused too
+        entry.symlink_to(other)
+    elif kind == "directory":
+        entry.mkdir()
+    elif kind == "sparse-huge":                     # 1 TiB of holes, the store's magic first
+        with open(entry, "wb") as f:
+            f.write(store.MAGIC)
+            f.truncate(1 << 40)
+    elif kind == "header-overstates":               # claims a payload far beyond the file
+        with open(entry, "wb") as f:
+            f.write(store.MAGIC + (1 << 60).to_bytes(8, "little") + bytes(32) + bytes(80))
+    else:
+        raise AssertionError(kind)
+
+
+_KINDS = ["fifo", "symlink-dev-zero", "symlink-entry", "directory", "sparse-huge", "header-overstates"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX file kinds")
+@pytest.mark.parametrize("kind", _KINDS)
+def test_an_entry_that_is_not_a_plain_entry_reads_as_absent(kind, cache_dir):
+    """store.load on a FIFO (no writer: a blocking open would wait forever), a symlink to
+    /dev/zero (endless), a symlink to a valid entry, a directory, a 1 TiB sparse file and a
+    header claiming 2^60 numbers: None at once, reading no more than a header (run in a
+    subprocess with a timeout, so a regression fails instead of hanging the suite)."""
+    a, b = store.key("test", "a"), store.key("test", "b")
+    assert store.save(a, np.arange(5.0)) and store.save(b, np.arange(3.0))
+    _plant(kind, store.path(a), store.path(b))
+    code = ("import resource, sys, time\nfrom sigprop.model import store\nt = time.perf_counter()\n"
+            f"got = store.load({a!r})\n"
+            "print(got is None, time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+    env = {**os.environ, "SIGPROP_CACHE_DIR": str(cache_dir)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    absent, seconds, rss_kb = r.stdout.split()
+    assert absent == "True" and float(seconds) < 1.0 and int(rss_kb) < 500_000, r.stdout
+    # and saving the key again replaces what is there with a regular entry (but a directory)
+    assert store.save(a, np.arange(5.0)) == (kind != "directory")
+    if kind != "directory":
+        assert np.array_equal(store.load(a), np.arange(5.0))
+    assert np.array_equal(store.load(b), np.arange(3.0))   # a symlink's target untouched
+
+
+def test_an_entry_of_the_wrong_size_for_its_header_reads_as_absent(cache_dir):
+    """The header's count must give the file's size exactly: one byte more, one fewer, or an
+    entry over MAX_VALUES (a sparse file, written past the limit) read as absent; an entry at
+    the limit is written and read."""
+    k = store.key("test", "size")
+    assert store.save(k, np.arange(4.0))
+    p = store.path(k)
+    good = p.read_bytes()
+    for data in (good + b"\0", good[:-1]):
+        p.write_bytes(data)
+        assert store.load(k) is None
+    p.write_bytes(good)
+    assert np.array_equal(store.load(k), np.arange(4.0))
+    assert not store.save(k, np.zeros(store.MAX_VALUES + 1))   # neither written ...
+    big = store.MAX_VALUES + 1
+    with open(p, "r+b") as f:                                  # ... nor read
+        f.write(store.MAGIC + big.to_bytes(8, "little"))
+        f.truncate(len(store.MAGIC) + 40 + 8 * big)
+    assert store.load(k) is None
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="POSIX file kinds")
+@pytest.mark.parametrize("kind", _KINDS)
+def test_every_entry_broken_the_same_way_gives_the_same_answer(kind, tmp_path, monkeypatch):
+    """`predict` with every stored entry replaced by a ``kind`` of bad entry: the answer,
+    stderr and exit code byte-identical to the run that built the store, within a timeout
+    (a FIFO once hung it forever, a symlink to /dev/zero or a huge file were read whole);
+    and after it, every entry but a directory is a regular, valid file again."""
+    cache = tmp_path / "store"
+    first = _cli(["predict", *_M], cache)
+    assert first[0] == 0
+    entries = sorted(cache.glob("*.tbl"))
+    assert entries
+    spare = tmp_path / "valid-entry"
+    spare.write_bytes(entries[0].read_bytes())
+    for e in entries:
+        _plant(kind, e, spare)
+    env = {**os.environ, "SIGPROP_CACHE_DIR": str(cache), "SIGPROP_PROGRESS": "0"}
+    r = subprocess.run([sys.executable, "-m", "sigprop", "predict", *_M], capture_output=True, env=env, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == first
+    monkeypatch.setenv("SIGPROP_CACHE_DIR", str(cache))
+    for e in entries:
+        if kind == "directory":
+            assert e.is_dir()
+        else:
+            assert e.is_file() and not e.is_symlink() and store.load(e.stem) is not None

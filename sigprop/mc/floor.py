@@ -16,20 +16,31 @@ here as its last trial arrives; each trial depends on its seed alone, so the res
 of the serial run.  With ``--raw`` whole configurations are the tasks instead, and the workers
 read and write that directory: on a cluster of several machines it must be a shared file
 system.
+
+The measurements in ``--raw DIR`` are data, never code: NumPy ``.npz`` files of plain arrays
+(:func:`save_measurement`), read with ``allow_pickle=False`` and checked field by field
+(:func:`load_measurement`: a regular file, opened without waiting on a FIFO, of at most
+``RAW_MAX_BYTES`` packed and unpacked), written to a temporary file and renamed into place.  Pickles
+(``*.pkl``, the format before 2026-12-02) are not read: unpickling runs whatever the file
+says, and DIR may be shared.  A configuration whose measurement is only a pickle is refused
+before anything runs; ``--convert-pickles`` converts the pickles in DIR that you wrote
+yourself, through an unpickler that admits only the measurement's own classes and NumPy's
+arrays (anything else in the file is refused, not run), and leaves the ``.pkl`` in place.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import pickle
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from sigprop.mc.model import logit_stats
+from sigprop.mc.model import ModelMeasurement, logit_stats
 from sigprop.mc.model import simulate as _simulate
+from sigprop.mc.stats import Moments
 from sigprop.model.checking import compare
 from sigprop.model.predict import predict
 from sigprop.model.presets import resolve
@@ -105,15 +116,210 @@ def name(arch, init, n, p, causal, options=()):
     return f"{arch}{tag}_{init}_{n}_p{p:g}_{'causal' if causal else 'bidir'}"
 
 
+class RawError(ValueError):
+    """A stored measurement (``--raw``) that is not read: not this format, or a pickle."""
+
+
+#: a stored measurement's file suffix (``--raw``) and the pickles' of before, which are refused
+RAW_SUFFIX, PICKLE_SUFFIX = ".npz", ".pkl"
+#: a stored measurement's format version (the ``format`` field of its .npz)
+RAW_FORMAT = "sigprop.floor.raw/1"
+_MOMENT_FIELDS = ("mean", "var", "cov", "mean_se", "var_se", "cov_se")
+#: the most a stored measurement's file, and its arrays unpacked, may take (the floor's largest,
+#: 32 draws of a 96-layer model, is under 1 MB)
+RAW_MAX_BYTES = 1 << 30
+
+
+def raw_path(raw: Path, arch, init, n, p, causal, trials, batch, seed, options=()) -> Path:
+    """The measurement file of a configuration in ``raw`` (keyed by configuration, trials,
+    batch and seed)."""
+    return raw / f"{name(arch, init, n, p, causal, options)}_t{trials}_b{batch}_s{seed}{RAW_SUFFIX}"
+
+
+def save_measurement(path: Path, meas: ModelMeasurement) -> None:
+    """``meas`` as a NumPy .npz of plain arrays (no object arrays: :func:`load_measurement`
+    reads it with allow_pickle=False), written to a temporary file in its directory and
+    renamed into place, so a reader (another worker) never sees half a file."""
+    import tempfile
+
+    def moments(ms):
+        return np.array([[getattr(m, f) for f in _MOMENT_FIELDS] for m in ms], dtype=np.float64).reshape(-1, 6)
+
+    lv = meas.logit_var
+    workers = -1 if meas.workers is None else meas.workers
+    arrays = {
+        "format": np.array(RAW_FORMAT),
+        "forward": moments(meas.forward),
+        "backward": moments(meas.backward),
+        "logit_var": np.array([(np.nan, np.nan) if x is None else x for x in lv], dtype=np.float64).reshape(-1, 2),
+        "logit_present": np.array([x is not None for x in lv], dtype=bool),
+        "ints": np.array([meas.trials, meas.batch, meas.seed, workers], dtype=np.int64),
+        "floats": np.array([meas.simulate_s, meas.gflop], dtype=np.float64),
+        "strings": np.array([meas.dtype, meas.backend, meas.device, meas.rng], dtype=str),
+    }
+    if meas.logit_draws is not None:
+        arrays["logit_draws"] = np.asarray(meas.logit_draws, dtype=np.float64)
+    if meas.points is not None:
+        arrays["point_layers"] = np.array([int(a) for a, _ in meas.points], dtype=np.int64)
+        arrays["point_sublayers"] = np.array([str(b) for _, b in meas.points], dtype=str)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def load_measurement(path: Path) -> ModelMeasurement:
+    """The measurement :func:`save_measurement` wrote to ``path``.  Read as data only
+    (``allow_pickle=False``: an object array in the file is refused, never unpickled), every
+    field checked for its dtype and shape; RawError otherwise."""
+    import stat
+    import zipfile
+
+    def bad(why):
+        return RawError(f"{path}: not a stored measurement ({why})")
+
+    try:        # never blocked on a FIFO; a regular file whose arrays hold at most RAW_MAX_BYTES
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise bad(f"cannot open: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_size > RAW_MAX_BYTES:
+        os.close(fd)
+        raise bad(f"not a regular file of at most {RAW_MAX_BYTES >> 20} MiB")
+    with os.fdopen(fd, "rb") as fh:
+        try:
+            z = np.load(fh, allow_pickle=False)
+            if not isinstance(z, np.lib.npyio.NpzFile):
+                raise bad("not an .npz archive")
+            with z:
+                if sum(i.file_size for i in z.zip.infolist()) > RAW_MAX_BYTES:
+                    raise bad(f"its arrays would take over {RAW_MAX_BYTES >> 20} MiB")
+                got = {k: z[k] for k in z.files}
+        except RawError:
+            raise
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:   # not an .npz; a pickle
+            raise bad(f"{type(e).__name__}: {e}") from None
+    if got.get("format") is None or got["format"].shape != () or str(got["format"]) != RAW_FORMAT:
+        raise bad(f"no format {RAW_FORMAT!r}")
+    want = {"forward": ("f", 2, 6), "backward": ("f", 2, 6), "logit_var": ("f", 2, 2), "logit_present": ("b", 1, None),
+            "ints": ("i", 1, None), "floats": ("f", 1, None), "strings": ("U", 1, None)}
+    for k, (kind, ndim, last) in want.items():
+        a = got.get(k)
+        if a is None or a.dtype.kind != kind or a.ndim != ndim or (last is not None and a.shape[-1] != last):
+            raise bad(f"field {k!r} missing or of another type")
+    if got["ints"].shape != (4,) or got["floats"].shape != (2,) or got["strings"].shape != (4,) \
+            or got["logit_present"].shape != got["logit_var"].shape[:1]:
+        raise bad("fields of the wrong length")
+    draws = got.get("logit_draws")
+    if draws is not None and (draws.dtype.kind != "f" or draws.ndim != 3 or draws.shape[2] != 2):
+        raise bad("field 'logit_draws' of another type or shape")
+    points = None
+    if "point_layers" in got or "point_sublayers" in got:
+        la, sub = got.get("point_layers"), got.get("point_sublayers")
+        if la is None or sub is None or la.dtype.kind != "i" or sub.dtype.kind != "U" or la.ndim != 1 \
+                or la.shape != sub.shape:
+            raise bad("fields 'point_layers' and 'point_sublayers' do not match")
+        points = [(int(a), str(b)) for a, b in zip(la, sub)]
+    trials, batch, seed, workers = (int(x) for x in got["ints"])
+    dtype, backend, device, rng = (str(x) for x in got["strings"])
+    return ModelMeasurement(
+        forward=[Moments(*map(float, r)) for r in got["forward"]],
+        backward=[Moments(*map(float, r)) for r in got["backward"]],
+        logit_var=[(float(a), float(b)) if ok else None for (a, b), ok in zip(got["logit_var"], got["logit_present"])],
+        trials=trials, batch=batch, seed=seed, dtype=dtype,
+        simulate_s=float(got["floats"][0]), gflop=float(got["floats"][1]),
+        logit_draws=draws, backend=backend, device=device, rng=rng,
+        workers=None if workers < 0 else workers, points=points)
+
+
+def _refuse_pickle(f: Path) -> RawError:
+    return RawError(f"{f.with_suffix(PICKLE_SUFFIX)}: a pickled measurement, which is not read (unpickling runs "
+                    f"whatever code the file holds, and the directory may be shared); if you wrote it, convert "
+                    f"it with --raw {f.parent} --convert-pickles, else remove it")
+
+
+def pending_pickles(raw: Path, cfgs, trials, batch, seed) -> list[Path]:
+    """The configurations of ``cfgs`` whose measurement in ``raw`` is only a pickle."""
+    out = []
+    for c in cfgs:
+        f = raw_path(raw, *c[:5], trials, batch, seed, *c[5:])
+        if not f.exists() and f.with_suffix(PICKLE_SUFFIX).exists():
+            out.append(f.with_suffix(PICKLE_SUFFIX))
+    return out
+
+
+#: what a pickled measurement may name (--convert-pickles): its own classes and what NumPy
+#: arrays and scalars pickle through (and protocol 2's bytes, through a latin-1 encoder of its
+#: own); anything else (os.system, builtins.eval, ...) is refused
+_PICKLE_GLOBALS = frozenset({
+    ("sigprop.mc.model", "ModelMeasurement"), ("sigprop.mc.stats", "Moments"),
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+    ("numpy.core.numeric", "_frombuffer"), ("numpy._core.numeric", "_frombuffer"),
+    ("copyreg", "_reconstructor"), ("builtins", "object"),
+})
+
+
+def convert_pickles(raw: Path, out=print) -> int:
+    """Convert every ``*.pkl`` measurement in ``raw`` that has no ``.npz`` yet (the pickle is
+    left in place).  Only for pickles you wrote: the unpickler admits just
+    ``_PICKLE_GLOBALS`` (RawError on anything else, before it is called), which keeps a
+    planted pickle from running code, but still reads the file's structure.  Returns the
+    number converted."""
+    import io
+    import pickle
+
+    def latin1(text, encoding):     # how protocol 2 pickles bytes: _codecs.encode(text, "latin1")
+        if encoding != "latin1" or not isinstance(text, str):
+            raise RawError(f"encodes with {encoding!r}, which a measurement does not")
+        return text.encode("latin1")
+
+    class Restricted(pickle.Unpickler):
+        def find_class(self, module, cls):
+            if (module, cls) == ("_codecs", "encode"):
+                return latin1
+            if (module, cls) not in _PICKLE_GLOBALS:
+                raise RawError(f"refers to {module}.{cls}, which a measurement does not hold")
+            return super().find_class(module, cls)
+
+    n = 0
+    for f in sorted(raw.glob(f"*{PICKLE_SUFFIX}")):
+        dest = f.with_suffix(RAW_SUFFIX)
+        if dest.exists():
+            continue
+        try:
+            meas = Restricted(io.BytesIO(f.read_bytes())).load()
+        except RawError as e:
+            raise RawError(f"{f}: not converted: {e}") from None
+        except Exception as e:          # noqa: BLE001 - a broken pickle is the file's fault
+            raise RawError(f"{f}: not converted: {type(e).__name__}: {e}") from None
+        if not isinstance(meas, ModelMeasurement):
+            raise RawError(f"{f}: not converted: holds a {type(meas).__name__}, not a measurement")
+        save_measurement(dest, meas)
+        out(f"{f.name} -> {dest.name}")
+        n += 1
+    return n
+
+
 def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = None, simulate_only=False,
             backend: str = "numpy", device: str = "cpu", stream: str = "host", options=()):
-    """Judge one configuration.  ``raw``: a directory of stored measurements (pickles of
-    :class:`sigprop.mc.model.ModelMeasurement`, keyed by configuration, trials, batch and
-    seed): a stored one is reused instead of simulating again, a new one is stored, so a
-    change of the rules can be re-judged against the same samples.  ``backend``, ``device``,
-    ``stream``: where the simulation runs (:mod:`sigprop.mc.backend`).  Depends on its
-    arguments alone (what lets a Dask worker run it).  ``options``: further resolve() options
-    as (name, value) pairs (the layouts' placement or block)."""
+    """Judge one configuration.  ``raw``: a directory of stored measurements
+    (:func:`save_measurement`'s .npz files of :class:`sigprop.mc.model.ModelMeasurement`,
+    keyed by configuration, trials, batch and seed: :func:`raw_path`): a stored one is
+    reused instead of simulating again, a new one is stored, so a change of the rules can be
+    re-judged against the same samples (a configuration stored only as a pickle: RawError).
+    ``backend``, ``device``, ``stream``: where the simulation runs (:mod:`sigprop.mc.backend`).
+    Depends on its arguments alone (what lets a Dask worker run it).  ``options``: further
+    resolve() options as (name, value) pairs (the layouts' placement or block)."""
     from sigprop.mc.backend import get_backend
 
     bk = get_backend(backend, device)
@@ -124,13 +330,14 @@ def run_one(arch, init, n, p, causal, trials, batch, seed, raw: Path | None = No
     model = resolve(arch, init, n_layers=n, dropout=p, causal=causal, **DIMS, **dict(options))
     meas = None
     if raw is not None:
-        f = raw / f"{name(arch, init, n, p, causal, options)}_t{trials}_b{batch}_s{seed}.pkl"
+        f = raw_path(raw, arch, init, n, p, causal, trials, batch, seed, options)
         if f.exists():
-            meas = pickle.loads(f.read_bytes())
+            meas = load_measurement(f)
+        elif f.with_suffix(PICKLE_SUFFIX).exists():
+            raise _refuse_pickle(f)
         else:
             meas = simulate(model, batch=batch, trials=trials, seed=seed)
-            raw.mkdir(parents=True, exist_ok=True)
-            f.write_bytes(pickle.dumps(meas))
+            save_measurement(f, meas)
         if simulate_only:
             return None
     if meas is None:
@@ -932,6 +1139,9 @@ def main():
                     help="the modern blocks' matrix (model presets, LNS and DSLM on LLaMA blocks) instead of the archs'")
     ap.add_argument("--raw", default=None, help="directory of stored measurements (reused; new ones stored)")
     ap.add_argument("--simulate-only", action="store_true", help="with --raw: only store measurements")
+    ap.add_argument("--convert-pickles", action="store_true",
+                    help="with --raw: convert the *.pkl measurements there (ones you wrote: they are unpickled, "
+                         "admitting only a measurement's own classes) to .npz, then stop")
     ap.add_argument("--redo", action="store_true", help="judge configurations that already have a result")
     ap.add_argument("--backend", default="numpy", choices=["numpy", "torch", "cupy"], help="array library")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -940,6 +1150,14 @@ def main():
     ap.add_argument("--workers", type=int, default=None, help="with --dask local (implied alone): worker processes")
     a = ap.parse_args()
     out = Path(a.out) if a.out else (OUT_LAYOUTS if a.layouts else OUT_MODERN if a.modern else OUT)
+    if a.convert_pickles:
+        if not a.raw:
+            raise SystemExit("floor: --convert-pickles needs --raw DIR")
+        try:
+            print(f"converted {convert_pickles(Path(a.raw))}")
+        except (RawError, OSError) as e:
+            raise SystemExit(f"floor: {e}")
+        return
     if a.report:
         print(layouts_report(out) if a.layouts else modern_report(out) if a.modern else report(out))
         return
@@ -970,6 +1188,11 @@ def main():
     except DomainError as e:
         raise SystemExit(f"floor: {e}")
     raw = Path(a.raw) if a.raw else None
+    if raw is not None:             # before anything runs, not when a worker reaches it
+        pickles = pending_pickles(raw, todo, a.trials, a.batch, a.seed)
+        if pickles:
+            more = f" (and {len(pickles) - 1} more configurations)" if len(pickles) > 1 else ""
+            raise SystemExit(f"floor: {_refuse_pickle(pickles[0].with_suffix(RAW_SUFFIX))}{more}")
     extra = (a.backend, a.device, a.rng)
     t_start = time.perf_counter()
 
@@ -985,8 +1208,11 @@ def main():
     if a.dask is None and a.workers is None:
         for cfg in todo:
             t = time.perf_counter()
-            record(cfg, run_one(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:]),
-                   time.perf_counter() - t)
+            try:
+                res = run_one(*cfg[:5], a.trials, a.batch, a.seed, raw, a.simulate_only, *extra, *cfg[5:])
+            except RawError as e:       # a stored measurement that is not one: one line, no traceback
+                raise SystemExit(f"floor: {e}")
+            record(cfg, res, time.perf_counter() - t)
         return
     from sigprop.mc.distributed import connect, stderr_progress
     from sigprop.mc.floor import run_one as task     # by module name, also under `python -m`

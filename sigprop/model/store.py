@@ -19,11 +19,22 @@ by later processes.
   table.
 * A stored entry holds exactly the float64 numbers the build computed, so a prediction is
   bit-for-bit the same whether its tables were built or loaded.  The file is
-  ``MAGIC | SHA-256(key, payload) | payload``: written to a temporary file and renamed into
-  place (atomic), and on reading, anything but a complete file written for this very key
-  (truncated, corrupted, renamed, another format) reads as absent.  Entries with a
-  non-finite number are neither written nor read.  What the numbers must satisfy beyond
-  that (shape, the build's verification) the tables check themselves (sigprop.model.tables).
+  ``MAGIC | n (uint64, little-endian) | SHA-256(key, n, payload) | payload of n float64``:
+  written to a temporary file and renamed into place (atomic), and on reading, anything but
+  a complete file written for this very key (truncated, corrupted, renamed, another format)
+  reads as absent.  Entries with a non-finite number are neither written nor read.  What the
+  numbers must satisfy beyond that (shape, the build's verification) the tables check
+  themselves (sigprop.model.tables).
+* Reading never follows, blocks on or swallows a file it did not write: an entry is opened
+  with ``O_NOFOLLOW | O_NONBLOCK`` and taken only if it is a regular file (a symlink, even
+  to a regular file in the store, a FIFO, a device, a directory read as absent: the store
+  writes none of them), whose size is exactly what its header's ``n`` says, with ``n`` at
+  most ``MAX_VALUES`` (64 MiB of payload; the largest table seen is 0.67 MB); only that many
+  bytes are read.  A bad entry is rebuilt like a corrupt one, and the rebuilt entry is
+  renamed over it (a directory in its place stays, and its table is rebuilt each run).
+* The seal detects accidents, not forgery: it is an unkeyed SHA-256, so whoever can write
+  the store's directory can write an entry that changes an answer.  The store is as trusted
+  as its directory (docs/security.md); ``SIGPROP_CACHE_DIR=off`` disables it.
 * Any failure to read or write (a read-only home, a full disk) falls back to building;
   nothing is ever raised from here.
 """
@@ -31,6 +42,7 @@ by later processes.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 
@@ -59,9 +71,18 @@ _SOURCES = ("rules", "backend", "model", "solve/blocks.py", "state.py", "errors.
 #: (``__init__``), the progress display on stderr and the memos (which decide only whether a
 #: value is computed again, tests/test_memo.py)
 _NOT_NUMERIC = ("__init__.py", "progress.py", "memo.py")
-#: file format: magic (format version included), then the 32-byte digest, then the payload
-MAGIC = b"SIGPROP-TABLE-2\n"
+#: file format: magic (format version included), the payload's float64 count n (8 bytes,
+#: little-endian), the 32-byte seal, then the payload
+MAGIC = b"SIGPROP-TABLE-3\n"
 SUFFIX = ".tbl"
+_HEAD = len(MAGIC) + 8 + 32
+#: the most float64s an entry may hold (64 MiB): neither written nor read above it (the
+#: largest table, a causal LayerNorm Scaling attention's over correlation x variance at 64
+#: positions, is 0.67 MB)
+MAX_VALUES = 1 << 23
+#: how an entry is opened: never through a symlink, never waiting on a FIFO's writer
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+               | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
 _digest: str | None = None
 #: whether the default directory is used where $SIGPROP_CACHE_DIR is not set (:func:`use_default`)
 _DEFAULT = {"on": False}
@@ -127,27 +148,62 @@ def path(k: str) -> Path | None:
     return None if d is None else d / f"{k}{SUFFIX}"
 
 
-def _seal(k: str, payload: bytes) -> bytes:
+def _seal(k: str, count: bytes, payload: bytes) -> bytes:
     h = _sha256(k.encode())
+    h.update(count)
     h.update(payload)
     return h.digest()
 
 
+def _read_entry(p: Path) -> bytes | None:
+    """The header and payload of the entry file ``p``, or None: not a regular file (opened
+    without following a symlink or waiting on a FIFO), not this format, or not exactly the
+    size its header says (at most MAX_VALUES float64s).  Reads at most that many bytes."""
+    try:
+        fd = os.open(p, _OPEN_FLAGS)
+    except OSError:                      # absent, a symlink (ELOOP), unreadable
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or not _HEAD + 8 <= st.st_size <= _HEAD + 8 * MAX_VALUES:
+            return None
+        head = _read_exactly(fd, _HEAD)
+        if head is None or not head.startswith(MAGIC):
+            return None
+        n = int.from_bytes(head[len(MAGIC):len(MAGIC) + 8], "little")
+        if not 1 <= n <= MAX_VALUES or st.st_size != _HEAD + 8 * n:
+            return None
+        payload = _read_exactly(fd, 8 * n)
+        return None if payload is None else head + payload
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    """``size`` bytes from ``fd`` (None if the file ends first)."""
+    parts, left = [], size
+    while left:
+        b = os.read(fd, left)
+        if not b:
+            return None
+        parts.append(b)
+        left -= len(b)
+    return b"".join(parts)
+
+
 def load(k: str) -> np.ndarray | None:
     """The float64 vector stored under ``k``; None where there is none, or the file is not a
-    complete, finite entry written for ``k``."""
+    complete, finite entry written for ``k`` (or not a regular file: module docstring)."""
     p = path(k)
     if p is None:
         return None
-    try:
-        data = p.read_bytes()
-    except OSError:
+    data = _read_entry(p)
+    if data is None:
         return None
-    head = len(MAGIC) + 32
-    if len(data) < head + 8 or not data.startswith(MAGIC) or (len(data) - head) % 8:
-        return None
-    payload = data[head:]
-    if data[len(MAGIC):head] != _seal(k, payload):
+    count, payload = data[len(MAGIC):len(MAGIC) + 8], data[_HEAD:]
+    if data[len(MAGIC) + 8:_HEAD] != _seal(k, count, payload):
         return None
     arr = np.frombuffer(payload, dtype="<f8").astype(np.float64)
     return arr if np.all(np.isfinite(arr)) else None
@@ -155,22 +211,23 @@ def load(k: str) -> np.ndarray | None:
 
 def save(k: str, arr) -> bool:
     """Store the float64 vector ``arr`` under ``k`` atomically; False where nothing was written
-    (store disabled or unwritable, or ``arr`` not a finite vector)."""
+    (store disabled or unwritable, or ``arr`` not a finite vector of 1 to MAX_VALUES numbers)."""
     d = directory()
     if d is None:
         return False
     arr = np.ascontiguousarray(arr, dtype="<f8")
-    if arr.ndim != 1 or arr.size == 0 or not np.all(np.isfinite(arr)):
+    if arr.ndim != 1 or not 1 <= arr.size <= MAX_VALUES or not np.all(np.isfinite(arr)):
         return False
     import tempfile                  # (only when writing: keeps it off the start-up path)
 
     payload = arr.tobytes()
+    count = arr.size.to_bytes(8, "little")
     tmp = None
     try:
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{k}.", suffix=".tmp", dir=d)
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + _seal(k, payload) + payload)
+            f.write(MAGIC + count + _seal(k, count, payload) + payload)
         os.replace(tmp, d / f"{k}{SUFFIX}")
         return True
     except OSError:
