@@ -43,6 +43,8 @@ class Norm(NamedTuple):
     #: (hidden-layer token moments, width, d, input, its kappa, input norm) -> (kappa of a
     #: normalised branch output, factor on the branch's gradient variance)
     branch_output_stats: Callable
+    #: a digest of its code where it is not sigprop's own (Activation.digest)
+    digest: str = ""
 
 
 class Activation(NamedTuple):
@@ -52,12 +54,15 @@ class Activation(NamedTuple):
     title: str                     #: in text ("ReLU")
     rule: str                      #: its moment rule
     component: str                 #: its Monte Carlo component
-    torch: str                     #: its ``torch.nn.functional`` name
+    torch: str | None              #: its ``torch.nn.functional`` name (None: none)
     glu: str                       #: the gated FFN core with it on the gate: rule and component ("reglu")
     glu_title: str                 #: in text ("ReGLU")
     #: the Post-LN Euler term of a plain FFN branch with it (rules.activation.relu_ffn_euler_var's
     #: signature), or None where the branch is taken as homogeneous
     ffn_euler_var: Callable | None = None
+    #: a digest of its code where it is not sigprop's own (sigprop.extend): part of the keys of
+    #: the tables stored on disk, so that editing a plugin never reuses a table of the old code
+    digest: str = ""
 
 
 _NORMS: dict[str, Norm] = {}
@@ -116,6 +121,38 @@ def activation_rules() -> frozenset:
     """The moment rules of the registered activations."""
     _load()
     return frozenset(a.rule for a in _ACTIVATIONS.values())
+
+
+def digest() -> str:
+    """The registered components' code digests that sigprop's sources do not cover ("" when
+    every component is built in)."""
+    return ";".join(f"{e.name}:{e.digest}" for e in (*_NORMS.values(), *_ACTIVATIONS.values()) if e.digest)
+
+
+class Names:
+    """The registered names of one kind, read when used (a live sequence: a component
+    registered later, by a plugin, is among them)."""
+
+    def __init__(self, kind: str):
+        self._kind = kind
+
+    def _names(self) -> tuple:
+        return norms() if self._kind == "norm" else activations()
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __len__(self):
+        return len(self._names())
+
+    def __contains__(self, name) -> bool:
+        return name in self._names()
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __repr__(self) -> str:
+        return repr(self._names())
 
 
 def norm_by_qk_code(code: int) -> Norm:

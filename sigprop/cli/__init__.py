@@ -73,6 +73,7 @@ def main(args: list[str] | None = None) -> None:
     the exit code.  Bad input, whether click rejects it while parsing or sigprop while running,
     is one line on stderr and exit 2."""
     args = sys.argv[1:] if args is None else list(args)
+    args = _plugins(args)
     first = args[0] if args else None
     if first == "predict":
         from sigprop.cli import _predict
@@ -101,6 +102,25 @@ def main(args: list[str] | None = None) -> None:
     finally:
         _report.flush_notes()
     raise SystemExit(code)
+
+
+def _plugins(args: list[str]) -> list[str]:
+    """Import the plugin files of ``--plugin FILE`` (any command, any position) and of
+    ``SIGPROP_PLUGINS`` before anything reads a model (sigprop.extend); the arguments without
+    those options.  A plugin that cannot be imported is bad input (one line, exit 2)."""
+    import os
+
+    if not os.environ.get("SIGPROP_PLUGINS") and not any(a == "--plugin" or a.startswith("--plugin=") for a in args):
+        return args
+    from sigprop import extend
+    from sigprop.errors import SigpropError
+
+    try:
+        paths, rest = extend.plugin_paths(args)
+        extend.load_plugins(paths)
+    except SigpropError as e:
+        fail(str(e), 2)
+    return rest
 
 
 def _library_errors(fn, *args, **kwargs) -> int:

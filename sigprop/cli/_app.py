@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from typing import Optional
 
 import typer
 
@@ -44,21 +45,33 @@ def _version_option():
                         help="Show the version and exit.")
 
 
+def _plugin_option():
+    # (sigprop.cli.main imports the files and removes the option before typer parses the line:
+    # here it is only documented)
+    return typer.Option(None, "--plugin", metavar="FILE.py",
+                        help="Import FILE.py before the model is read (repeatable; also the SIGPROP_PLUGINS "
+                        "environment variable): your own code, which runs. It registers components with "
+                        "sigprop.extend (docs/extending.md).")
+
+
 def _common(fn):
-    """``fn`` with the options every command shares (``--version``) and a record of the command
-    being run (for the prefix of error lines)."""
+    """``fn`` with the options every command shares (``--version``, ``--plugin``) and a record
+    of the command being run (for the prefix of error lines)."""
     sig = inspect.signature(fn)
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         kwargs.pop("_version", None)
+        kwargs.pop("_plugin", None)
         ctx = _current_context()
         if ctx is not None:
             _report.PROG = ctx.command_path
         return fn(*args, **kwargs)
 
     extra = [inspect.Parameter("_version", inspect.Parameter.KEYWORD_ONLY, default=_version_option(),
-                               annotation=bool)]
+                               annotation=bool),
+             inspect.Parameter("_plugin", inspect.Parameter.KEYWORD_ONLY, default=_plugin_option(),
+                               annotation=Optional[list[str]])]
     wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])
     return wrapper
 

@@ -142,8 +142,23 @@ ARCH_NAMES = ("preln", "postln", "dslm", "dslm-post", "deepnorm", "lns", "mixln"
               "llama", "gpt2", "bert", "olmo2", "peri")
 INIT_NAMES = ("normal", "xavier", "torch-default", "scaled", "dslm", "deepnorm")
 #: the ``ffn`` option: name -> (the model's ffn_kind, the activation it fixes; None: mlp, which
-#: takes the ``activation`` option); the gated cores from the registry, newest activation first
-FFNS = {"mlp": ("mlp", None), **{registry.activation(a).glu: ("glu", a) for a in reversed(registry.activations())}}
+#: takes the ``activation`` option); the gated cores from the registry (read when used, so a
+#: plugin's activation brings its own), newest activation first
+class _FFNs(Mapping):
+    def _table(self) -> dict:
+        return {"mlp": ("mlp", None), **{registry.activation(a).glu: ("glu", a) for a in reversed(registry.activations())}}
+
+    def __getitem__(self, key):
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+FFNS = _FFNs()
 #: RoPE's base when rope is on and no base is given (LLaMA, Hugging Face's default)
 DEFAULT_ROPE_BASE = 10000.0
 
@@ -165,7 +180,7 @@ OPTIONS: dict[str, Option] = _opts(
     Option("hidden_dropout", float, None, "dropout on every branch output", **_PROB),
     Option("ffn_dropout", float, None, "dropout after the FFN activation (default 0)", **_PROB),
     Option("ffn", str, "mlp", "FFN kind (mlp: W_in, activation, W_out; swiglu, geglu, reglu: the gated FFN "
-           "down(act(gate x) * up x) with silu, gelu, relu)", choices=tuple(FFNS)),
+           "down(act(gate x) * up x) with silu, gelu, relu)", choices=FFNS),
     Option("activation", str, "relu", "FFN activation (a gated --ffn fixes it)", choices=ACTIVATIONS),
     Option("norm", str, "layernorm", "norm kind of every sublayer, of QK-norm and of the final norm",
            choices=NORMS),

@@ -50,10 +50,9 @@ GLU_WEIGHTS = ("gate", "up", "down")
 #: ffn_kind -> the FFN sublayer's weight names
 FFN_WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"mlp": WEIGHTS["ffn"], "glu": GLU_WEIGHTS})
 KINDS = tuple(WEIGHTS)
-#: the activations and norm kinds (sigprop.registry) registered when this module was imported;
-#: a model is validated against the registry as it is then
-ACTIVATIONS = registry.activations()
-NORMS = registry.norms()
+#: the registered activations and norm kinds (sigprop.registry), read when used
+ACTIVATIONS = registry.Names("activation")
+NORMS = registry.Names("norm")
 #: sublayer placements, in the order of their codes in ``Sublayers.placement``
 PLACEMENTS = ("pre", "post", "peri", "output")
 BLOCKS = ("sequential", "parallel")

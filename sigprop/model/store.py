@@ -137,7 +137,10 @@ def source_digest() -> str:
 
 def key(*parts) -> str:
     """A file-name-safe key for ``parts`` (reprs of tuples, floats, strings)."""
+    from sigprop import registry
+
     h = _sha256(source_digest().encode())
+    h.update(registry.digest().encode())    # plugins' code (sigprop.extend): not in the sources
     h.update(repr(parts).encode())
     return h.hexdigest()[:40]
 

@@ -30,6 +30,23 @@ def _load():
 COMPONENTS, SWEEPS = _load()
 
 
+def register(component, sweep=None) -> None:
+    """Add a component (and its sweep grid, if it has one) that is not one of the modules
+    above: a plugin's (sigprop.extend); a name registered twice is an error."""
+    if component.name in COMPONENTS:
+        raise DomainError(f"Monte Carlo component {component.name!r} is registered already")
+    COMPONENTS[component.name] = component
+    if sweep is not None:
+        SWEEPS[component.name] = sweep
+
+
+def glu_component(name: str, activation: str):
+    """The gated FFN core ``name`` with the registered activation ``activation`` on its gate."""
+    from sigprop.mc.components.glu import GLUMC
+
+    return GLUMC(name, activation)
+
+
 def get(name: str):
     """The Monte Carlo component ``name``; DomainError naming the known ones otherwise (a rule
     without a component of its own, e.g. an alternative softmax rule, is named as such)."""

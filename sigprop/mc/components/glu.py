@@ -22,23 +22,29 @@ import math
 
 from sigprop.mc.backend import backend_of
 from sigprop.mc.component import SEQ, Component
-from sigprop.mc.components import gelu as _gelu, relu as _relu, silu as _silu
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.sampling import standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.state import Backward, Forward
 
-_ACT = {"relu": _relu.COMPONENT, "gelu": _gelu.COMPONENT, "silu": _silu.COMPONENT}
-
-
 class GLUMC(Component):
     """params: d_in, d_ff, gate_std, up_std, gate_b_std, up_b_std (default 0), L."""
 
-    array_api = True
+    @property
+    def array_api(self) -> bool:
+        """As its activation's component (a plugin's runs on NumPy only)."""
+        return self._act().array_api
 
     def __init__(self, name: str, activation: str):
         self.name = self.rule = name
         self.activation = activation
+
+    def _act(self):
+        """The Monte Carlo component of the activation on the gate (sigprop.registry)."""
+        from sigprop import registry
+        from sigprop.mc.components import get
+
+        return get(registry.activation(self.activation).component)
 
     def dims(self, params):
         return params.get("L", SEQ.default), params["d_in"], params["d_ff"]
@@ -65,7 +71,7 @@ class GLUMC(Component):
                 P += b
             proj.append(xp.reshape(P, (B, L, P.shape[-1])))
         Gt, U = proj
-        A, dA = _ACT[self.activation].forward(Gt, {}, {}, rng)     # act(g) and act'(g) (or mask)
+        A, dA = self._act().forward(Gt, {}, {}, rng)     # act(g) and act'(g) (or mask)
         return A * U, (A, dA, U, W["gate"][0], W["up"][0])
 
     def backward(self, GY, cache):

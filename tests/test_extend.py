@@ -1,0 +1,183 @@
+"""Your own components (sigprop.extend): a pointwise function's derived rules against closed
+forms and against its own Monte Carlo, the plugin files, and the registry staying clean."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from sigprop import extend, registry
+from sigprop.backend import numeric
+from sigprop.state import Backward, Forward
+
+from _cli import cli
+
+RELU2 = textwrap.dedent("""
+    import numpy as np
+    import sigprop.extend
+
+    sigprop.extend.elementwise("relu2", lambda x: np.maximum(x, 0.0) ** 2, lambda x: 2.0 * np.maximum(x, 0.0),
+                               title="ReLU^2")
+""")
+M = ["--layers", "4", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16"]
+
+
+@pytest.fixture
+def scratch_registry():
+    """Registrations made in a test are undone after it (the registries are process-wide)."""
+    from sigprop.mc import components as C
+    from sigprop.rules import REGISTRY
+
+    saved = [(t, dict(t)) for t in (REGISTRY, C.COMPONENTS, C.SWEEPS, registry._ACTIVATIONS, registry._NORMS)]
+    yield
+    for t, old in saved:
+        t.clear()
+        t.update(old)
+
+
+def _relu2():
+    return extend.elementwise("relu2", lambda x: np.maximum(x, 0.0) ** 2, lambda x: 2.0 * np.maximum(x, 0.0))
+
+
+def _arccos_kernel(n: int, s2: float, r: float) -> float:
+    """E[relu(x)^n relu(y)^n] for (x, y) ~ N(0, s2) with correlation r (Cho & Saul's degree-n
+    arc-cosine kernels, n = 1, 2): the independent oracle."""
+    th = math.acos(max(-1.0, min(1.0, r)))
+    j = {1: math.sin(th) + (math.pi - th) * math.cos(th),
+         2: 3 * math.sin(th) * math.cos(th) + (math.pi - th) * (1 + 2 * math.cos(th) ** 2)}[n]
+    return s2**n * j / (2 * math.pi)
+
+
+@pytest.mark.parametrize("s2", [1e-3, 0.1, 1.0, 10.0, 1e3])
+@pytest.mark.parametrize("r", [-0.9, 0.0, 0.3, 0.8, 0.999, 1.0])
+def test_relu_squared_rules_match_the_arccos_kernels(scratch_registry, s2, r):
+    """Forward and backward of ReLU^2 from f and f' alone against the closed forms (exact to
+    rounding in the variances: the function is polynomial on each side of its kink, where the
+    panels split)."""
+    from sigprop.rules import get
+
+    _relu2()
+    y, gb = get("relu2").evaluate(Forward(0.0, s2, r), Backward(2.0, 0.5))
+    mean, second = s2 / 2, 1.5 * s2**2
+    var = second - mean**2
+    assert y.mean == pytest.approx(mean, rel=1e-12)
+    assert y.var == pytest.approx(var, rel=1e-12)
+    # (the correlations to 1e-9: near r = 1 the conditional expectation bends within ~sqrt(1 - r^2)
+    # of the kink, which the panels resolve to ~1e-11)
+    assert y.corr == pytest.approx((_arccos_kernel(2, s2, r) - mean**2) / var, abs=1e-9)
+    assert gb.var == pytest.approx(2.0 * 2 * s2, rel=1e-12)                      # E[(2 relu)^2] = 2 s2
+    assert gb.corr == pytest.approx(0.5 * 4 * _arccos_kernel(1, s2, r) / (2 * s2), abs=1e-9)
+
+
+def test_a_smooth_function_reproduces_the_closed_form_gelu(scratch_registry):
+    """x Phi(x) registered as a plugin equals the built-in GeLU rule (closed forms) over a grid
+    of variances and correlations, to the accuracy of the Phi it is given (numeric.Phi: the erfc
+    approximation, 1.2e-7 relative)."""
+    from sigprop.rules import get
+
+    phi = lambda x: np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    extend.elementwise("xphi", lambda x: x * numeric.Phi(x), lambda x: numeric.Phi(x) + x * phi(x))
+    worst = 0.0
+    for s2 in (0.01, 0.1, 1.0, 10.0, 100.0):
+        for r in (-0.9, 0.0, 0.5, 0.9, 1.0):
+            a = get("gelu").evaluate(Forward(0.0, s2, r), Backward(1.0, 0.5))
+            b = get("xphi").evaluate(Forward(0.0, s2, r), Backward(1.0, 0.5))
+            for u, v, scale in zip((*a[0], *a[1]), (*b[0], *b[1]), (a[0].mean, a[0].var, 1, a[1].var, 1)):
+                worst = max(worst, abs(u - v) / abs(scale))
+    assert worst < 2e-6
+
+
+def test_the_derived_rule_against_its_own_monte_carlo(scratch_registry):
+    """A few points of the activation grid (the sweep every activation has): the derived ReLU^2
+    rule against the simulation of the same f and f' (the full sweep: docs/extending.md)."""
+    from sigprop.mc import components as C
+    from sigprop.mc.sweep import run_sweep
+    from sigprop.rules import get
+
+    _relu2()
+    res = run_sweep(C.SWEEPS["relu2"], get("relu2"), n=8, seed=3)
+    for row in res.rows:
+        for k, e in row["errors"].items():
+            assert e < 0.03, (row["point"], k, e)
+
+
+def test_gated_core_and_whole_model_check(scratch_registry, capsys):
+    """The gated FFN core with the plugin's activation predicts, and `check` of a model with it
+    passes at init xavier (where the branches matter)."""
+    _relu2()
+    assert registry.activation("relu2").glu == "relu2glu"
+    code, out, err = cli(capsys, "predict", "--ffn", "relu2glu", *M)
+    assert code == 0, err
+    assert "relu2" in out
+    # (at d_model 64 finite width fails the built-in ReLU too: 0.32 on the input gradient)
+    code, out, err = cli(capsys, "check", "--arch", "postln", "--init", "xavier", "--activation", "relu2",
+                         "--layers", "6", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--seq-len", "16",
+                         "--trials", "8", "--batch", "4")
+    assert code == 0, out + err
+
+
+def test_a_registered_name_is_not_replaced(scratch_registry):
+    from sigprop.errors import DomainError
+
+    _relu2()
+    with pytest.raises(DomainError, match="already"):
+        _relu2()
+    with pytest.raises(DomainError, match="already"):
+        extend.elementwise("gelu", np.tanh, lambda x: 1 - np.tanh(x) ** 2)
+    with pytest.raises(DomainError, match="component name"):
+        extend.elementwise("Bad Name", np.tanh, lambda x: 1 - np.tanh(x) ** 2)
+    with pytest.raises(DomainError, match="finite values of its shape"):
+        extend.elementwise("scalar", lambda x: 1.0, lambda x: x)
+
+
+def test_a_plugins_code_is_part_of_the_table_keys(scratch_registry):
+    """Two plugins of one name and different code never share a stored table."""
+    from sigprop.model import store
+
+    before = store.key("table", "chain")
+    extend.elementwise("soft", np.tanh, lambda x: 1 - np.tanh(x) ** 2, kinks=())
+    first = store.key("table", "chain")
+    from sigprop.mc import components as C
+    from sigprop.rules import REGISTRY
+
+    for t in (REGISTRY, C.COMPONENTS, C.SWEEPS, registry._ACTIVATIONS):      # forget it
+        t.pop("soft", None)
+        t.pop("softglu", None)
+    extend.elementwise("soft", lambda x: np.tanh(2 * x), lambda x: 2 * (1 - np.tanh(2 * x) ** 2), kinks=())
+    assert len({before, first, store.key("table", "chain")}) == 3
+
+
+def _run(args, env=None, cwd=None):
+    e = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "sigprop", *args], capture_output=True, text=True, env=e,
+                          cwd=cwd, timeout=300)
+
+
+def test_plugin_file_and_environment(tmp_path):
+    """--plugin FILE (anywhere on the line) and SIGPROP_PLUGINS import the file before the model
+    is read; `rules NAME` lists the derived rule; a plugin that raises or is missing is one line,
+    exit 2."""
+    plug = tmp_path / "relu2.py"
+    plug.write_text(RELU2)
+    p = _run(["predict", *M, "--activation", "relu2", "--plugin", str(plug), "--json"])
+    assert p.returncode == 0, p.stderr
+    assert '"activation": "relu2"' in p.stdout
+    p = _run(["predict", *M, "--activation", "relu2"], env={"SIGPROP_PLUGINS": str(plug)})
+    assert p.returncode == 0, p.stderr
+    p = _run(["rules", "relu2", f"--plugin={plug}"])
+    assert p.returncode == 0, p.stderr
+    assert "relu2" in p.stdout
+    bad = tmp_path / "bad.py"
+    bad.write_text("raise RuntimeError('no')\n")
+    for args in (["predict", "--plugin", str(bad)], ["predict", "--plugin", str(tmp_path / "none.py")],
+                 ["predict", "--plugin", str(tmp_path)], ["predict", "--activation", "relu2", *M]):
+        p = _run(args)
+        assert p.returncode == 2, (args, p.stderr)
+        assert p.stdout == ""
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr, p.stderr
