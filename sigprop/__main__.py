@@ -34,8 +34,14 @@ def blas_threads(args: list[str]) -> None:
 def console() -> None:
     gc.disable()
     blas_threads(sys.argv[1:])
-    from sigprop.cli import console as run
+    try:
+        from sigprop.cli import console as run
+    except KeyboardInterrupt:       # Ctrl-C this early: end by SIGINT, as sigprop.cli.console does
+        import signal
 
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(130)
     run()
 
 
