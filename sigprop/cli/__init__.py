@@ -166,7 +166,6 @@ def console() -> None:
     sigprop registers no exit handlers.  In-process callers use :func:`main`, which raises
     SystemExit as usual."""
     import os
-    import signal
 
     try:
         _streams.guard()
@@ -181,14 +180,14 @@ def console() -> None:
                 sys.stderr.write(f"{code}\n")
                 code = 1
         if code == INTERRUPTED or _streams.interrupted:   # even if it came out as another error
-            _streams.die(signal.SIGINT)
+            _streams.die(_streams.SIGINT)
         sys.stdout.flush()
         sys.stderr.flush()
     except KeyboardInterrupt:                # while flushing, or before main() took over
-        _streams.die(signal.SIGINT)
+        _streams.die(_streams.SIGINT)
     except _streams.StreamFailure as f:
         if f.broken_pipe:
-            _streams.die(signal.SIGPIPE)
+            _streams.die(_streams.SIGPIPE)
         code = 2
         try:
             sys.stderr.write(f"{_report.PROG}: error: cannot write to stdout: {f.error.strerror or f.error}\n")
@@ -197,6 +196,6 @@ def console() -> None:
             pass
     except BaseException:
         if _streams.interrupted:             # e.g. NumPy's ImportError for an interrupted import
-            _streams.die(signal.SIGINT)
+            _streams.die(_streams.SIGINT)
         raise
     os._exit(code)
