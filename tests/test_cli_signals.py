@@ -143,3 +143,36 @@ def test_stderr_closed_keeps_the_exit_code(tmp_path):
     p = _popen(tmp_path, "predict", *M, "--json", stderr=None, preexec_fn=lambda: os.close(2))
     out, _ = p.communicate(timeout=60)
     assert p.returncode == 0 and out.startswith(b'{"schema"')
+
+
+def test_main_in_process_turns_ctrl_c_into_exit_130_without_notes(capsys, monkeypatch):
+    """sigprop.cli.main (the in-process entry): a KeyboardInterrupt inside the typer-free
+    predict path is SystemExit(130), as typer's own commands give, and the notes waiting for
+    the end of the command are dropped."""
+    from sigprop.cli import _predict, _report
+    from tests._cli import cli
+
+    def interrupted(**kw):
+        _report.note("a note that must not appear")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_predict, "run", interrupted)
+    code, out, err = cli(capsys, "predict", *M, "--json")
+    assert (code, out, err) == (130, "", "")
+
+
+def test_main_in_process_ctrl_c_in_a_typer_command(capsys, monkeypatch):
+    """The same through typer (which ends a KeyboardInterrupt as exit code 130 itself): no
+    notes, nothing on stderr."""
+    import importlib
+
+    from sigprop.cli import _report
+    from tests._cli import cli
+
+    def interrupted(models):
+        _report.note("a note that must not appear")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(importlib.import_module("sigprop.compare"), "compare", interrupted)
+    code, out, err = cli(capsys, "compare", "--arch", "preln,postln", *M)
+    assert (code, out, err) == (130, "", "")

@@ -68,6 +68,10 @@ def _usage_line(e) -> tuple[str, str]:
     return prog, msg
 
 
+#: the exit code of an interrupted command (128 + SIGINT); the console ends by SIGINT itself
+INTERRUPTED = 130
+
+
 def main(args: list[str] | None = None) -> None:
     """Run the command line ``args`` (default ``sys.argv[1:]``); ends with SystemExit carrying
     the exit code.  Bad input, whether click rejects it while parsing or sigprop while running,
@@ -78,10 +82,6 @@ def main(args: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         _report.NOTES.clear()
         raise SystemExit(INTERRUPTED) from None
-
-
-#: the exit code of an interrupted command (128 + SIGINT); the console ends by SIGINT itself
-INTERRUPTED = 130
 
 
 def _main(args: list[str] | None) -> None:
@@ -95,6 +95,9 @@ def _main(args: list[str] | None) -> None:
             _report.PROG = "sigprop predict"
             try:
                 code = _library_errors(_predict.run, **parsed)
+            except KeyboardInterrupt:
+                _report.NOTES.clear()            # interrupted: nothing more is said
+                raise
             finally:
                 _report.flush_notes()
             raise SystemExit(code)
@@ -109,9 +112,15 @@ def _main(args: list[str] | None) -> None:
         import sigprop.model.presets  # noqa: F401
     app = load([first] if first in COMMANDS else None)
     _report.PROG = "sigprop"
+    code = None
     try:
         code = _run(app, args)   # typer ends a KeyboardInterrupt as exit code 130 itself
+    except KeyboardInterrupt:
+        _report.NOTES.clear()
+        raise
     finally:
+        if code == INTERRUPTED:
+            _report.NOTES.clear()
         _report.flush_notes()
     raise SystemExit(code)
 
