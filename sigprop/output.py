@@ -9,7 +9,9 @@ content is produced leaves the target as it was and no temporary file behind.
 * A target that exists and is not a regular file (``/dev/stdout``, ``/dev/null``, a FIFO, a
   terminal; through a link or not) has no content to keep: it is opened and written in place.
 * A new file gets the permissions the umask gives (``0o666 & ~umask``), a replaced one keeps
-  its mode.
+  its mode (not its owner, nor other hard links to it: they keep the old content).
+* The directory must be writable (the temporary file is made there), even where the file
+  itself is.
 """
 
 from __future__ import annotations
