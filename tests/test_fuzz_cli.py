@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -321,8 +322,7 @@ def _promise(code: int, out: str, err: str, caught: list, seconds: float, args) 
         # on a real console a Python warning is two more lines on stderr
         lines = err.splitlines() + [f"{w.category.__name__}: {w.message}" for w in caught]
         assert len(lines) == 1, (where, code, lines)
-        assert lines[0].startswith("sigprop predict: error: ") or lines[0].startswith("sigprop: error: "), \
-            (where, lines[0])
+        assert re.match(r"sigprop( [a-z-]+)*: error: ", lines[0]), (where, lines[0])
         assert out == "", (where, out[:300])
     elif code == 0 and "--json" in args and "--symbolic" not in args and "-h" not in args:
         json.loads(out)
@@ -376,6 +376,19 @@ def test_hf_config_files(capsys, tmp_path_factory, data):
     extra = data.draw(st.sampled_from([[], [], ["--seq-len", "16"], ["--layers", "2"], ["--dropout", "0.5"],
                                        ["--d-model", "64"], ["--arch", "preln"]]))
     _fuzz(capsys, ["predict", "--hf-config", str(path), *extra, "--json"])
+
+
+#: the other commands that take the model options (compare on three cheap presets: its default
+#: is every preset, llama and olmo2 included)
+OTHER_COMMANDS = [["compare", "--arch", "preln,postln,bert"], ["solve-init"], ["solve-init", "--target", "unit-forward"],
+                  ["solve-init", "--target", "logit-var", "--value", "1"], ["export", "latex", "--what", "model"],
+                  ["solve-init", "--target", "max-depth", "--max-grad-ratio", "2", "--max-layers", "8"]]
+
+
+@settings(FUZZ, max_examples=25 * SCALE)
+@given(command=st.sampled_from(OTHER_COMMANDS), flags=FLAGS, stray=STRAY)
+def test_flags_of_the_other_commands(capsys, command, flags, stray):
+    _fuzz(capsys, [*command, *M, *flags, *stray])
 
 
 # ---------------------------------------------------------------------------------------
