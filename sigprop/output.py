@@ -54,7 +54,8 @@ def replacing(path, mode: str = "w", encoding: str | None = "utf-8"):
     directory, name = os.path.split(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     try:
-        os.fchmod(fd, _mode(path))
+        if hasattr(os, "fchmod"):
+            os.fchmod(fd, _mode(path))
         with os.fdopen(fd, mode, encoding=enc) as f:
             fd = None
             yield f

@@ -26,7 +26,8 @@ try:    # the C module under `signal` (`signal`'s own import, its enums, is ~0.3
 except ImportError:                              # pragma: no cover
     import signal
 
-SIGINT, SIGPIPE = signal.SIGINT, signal.SIGPIPE
+SIGINT = signal.SIGINT
+SIGPIPE = getattr(signal, "SIGPIPE", 13)         # (Windows has no SIGPIPE: the exit code says it)
 
 
 class StreamFailure(BaseException):
@@ -119,6 +120,7 @@ def die(sig: int) -> None:
         sys.stderr.flush()
     except BaseException:                # noqa: BLE001  (nothing can be said any more)
         pass
-    signal.signal(sig, signal.SIG_DFL)
-    os.kill(os.getpid(), sig)
+    if os.name == "posix":
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
     os._exit(128 + sig)                  # should the signal not end it at once
