@@ -85,12 +85,18 @@ def console() -> None:
     gc.disable()
     blas_threads(sys.argv[1:])
     keep_freed_memory(sys.argv[1:])
-    if command(sys.argv[1:]) is not None:
-        from sigprop.model import store
+    try:
+        if command(sys.argv[1:]) is not None:
+            from sigprop.model import store
 
-        store.use_default()          # the CLI keeps its tables on disk; the library only when asked
-    from sigprop.cli import console as run
+            store.use_default()      # the CLI keeps its tables on disk; the library only when asked
+        from sigprop.cli import console as run
+    except KeyboardInterrupt:       # Ctrl-C this early: end by SIGINT, as sigprop.cli.console does
+        import signal
 
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        os._exit(130)
     run()
 
 

@@ -381,8 +381,10 @@ def save(fig, path, dpi: int = DPI) -> None:
     check_size(path, float(w), float(h), dpi)
     mpl = _matplotlib()
     metadata = {"png": {"Software": "sigprop"}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}[fmt]
+    from sigprop.output import replacing
+
     try:
-        with mpl.rc_context(RC):
-            fig.savefig(path, format=fmt, dpi=dpi, metadata=metadata)
+        with mpl.rc_context(RC), replacing(path, "wb") as f:
+            fig.savefig(f, format=fmt, dpi=dpi, metadata=metadata)
     except OSError as e:
         raise DomainError(f"cannot write {str(path)!r}: {e.strerror or e}") from None

@@ -17,7 +17,7 @@ import gc
 import importlib
 import sys
 
-from sigprop.cli import _report
+from sigprop.cli import _report, _streams
 from sigprop.cli._report import fail  # noqa: F401  (re-exported)
 
 #: command name -> module (sigprop.cli.<module>) that registers it
@@ -68,10 +68,23 @@ def _usage_line(e) -> tuple[str, str]:
     return prog, msg
 
 
+#: the exit code of an interrupted command (128 + SIGINT); the console ends by SIGINT itself
+INTERRUPTED = 130
+
+
 def main(args: list[str] | None = None) -> None:
     """Run the command line ``args`` (default ``sys.argv[1:]``); ends with SystemExit carrying
     the exit code.  Bad input, whether click rejects it while parsing or sigprop while running,
-    is one line on stderr and exit 2."""
+    is one line on stderr and exit 2.  Ctrl-C (KeyboardInterrupt), wherever it comes, is
+    SystemExit(130) with nothing on stderr (its notes dropped)."""
+    try:
+        _main(args)
+    except KeyboardInterrupt:
+        _report.NOTES.clear()
+        raise SystemExit(INTERRUPTED) from None
+
+
+def _main(args: list[str] | None) -> None:
     args = sys.argv[1:] if args is None else list(args)
     args = _plugins(args)
     first = args[0] if args else None
@@ -83,6 +96,9 @@ def main(args: list[str] | None = None) -> None:
             _report.PROG = "sigprop predict"
             try:
                 code = _library_errors(_predict.run, **parsed)
+            except KeyboardInterrupt:
+                _report.NOTES.clear()            # interrupted: nothing more is said
+                raise
             finally:
                 _report.flush_notes()
             raise SystemExit(code)
@@ -97,9 +113,15 @@ def main(args: list[str] | None = None) -> None:
         import sigprop.model.presets  # noqa: F401
     app = load([first] if first in COMMANDS else None)
     _report.PROG = "sigprop"
+    code = None
     try:
-        code = _run(app, args)
+        code = _run(app, args)   # typer ends a KeyboardInterrupt as exit code 130 itself
+    except KeyboardInterrupt:
+        _report.NOTES.clear()
+        raise
     finally:
+        if code == INTERRUPTED:
+            _report.NOTES.clear()
         _report.flush_notes()
     raise SystemExit(code)
 
@@ -163,28 +185,46 @@ def _run(app, args) -> int:
 
 
 def console() -> None:
-    """The console entry point (`sigprop`, `python -m sigprop`, through sigprop.__main__): :func:`main`, then the process
-    ends with ``os._exit`` once stdout and stderr are flushed.  The interpreter's own teardown
-    (finalising NumPy and every module, freeing the prediction's records) took ~40 ms of a
-    ~300 ms `predict --layers 768` run and does no work a finished command needs: tables are
-    written to the store atomically during the run, and sigprop registers no exit handlers.
-    In-process callers use :func:`main`, which raises SystemExit as usual."""
+    """The console entry point (`sigprop`, `python -m sigprop`, through sigprop.__main__):
+    :func:`main` with guarded standard streams (:mod:`sigprop.cli._streams`: stdout that cannot
+    be written is one line on stderr and exit 2; a broken pipe ends the process quietly by
+    SIGPIPE, Ctrl-C by SIGINT), then the process ends with ``os._exit`` once stdout and stderr
+    are flushed.  The interpreter's own teardown (finalising NumPy and every module, freeing the
+    prediction's records) took ~40 ms of a ~300 ms `predict --layers 768` run and does no work a
+    finished command needs: tables are written to the store atomically during the run, and
+    sigprop registers no exit handlers.  In-process callers use :func:`main`, which raises
+    SystemExit as usual."""
     import os
 
     try:
-        main()
-        code = 0
-    except SystemExit as e:
-        code = e.code
-        if code is None:
+        _streams.guard()
+        try:
+            main()
             code = 0
-        elif not isinstance(code, int):
-            sys.stderr.write(f"{code}\n")
-            code = 1
-    try:
+        except SystemExit as e:
+            code = e.code
+            if code is None:
+                code = 0
+            elif not isinstance(code, int):
+                sys.stderr.write(f"{code}\n")
+                code = 1
+        if code == INTERRUPTED or _streams.interrupted:   # even if it came out as another error
+            _streams.die(_streams.SIGINT)
         sys.stdout.flush()
         sys.stderr.flush()
-    except OSError:                  # e.g. the reader went away (broken pipe)
-        code = code or 1
+    except KeyboardInterrupt:                # while flushing, or before main() took over
+        _streams.die(_streams.SIGINT)
+    except _streams.StreamFailure as f:
+        if f.broken_pipe:
+            _streams.die(_streams.SIGPIPE)
+        code = 2
+        try:
+            sys.stderr.write(f"{_report.PROG}: error: cannot write to stdout: {f.error.strerror or f.error}\n")
+            sys.stderr.flush()
+        except BaseException:                # noqa: BLE001  (stderr is gone too)
+            pass
+    except BaseException:
+        if _streams.interrupted:             # e.g. NumPy's ImportError for an interrupted import
+            _streams.die(_streams.SIGINT)
+        raise
     os._exit(code)
-

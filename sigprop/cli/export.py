@@ -75,7 +75,9 @@ def latex_cmd(
     if output is None:
         sys.stdout.write(text)
         return
+    from sigprop.output import write_text
+
     try:
-        output.write_text(text)
+        write_text(output, text)
     except OSError as e:
         raise DomainError(f"cannot write {output}: {e.strerror}") from None

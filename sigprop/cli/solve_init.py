@@ -97,8 +97,10 @@ def solve_init_cmd(
         if given is not None and "hf" in given.notes:
             obj["hf"] = given.notes["hf"]
     if output is not None:
+        from sigprop.output import write_text
+
         try:
-            output.write_text(json.dumps(obj) + "\n", encoding="utf-8")
+            write_text(output, json.dumps(obj) + "\n")
         except OSError as e:
             raise DomainError(f"cannot write {str(output)!r}: {e.strerror or e}") from None
     if as_json:

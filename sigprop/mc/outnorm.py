@@ -106,7 +106,9 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{c}: grad err max {100 * r['grad_rel_max']:.2f}% (z {r['grad_z_at_max']:.1f}), "
               f"fwd {100 * r['fwd_rel_max']:.2f}%", flush=True)
-    Path(a.out).write_text(report(rows, a.trials, a.batch, a.seed, time.perf_counter() - t0))
+    from sigprop.output import write_text
+
+    write_text(a.out, report(rows, a.trials, a.batch, a.seed, time.perf_counter() - t0))
     print(f"written {a.out}")
     return 0
 

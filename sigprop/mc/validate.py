@@ -26,6 +26,7 @@ import numpy as np
 from sigprop import __version__
 from sigprop.mc.components import SWEEPS
 from sigprop.mc.sweep import run_sweep
+from sigprop.output import write_text
 from sigprop.rules import REGISTRY
 
 # published forms scored beside sigprop's rule on the same samples
@@ -79,7 +80,7 @@ def _store_rows(store: Path, name: str, grid_name: str, res, seed: int, wall: fl
     """The sweep's per-point measurements and standard errors, for ``--rescore``."""
     rows_dir = store / "rows"
     rows_dir.mkdir(exist_ok=True)
-    (rows_dir / f"{name}-{grid_name}.json").write_text(json.dumps({
+    write_text(rows_dir / f"{name}-{grid_name}.json", json.dumps({
         "rows": [{"point": {k: (v.item() if hasattr(v, "item") else v) for k, v in r["point"].items()},
                   "measured": r["measured"], "se": r["se"]} for r in res.rows],
         "seed": seed, "wall": wall, "mc": res.seconds}))
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
             if name in ROWS_STORED:
                 _store_rows(store, name, grid_name, res, args.seed, wall)
                 noise = noise_scores(res.rows, [r["predicted"] for r in res.rows])
-            (store / f"{name}-{grid_name}.json").write_text(json.dumps({"noise": noise,
+            write_text(store / f"{name}-{grid_name}.json", json.dumps({"noise": noise,
                 "component": name, "grid": grid_name, "note": note, "n_configs": res.n_configs, "seed": res.seed,
                 "n": args.n, "wall_s": wall, "simulate_s": res.seconds, "percentiles": res.percentiles,
                 "published": res.published, "also": res.also, "version": __version__,
@@ -181,7 +182,7 @@ def rescore(store: Path, rows_file: str, name: str, grid_name: str) -> None:
     pct = {k: _percentiles(v, spec.moments, "e") for k, v in scored.items()}
     note = spec.note if grid_name == "published" else spec.variants[grid_name].get("note", "")
     pub = {k: (dict(zip(("p50", "p90", "p99"), v)) if v else None) for k, v in spec.published.items()}
-    (store / f"{name}-{grid_name}.json").write_text(json.dumps({
+    write_text(store / f"{name}-{grid_name}.json", json.dumps({
         "noise": noise, "component": name, "grid": grid_name, "n_configs": len(data["rows"]), "seed": data.get("seed", 0),
         "n": len(data["rows"]), "wall_s": data.get("wall") or float("nan"), "simulate_s": data.get("mc") or float("nan"),
         "note": (note + " " if note else "") + f"Measurements from a stored run_sweep ({Path(rows_file).name}), "
@@ -279,8 +280,7 @@ are scored on the very same samples in the last columns.
 | component | grid | configurations | wall s |
 |---|---|---|---|
 """ + "\n".join(f"| {a} | {b} | {c} | {d:.0f} |" for a, b, c, d in timing) + "\n\n## Results\n\n"
-    with open(out, "w") as fh:
-        fh.write(header + "\n".join(parts) + models_section() + extra_sections(store))
+    write_text(out, header + "\n".join(parts) + models_section() + extra_sections(store))
 
 
 def extra_sections(store: Path) -> str:
