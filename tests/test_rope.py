@@ -309,3 +309,14 @@ def test_solve_logit_var_counts_the_attention_factor():
     m = _model(RopeFreqs(list(f.inv_freq[:8]) + [0.0] * 24, 1.3))
     sol = solve_logit_var(1.0, model=m)
     assert sol.feasible and sol.extra["logit_var_max_dev"] < 1e-2      # (without the factor: 0.46)
+
+
+def test_model_derivation_reports_kbar_of_the_frequencies():
+    """`export latex --what model` / the symbolic model: with a frequency vector the attention
+    block gives kbar(L) of those frequencies (the rule's numeric twin), not of a base."""
+    from sigprop.model.symbolic import attention_block
+    f = RopeFreqs(list(_base_freqs(1e4, 16).inv_freq) + [0.0] * 24)
+    der = attention_block(_model(f))
+    kb = float(att._kappa_bar(None, 64.0, f, 64.0))
+    assert any(f"kbar(L) = {kb:.6g}" in line for line in der.lines)
+    assert kb != pytest.approx(float(att._kappa_bar(None, 64.0, 1e4, 64.0)), rel=1e-3)

@@ -401,7 +401,7 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
                 r.fail(f"--seq-len {seq_len} exceeds {k['max_positions']} {max_pos}, the size of the model's "
                        "position table")
             notes.append(f"seq_len {seq_len} exceeds {k['max_positions']} {max_pos} (the context the model was "
-                         "configured for); rotary positions extend to it unchanged")
+                         "configured for); rotary positions extend to it (as transformers computes them at that length)")
 
     # attention: causal or not, scaling, sliding windows, positions
     causal = fam.causal

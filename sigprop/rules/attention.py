@@ -1037,6 +1037,18 @@ class Attention(Rule):
         "~4% and the query path ~+3%; at r 0.9 the query path (small, except with dropout) 17-26% "
         "high and the key path 4-23% low where the gradient correlation is 0.5 (the attention "
         "follows the field, which the rule's (1 - kbar) T2 and pair weights treat as unrelated to it).",
+        "Rotary positions given by their frequencies (rope a sigprop.rope.RopeFreqs): the same cosine "
+        "sums over the given theta_i, a frequency 0 (partial rotary's unrotated planes) contributing "
+        "cos = 1 at every offset; the weights are iid, so which features form a plane does not "
+        "matter.  The attention factor s (yarn, longrope) is exact when every plane rotates (q and k "
+        "times s); with unrotated planes the rule takes one factor s_eff on the query and key "
+        "variances, s_eff^4 = (r s^4 + K - r)/K (r of K = dh/2 planes rotated), which gives the logit "
+        "its variance but weights the planes uniformly: the within-row variance of the key-shared part "
+        "(which only the rotated planes carry) is then s_eff^4/s^4 of the true one (0.81 for longrope "
+        "on 3/4 of the head with s = sqrt 2).  Measured (attention grid rope_freqs): with rotated and "
+        "unrotated planes and QK-norm the gradient variance is 7% to 14% high (longrope on 3/4 of the "
+        "head, s = sqrt 2), without QK-norm within 2%; one factor with every plane rotating (yarn) "
+        "within 3%.",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "

@@ -583,7 +583,15 @@ SWEEP = SweepSpec(
         "rope_freqs": {"published_forms": False, "grid": _ROPE_FREQS_GRID, "note": "rotary positions given by "
                        "their frequencies (ROPE_FREQS: Llama 3.1's llama3 scaling, Pythia's quarter of each head, "
                        "yarn with its attention factor, longrope on three quarters of each head with its factor on "
-                       "the rotated planes), on the rope grid's other axes."},
+                       "the rotated planes), on the rope grid's other axes. 2026-12-02, 48 points (seed 2, ~19 min on "
+                       "two shared cores): x var p50 / p90 / p99 0.68 / 1.51 / 2.80 %, g var 0.84 / 5.69 / "
+                       "11.99 %. By vector, max |g var error|: llama3 1.7%, yarn4 2.9%, partial25 5.7% (r 0.9, "
+                       "L 64, 10 SE: a quarter of the planes rotating is few active frequencies, as base 5e5 "
+                       "on the rope grid), longrope75 13.8%: with RMS QK-norm the gradient is 7% to 14% high "
+                       "even at r 0 (19 to 25 SE), the unrotated planes' unscaled share meeting the norm's "
+                       "Jacobian, which the rule's one effective factor does not see (the same point without "
+                       "the factor +0.1%); without QK-norm longrope75 is +1.3% (r 0) and +1.6% (r 0.5) at "
+                       "L 64 (2.4 SE; 8 draws x 16 sequences)."},
         "rope": {"published_forms": False, "grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up "
                  "to 0.9, 16, 64 and 256 tokens, logit variance up to ~4, without and with RMS QK-norm; "
                  "bidirectional and causal (d 256, 4 heads of 64); 120 points. Noise: the per-point standard "
