@@ -66,10 +66,9 @@ class RopeFreqs:
         return True
 
     def __repr__(self):
-        f = self.inv_freq
-        head = ", ".join(f"{v:.4g}" for v in f[:3]) + (", ..." if len(f) > 3 else "")
-        s = "" if self.attention_factor == 1 else f", attention_factor={self.attention_factor:.6g}"
-        return f"RopeFreqs([{head}] ({len(f)}){s})"
+        # exact (every frequency at full precision): the on-disk store keys tables by the repr of
+        # the parameters (sigprop.model.store.key), so two vectors must never share one
+        return f"RopeFreqs({list(self.inv_freq)!r}, {self.attention_factor!r})"
 
     def __reduce__(self):
         return (RopeFreqs, (self.inv_freq, self.attention_factor))

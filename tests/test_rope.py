@@ -320,3 +320,16 @@ def test_model_derivation_reports_kbar_of_the_frequencies():
     kb = float(att._kappa_bar(None, 64.0, f, 64.0))
     assert any(f"kbar(L) = {kb:.6g}" in line for line in der.lines)
     assert kb != pytest.approx(float(att._kappa_bar(None, 64.0, 1e4, 64.0)), rel=1e-3)
+
+
+def test_repr_is_exact():
+    """The on-disk store keys its tables by the repr of the rule parameters: two vectors that
+    differ anywhere (here in the last frequency, or the factor) have different reprs and keys,
+    and the repr rebuilds the vector."""
+    from sigprop.model import store
+    a = RopeFreqs([1.0, 0.5, 0.25, 0.125])
+    b = RopeFreqs([1.0, 0.5, 0.25, 0.125 + 1e-16 * 0.125 * 8])
+    c = RopeFreqs([1.0, 0.5, 0.25, 0.125], 1.1)
+    assert a != b and len({repr(a), repr(b), repr(c)}) == 3
+    assert len({store.key("x", (("rope", r),)) for r in (a, b, c)}) == 3
+    assert eval(repr(b), {"RopeFreqs": RopeFreqs}) == b

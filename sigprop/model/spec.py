@@ -769,18 +769,14 @@ def _parse_modern(obj: dict, where: str) -> dict:
         out["n_kv_heads"] = _int(obj, "n_kv_heads", where)
     if obj.get("rope") is not None:
         r = obj["rope"]
-        freqs = rope_from_json(r, where)
+        freqs = rope_from_json(r, where)          # {"inv_freq": [...], "attention_factor": s}
         if freqs is not None:
             out["rope"] = freqs
-            return _parse_modern_rest(obj, where, out)
-        _keys(r, ("base",), f"{where}.rope")
-        out["rope"] = _num(r, "base", f"{where}.rope")
-        if not out["rope"] > 1:
-            raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
-    return _parse_modern_rest(obj, where, out)
-
-
-def _parse_modern_rest(obj: dict, where: str, out: dict) -> dict:
+        else:
+            _keys(r, ("base",), f"{where}.rope")
+            out["rope"] = _num(r, "base", f"{where}.rope")
+            if not out["rope"] > 1:
+                raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
     if obj.get("qk_norm") is not None:
         out["qk_norm"] = _choice(obj, "qk_norm", NORMS, where)
     if "final_norm" in obj:
