@@ -1045,10 +1045,11 @@ class Attention(Rule):
         "variances, s_eff^4 = (r s^4 + K - r)/K (r of K = dh/2 planes rotated), which gives the logit "
         "its variance but weights the planes uniformly: the within-row variance of the key-shared part "
         "(which only the rotated planes carry) is then s_eff^4/s^4 of the true one (0.81 for longrope "
-        "on 3/4 of the head with s = sqrt 2).  Measured (attention grid rope_freqs): with rotated and "
-        "unrotated planes and QK-norm the gradient variance is 7% to 14% high (longrope on 3/4 of the "
-        "head, s = sqrt 2), without QK-norm within 2%; one factor with every plane rotating (yarn) "
-        "within 3%.",
+        "on 3/4 of the head with s = sqrt 2).  Measured (attention grid rope_freqs): without QK-norm "
+        "within 2% (longrope on 3/4 of the head, s = sqrt 2) and 3% (yarn, every plane rotating).  "
+        "With QK-norm the factor puts the normalised logits at variance ~s^4 (3 to 4), beyond the ~1 "
+        "the QK-norm terms were validated at: the gradient variance is then 7% to 14% high, with "
+        "every plane rotating too (s = sqrt 2: +11.5%).",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "

@@ -588,10 +588,13 @@ SWEEP = SweepSpec(
                        "11.99 %. By vector, max |g var error|: llama3 1.7%, yarn4 2.9%, partial25 5.7% (r 0.9, "
                        "L 64, 10 SE: a quarter of the planes rotating is few active frequencies, as base 5e5 "
                        "on the rope grid), longrope75 13.8%: with RMS QK-norm the gradient is 7% to 14% high "
-                       "even at r 0 (19 to 25 SE), the unrotated planes' unscaled share meeting the norm's "
-                       "Jacobian, which the rule's one effective factor does not see (the same point without "
-                       "the factor +0.1%); without QK-norm longrope75 is +1.3% (r 0) and +1.6% (r 0.5) at "
-                       "L 64 (2.4 SE; 8 draws x 16 sequences)."},
+                       "even at r 0 (19 to 25 SE). That is QK-norm's backward at a logit variance of s^4 "
+                       "(the factor multiplies the normalised queries and keys: ~3 to 4, where QK-norm alone "
+                       "gives ~1), not the partial-rotary approximation: at r 0, L 64, causal, a fully rotated "
+                       "head with s = sqrt 2 (exact in the rule) is +11.5% (SE 0.6%), with s = 3.25^(1/4) "
+                       "(longrope75's logit variance) +7.6%, longrope75 itself +8.1%, and without the factor "
+                       "+0.1% (8 draws x 16 sequences). Without QK-norm longrope75 is +1.3% (r 0) and +1.6% "
+                       "(r 0.5) at L 64 (2.4 SE)."},
         "rope": {"published_forms": False, "grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up "
                  "to 0.9, 16, 64 and 256 tokens, logit variance up to ~4, without and with RMS QK-norm; "
                  "bidirectional and causal (d 256, 4 heads of 64); 120 points. Noise: the per-point standard "
