@@ -853,7 +853,8 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
                          f"original_max_position_embeddings {orig})")
         ropes[t] = rope
     if len(set(ropes.values())) > 1:
-        detail = ", ".join(f"{t} {b:g}" if isinstance(b, float) else f"{t} {b!r}" for t, b in sorted(ropes.items()))
+        detail = ", ".join(f"{t} {b:g}" if isinstance(b, float) else f"{t} {'none' if b is None else b.describe()}"
+                           for t, b in sorted(ropes.items()))
         key = "rope_local_base_freq" if fam.name == "gemma3_text" else "rope_parameters"
         r.fail(f"{key}: the layers use different rotations ({detail}); one rotation for every layer is modelled")
     rope = next(iter(ropes.values()))
