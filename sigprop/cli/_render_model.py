@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sigprop.rope import RopeFreqs
+
 
 def _f(v, fmt=".4g"):
     if v is None:
@@ -40,7 +42,7 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
            + (f" ({m.n_kv_heads} key/value heads)" if m.n_kv_heads != m.n_heads else ""),
            f"{m.seq_len} tokens", "causal" if m.causal else "bidirectional"]
     if m.rope is not None:
-        att.append(f"RoPE base {m.rope:g}")
+        att.append(f"RoPE {m.rope.describe()}" if isinstance(m.rope, RopeFreqs) else f"RoPE base {m.rope:g}")
     if m.qk_norm is not None:
         att.append(f"QK-norm ({registry.norm(m.qk_norm).title})")
     items = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "

@@ -11,7 +11,7 @@ Families (``model_type``): gpt2, bert, llama, mistral, qwen2, gpt_neox, gptj, ol
 gemma3_text (and gemma3, whose ``text_config`` is read).  Every field that changes signal
 propagation at initialisation is mapped, or refused with a :class:`sigprop.errors.DomainError`
 naming it when sigprop cannot model it (a sliding window shorter than the sequence, mixture of
-experts, ALiBi, partial or rescaled rotary positions, attention-logit soft-capping, ...).  Keys
+experts, ALiBi, different rotary positions in different layers, attention-logit soft-capping, ...).  Keys
 that do not change propagation (vocabulary size, token ids, dtypes, caching) are ignored.
 
 The stream entering layer 1 (``model.input``) is what the family's token embedding gives at
@@ -401,7 +401,7 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
                 r.fail(f"--seq-len {seq_len} exceeds {k['max_positions']} {max_pos}, the size of the model's "
                        "position table")
             notes.append(f"seq_len {seq_len} exceeds {k['max_positions']} {max_pos} (the context the model was "
-                         "configured for); rotary positions extend to it unchanged")
+                         "configured for); rotary positions extend to it (as transformers computes them at that length)")
 
     # attention: causal or not, scaling, sliding windows, positions
     causal = fam.causal
@@ -520,10 +520,13 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
         block=block, rope=rope_base is not None, qk_norm=qk_norm, final_norm=fam.final_norm, bias=bias,
         causal=causal, init_std=init_std, **drop_opts, **input_opts, **opts)
     if rope_base is not None:
-        resolve_opts["rope_base"] = rope_base
+        # (a frequency vector replaces the base once the model is built)
+        resolve_opts["rope_base"] = rope_base if isinstance(rope_base, float) else presets.DEFAULT_ROPE_BASE
     if "dropout" in opts:
         resolve_opts["dropout"] = opts["dropout"]
     model = presets.resolve(arch="preln", init=init, **resolve_opts)
+    if rope_base is not None and not isinstance(rope_base, float):
+        model = model.replace(rope=rope_base)
     hfm_fields = dict(family=fam.name, config=config, seq_len=seq_len, seq_len_source=source, notes=notes,
                       init_std=init_std, embedding=emb, overrides={k: v for k, v in options.items() if v is not None})
     hf_json = {"family": fam.name, "seq_len_source": source, "notes": list(notes)}
@@ -566,11 +569,6 @@ def _attention_checks(fam: Family, r: _Reader, d_head: int) -> None:
         if cap is not None:
             r.fail(f"attn_logit_softcapping {cap:g}: soft-capped attention logits (cap tanh(x / cap)) are not "
                    "modelled; set it to null to predict the uncapped model")
-    if fam.name == "gptj":
-        rd = r.raw("rotary_dim", 64)
-        if rd != d_head:
-            r.fail(f"rotary_dim {rd!r}: rotary positions on other than all {d_head} features of each head "
-                   "(rotary_dim = head_dim) are not modelled")
 
 
 def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> list:
@@ -615,15 +613,190 @@ def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> 
     return types
 
 
+#: families whose attention rotates only the first int(head_dim * partial_rotary_factor) features
+#: of each head (q_rot / q_pass in transformers); the others rotate the whole head and ignore
+#: partial_rotary_factor in their default rotation
+PARTIAL_ROTARY_FAMILIES = frozenset({"gpt_neox", "gptj", "phi", "phi3", "stablelm"})
+
+
+def rope_inv_freq(kind: str, p: dict, dim: int, seq_len: int, max_pos: int, fail):
+    """(inverse frequencies, attention factor) of one rotary embedding as transformers'
+    ``ROPE_INIT_FUNCTIONS[kind]`` (modeling_rope_utils; the model's own default for
+    "default") computes them for a rotary part of ``dim`` features, at the model's
+    sequence length ``seq_len`` (the lengths that "dynamic" and "longrope" switch on), in
+    float64 with transformers' formulas (which run in float32).  ``p``: the rope parameters
+    (rope_theta, factor, ...; original_max_position_embeddings already filled in as
+    transformers' standardize_rope_params does); ``fail(msg)`` raises.  NumPy only."""
+    import numpy as np
+
+    base = p["rope_theta"]
+    exps = np.arange(0, dim, 2, dtype=float) / dim
+
+    def num(key, default=None, lo=None, allow_none=False):
+        v = p.get(key, default)
+        if v is None and allow_none:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or (lo is not None and v <= lo):
+            fail(f"rope {kind!r}: {key} must be a number{'' if lo is None else f' > {lo:g}'}, got {v!r}")
+        return float(v)
+
+    def orig_max():
+        v = p.get("original_max_position_embeddings", max_pos)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            fail(f"rope {kind!r}: original_max_position_embeddings must be a positive integer, got {v!r}")
+        return v
+
+    if kind == "default":
+        return 1.0 / base ** exps, 1.0
+    if kind == "linear":
+        return 1.0 / base ** exps / num("factor", lo=0), 1.0
+    if kind == "dynamic":
+        # at init (and at every length up to max_position_embeddings) the default frequencies;
+        # a forward over seq_len > max_position_embeddings positions recomputes them at seq_len
+        factor = num("factor", lo=0)
+        n = max(seq_len, max_pos)
+        b = base * ((factor * n / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+        return 1.0 / b ** exps, 1.0
+    if kind == "yarn":
+        factor = num("factor", allow_none=True)
+        orig = orig_max()
+        if factor is None:
+            factor = max_pos / orig
+        att = num("attention_factor", allow_none=True)
+        mscale, mscale_all = num("mscale", allow_none=True), num("mscale_all_dim", allow_none=True)
+
+        def get_mscale(scale, m=1.0):
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if att is None:
+            att = (float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all)) if mscale and mscale_all
+                   else get_mscale(factor))
+        beta_fast = p.get("beta_fast") or 32
+        beta_slow = p.get("beta_slow") or 1
+
+        def corr_dim(rot):
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if p.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=float) - low) / (high - low), 0, 1)
+        pos = base ** exps
+        extra = 1 - ramp
+        return (1.0 / (factor * pos)) * (1 - extra) + (1.0 / pos) * extra, float(att)
+    if kind == "longrope":
+        orig = orig_max()
+        factor = num("factor", allow_none=True)
+        if factor is None:
+            factor = max_pos / orig
+        att = num("attention_factor", allow_none=True)
+        if att is None:
+            att = 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        key = "long_factor" if seq_len > orig else "short_factor"
+        ext = p.get(key)
+        if not isinstance(ext, list) or len(ext) != dim // 2 or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 for v in ext):
+            fail(f"rope 'longrope': {key} must be a list of {dim // 2} positive numbers, got {ext!r}")
+        return 1.0 / (np.asarray(ext, dtype=float) * base ** exps), float(att)
+    if kind == "llama3":
+        inv = 1.0 / base ** exps
+        factor, lo_f, hi_f = num("factor", lo=0), num("low_freq_factor"), num("high_freq_factor")
+        old = orig_max()
+        lo_wl, hi_wl = old / lo_f, old / hi_f
+        wl = 2 * math.pi / inv
+        out = np.where(wl > lo_wl, inv / factor, inv)
+        smooth = (old / wl - lo_f) / (hi_f - lo_f)
+        smoothed = (1 - smooth) * out / factor + smooth * out
+        medium = ~(wl < hi_wl) & ~(wl > lo_wl)
+        return np.where(medium, smoothed, out), 1.0
+    fail(f"rope_type {kind!r} is not one transformers computes (default, linear, dynamic, yarn, longrope, "
+         "llama3, proportional)")
+
+
+def rope_proportional(p: dict, d_head: int, fail):
+    """transformers' "proportional" rope (the whole head's d_head/2 frequencies: the first
+    int(partial_rotary_factor d_head // 2) rotate, exponents over d_head, the rest 0, all
+    divided by factor); attention factor 1."""
+    import numpy as np
+
+    prf = p.get("partial_rotary_factor", 1.0)
+    prf = 1.0 if prf is None else prf
+    factor = p.get("factor", 1.0)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
+        fail(f"rope 'proportional': factor must be a number > 0, got {factor!r}")
+    angles = int(prf * d_head // 2)
+    rot = 1.0 / p["rope_theta"] ** (np.arange(0, 2 * angles, 2, dtype=float) / d_head)
+    return np.concatenate([rot, np.zeros(d_head // 2 - angles)]) / factor, 1.0
+
+
+def rope_for_head(fam_name: str, kind: str, p: dict, d_head: int, seq_len: int, max_pos: int, fail, notes: list,
+                  what: str):
+    """One layer type's rotation as a sigprop ``rope``: the base (a float) for transformers'
+    default rotation of the whole head, else a :class:`sigprop.rope.RopeFreqs` of the head's
+    d_head/2 frequencies (the rotary part's, then 0 for every unrotated plane: partial
+    rotary's q_pass, which rotates the first features of each head with its own rotate_half
+    over them, is a fixed permutation of the head's features away from sigprop's pairing
+    (i, i + d_head/2), shared by queries and keys, so the logits' law is the same), with the
+    attention factor.  None: nothing rotates."""
+    import numpy as np
+
+    from sigprop.rope import RopeFreqs
+
+    prf = p.get("partial_rotary_factor", 1.0)
+    prf = 1.0 if prf is None else prf
+    if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 <= prf <= 1:
+        fail(f"{what}.partial_rotary_factor must be a number in [0, 1], got {prf!r}")
+    if kind == "proportional":
+        inv, att = rope_proportional(p, d_head, fail)
+        return RopeFreqs(inv, att)
+    dim = d_head
+    if prf != 1:
+        if fam_name in PARTIAL_ROTARY_FAMILIES:
+            dim = int(d_head * prf)
+        elif kind == "default":
+            notes.append(f"{what}.partial_rotary_factor {prf:g}: {fam_name} rotates the whole head (transformers "
+                         "ignores the factor in its default rotation)")
+        else:
+            fail(f"{what}.partial_rotary_factor {prf:g} with rope_type {kind!r}: {fam_name} applies its "
+                 f"{int(d_head * prf)} rotary features to all {d_head} of each head, which transformers cannot")
+    if dim == 0:
+        notes.append(f"{what}: no feature of a head rotates (rotary dimension 0)")
+        return None
+    if dim % 2:
+        fail(f"{what}: a rotary part of {dim} features (odd) is not one transformers can rotate")
+    if kind == "dynamic" and dim == 2:
+        fail(f"{what}: rope_type 'dynamic' over 2 rotary features divides by zero in transformers")
+    if kind == "dynamic" and seq_len <= max_pos:
+        kind = "default"          # (transformers' NTK base is then rope_theta itself)
+    inv, att = rope_inv_freq(kind, p, dim, seq_len, max_pos, fail)
+    if kind == "default" and dim == d_head and att == 1.0:
+        return float(p["rope_theta"])
+    inv = np.concatenate([np.asarray(inv, dtype=float), np.zeros((d_head - dim) // 2)])
+    if not np.all(np.isfinite(inv)) or np.any(inv < 0):
+        fail(f"{what}: rope_type {kind!r} gives frequencies that are not finite and >= 0")
+    return RopeFreqs(inv, att)
+
+
 def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, layer_types: list,
-          notes: list) -> float:
-    """The rotary base of every layer (one value); refuses partial, rescaled or per-layer
-    different rotations."""
+          notes: list):
+    """The rotation of every layer (one value): the rotary base (a float) or a
+    :class:`sigprop.rope.RopeFreqs` (:func:`rope_for_head`); refuses per-layer different
+    rotations."""
     if fam.name == "gptj":
-        notes.append(f"rotary positions: GPT-J rotates adjacent pairs of each head's {d_head} features "
-                     "(rotate_every_two), base 10000; a fixed permutation of the features shared by queries "
+        rd = r.raw("rotary_dim", 64)
+        if isinstance(rd, bool) or not isinstance(rd, int) or not 0 < rd <= d_head or rd % 2:
+            r.fail(f"rotary_dim {rd!r}: transformers' GPT-J rotates the first rotary_dim features of each head "
+                   f"(an even number in [2, {d_head}])")
+        notes.append(f"rotary positions: GPT-J rotates adjacent pairs of the first {rd} of each head's {d_head} "
+                     "features (rotate_every_two), base 10000; a fixed permutation of the features shared by queries "
                      "and keys, so the logits are those of the rotate_half convention")
-        return 10000.0
+        if rd == d_head:
+            return 10000.0
+        return rope_for_head("gptj", "default", {"rope_theta": 10000.0, "partial_rotary_factor": rd / d_head},
+                             d_head, seq_len, max_pos, r.fail, notes, "rotary_dim")
     params = r.cfg.get("rope_parameters")
     legacy = r.cfg.get("rope_scaling")
     per_type = {}
@@ -657,40 +830,42 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
             if "partial_rotary_factor" not in q and r.cfg.get("partial_rotary_factor") is not None:
                 q["partial_rotary_factor"] = r.cfg["partial_rotary_factor"]
             per_type[t] = (q, what)
-    bases = {}
+    ropes = {}
     for t, (p, what) in per_type.items():
-        kind = p.get("rope_type", p.get("type", "default"))
+        kind = p.get("rope_type", p.get("type", "default")) or "default"
         theta = p.get("rope_theta")
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
             r.fail(f"{what}.rope_theta must be a number > 1, got {theta!r}")
-        prf = p.get("partial_rotary_factor", 1.0)
-        key = "rotary_pct" if fam.name == "gpt_neox" and r.has("rotary_pct") else "partial_rotary_factor"
-        if prf is None:
-            prf = 1.0
-        if isinstance(prf, bool) or not isinstance(prf, (int, float)) or prf != 1:
-            r.fail(f"{key} {prf!r}: rotary positions on part of each head are not modelled (only on all of it)")
-        if kind in ("default", None):
-            pass
-        elif kind == "dynamic":
-            orig = p.get("original_max_position_embeddings", max_pos)
-            if not isinstance(orig, int) or seq_len > orig:
-                r.fail(f"{what} rope_type 'dynamic' rescales the rotation beyond {orig!r} positions, and "
-                       f"seq_len is {seq_len}: not modelled")
-            notes.append(f"{what} rope_type 'dynamic' leaves the rotation unchanged up to {orig} positions "
-                         f"(seq_len {seq_len})")
-        elif kind == "linear" and p.get("factor") == 1:
-            notes.append(f"{what} rope_type 'linear' with factor 1: the plain rotation")
-        else:
-            r.fail(f"{what} rope_type {kind!r} changes the rotation angles (sigprop's RoPE has angles "
-                   "t base^(-2i/head_dim)): not modelled")
-        bases[t] = float(theta)
-    if len(set(bases.values())) > 1:
-        detail = ", ".join(f"{t} {b:g}" for t, b in sorted(bases.items()))
+        if kind in ("llama3", "yarn", "longrope"):        # transformers' standardize_rope_params
+            if r.has("original_max_position_embeddings"):
+                p["original_max_position_embeddings"] = r.raw("original_max_position_embeddings")
+            else:
+                p.setdefault("original_max_position_embeddings", max_pos)
+        rope = rope_for_head(fam.name, kind, p, d_head, seq_len, max_pos, r.fail, notes, what)
+        if kind == "dynamic":
+            notes.append(f"{what} rope_type 'dynamic': " + (
+                f"the default rotation up to max_position_embeddings {max_pos} (seq_len {seq_len})"
+                if seq_len <= max_pos else f"the NTK-rescaled base transformers computes at seq_len {seq_len}"))
+        if kind == "longrope":
+            orig = p["original_max_position_embeddings"]
+            notes.append(f"{what} rope_type 'longrope': the {'long' if seq_len > orig else 'short'}_factor "
+                         f"frequencies (seq_len {seq_len} {'>' if seq_len > orig else '<='} "
+                         f"original_max_position_embeddings {orig})")
+        ropes[t] = rope
+    if len(set(ropes.values())) > 1:
+        detail = ", ".join(f"{t} {b:g}" if isinstance(b, float) else f"{t} {'none' if b is None else b.describe()}"
+                           for t, b in sorted(ropes.items()))
         key = "rope_local_base_freq" if fam.name == "gemma3_text" else "rope_parameters"
-        r.fail(f"{key}: the layers use different rotary bases ({detail}); one base for every layer is modelled")
-    base = next(iter(bases.values()))
-    notes.append(f"rotary positions on every query and key, base {base:g} (rotate_half convention)")
-    return base
+        r.fail(f"{key}: the layers use different rotations ({detail}); one rotation for every layer is modelled")
+    rope = next(iter(ropes.values()))
+    if rope is None:
+        return None
+    if isinstance(rope, float):
+        notes.append(f"rotary positions on every query and key, base {rope:g} (rotate_half convention)")
+    else:
+        notes.append(f"rotary positions on every query and key given by their frequencies: {rope.describe()} "
+                     "(rotate_half convention)")
+    return rope
 
 
 def _biases(fam: Family, r: _Reader, notes: list) -> bool:

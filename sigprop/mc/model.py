@@ -39,6 +39,7 @@ from sigprop.mc.components import get as component
 from sigprop.mc.sampling import correlated, keep_mask
 from sigprop.mc.stats import Moments, pool, raw_moments
 from sigprop.model.spec import PLACEMENTS, require
+from sigprop.rope import RopeFreqs
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) simulated here
 BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
@@ -120,7 +121,7 @@ def _attention_params(m, l):
     if m.n_kv_heads != m.n_heads:
         p["kv_heads"] = m.n_kv_heads
     if m.rope is not None:
-        p["rope"] = float(m.rope)
+        p["rope"] = m.rope if isinstance(m.rope, RopeFreqs) else float(m.rope)
     if m.qk_norm is not None:
         p["qk_norm"] = registry.norm(m.qk_norm).qk_code
         p["qk_eps"] = m.norm_eps

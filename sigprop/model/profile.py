@@ -431,7 +431,7 @@ _KAP = memo.Kind("profile.offset_kernel", 64, "the rotary offset kernel per (bas
 def _offset_kernel(params: dict, grid=None, L: int | None = None) -> np.ndarray | None:
     """Rotary positions: kappa(j - j') / kbar(L) over the pairs of positions (or of a grid's
     nodes), ``sigprop.rules.attention.rope_offset_ratio``; None without them (memoised)."""
-    if not float(params.get("rope", 0.0)):
+    if not attention_rule._rope_on(params.get("rope", 0.0)):
         return None
     L = int(params["L"]) if L is None else L
 
@@ -441,7 +441,7 @@ def _offset_kernel(params: dict, grid=None, L: int | None = None) -> np.ndarray 
         K.setflags(write=False)
         return K
 
-    return _KAP.get((float(params["rope"]), float(params["d_head"]), L, None if grid is None else grid.signature()),
+    return _KAP.get((attention_rule._rope_key(params["rope"]), float(params["d_head"]), L, None if grid is None else grid.signature()),
                     compute)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from sigprop import registry
 from sigprop.errors import DomainError
+from sigprop.rope import RopeFreqs, rope_from_json
 from sigprop.state import Backward, Forward
 
 #: weight names per sublayer kind, in the documented order
@@ -336,11 +337,11 @@ class Model(_Frozen):
                  seq_len: int, activation: str, norm: str, causal: bool, dropout: Dropout, input: Forward,
                  grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None, *,
                  norm_eps: float = DEFAULT_NORM_EPS, block: str = "sequential", ffn_kind: str = "mlp",
-                 n_kv_heads: int | None = None, rope: float | None = None, qk_norm: str | None = None,
+                 n_kv_heads: int | None = None, rope: float | RopeFreqs | None = None, qk_norm: str | None = None,
                  final_norm: bool = False):
         # ``notes``: extra information (not part of the model object, not written by
         # to_json, not compared).  The keyword-only fields are the modern blocks' (docs/formats.md):
-        # ``rope`` is the rotary base (None: no rotation); ``n_kv_heads`` None means n_heads.
+        # ``rope`` is the rotary base or a sigprop.rope.RopeFreqs (None: no rotation); ``n_kv_heads`` None means n_heads.
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
                                              {} if notes is None else notes, norm_eps, block, ffn_kind,
@@ -401,7 +402,11 @@ class Model(_Frozen):
         if self.n_heads % kv:
             raise DomainError(f"n_kv_heads {kv} must divide n_heads {self.n_heads}")
         self._set("n_kv_heads", int(kv))
-        if self.rope is not None:
+        if isinstance(self.rope, RopeFreqs):
+            if self.d_head != 2 * self.rope.n_planes:
+                raise DomainError(f"rope.inv_freq has {self.rope.n_planes} entries; d_head {self.d_head} needs "
+                                  f"{self.d_head / 2:g} (one per rotation plane)")
+        elif self.rope is not None:
             if not _is_number(self.rope) or not (math.isfinite(float(self.rope)) and float(self.rope) > 1):
                 raise DomainError(f"rope.base must be a finite number > 1, got {self.rope!r}")
             if self.d_head % 2:
@@ -538,7 +543,7 @@ class Model(_Frozen):
             if k == "n_kv_heads":
                 default = self.n_heads
             if v != default:
-                out[k] = {"base": v} if k == "rope" else v
+                out[k] = (v.to_json() if isinstance(v, RopeFreqs) else {"base": v}) if k == "rope" else v
         return out
 
     @classmethod
@@ -748,10 +753,14 @@ def _parse_modern(obj: dict, where: str) -> dict:
         out["n_kv_heads"] = _int(obj, "n_kv_heads", where)
     if obj.get("rope") is not None:
         r = obj["rope"]
-        _keys(r, ("base",), f"{where}.rope")
-        out["rope"] = _num(r, "base", f"{where}.rope")
-        if not out["rope"] > 1:
-            raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
+        freqs = rope_from_json(r, where)          # {"inv_freq": [...], "attention_factor": s}
+        if freqs is not None:
+            out["rope"] = freqs
+        else:
+            _keys(r, ("base",), f"{where}.rope")
+            out["rope"] = _num(r, "base", f"{where}.rope")
+            if not out["rope"] > 1:
+                raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
     if obj.get("qk_norm") is not None:
         out["qk_norm"] = _choice(obj, "qk_norm", registry.norms(), where)
     if "final_norm" in obj:

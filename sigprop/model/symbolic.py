@@ -36,6 +36,7 @@ from sigprop import registry
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model import blocks
 from sigprop.model.predict import SUPPORTED as _PREDICT_SUPPORTED
+from sigprop.rope import RopeFreqs
 from sigprop.rules import compose
 from sigprop.state import Backward, Forward
 
@@ -151,6 +152,7 @@ def attention_block(model, records=()) -> Derivation | None:
     without them."""
     from types import SimpleNamespace
 
+    from sigprop.backend import numeric as nm
     from sigprop.rules import attention as att_rule
     from sigprop.rules import get
 
@@ -166,7 +168,17 @@ def attention_block(model, records=()) -> Derivation | None:
         der.lines.append(f"grouped-query heads: {kv} key/value heads for {model.n_heads} query heads; the moments are "
                          "those of multi-head attention (every cross-head term is bilinear in two heads' independent "
                          "W_o blocks and vanishes in expectation)")
-    if rope:
+    if isinstance(rope, RopeFreqs):
+        val = float(att_rule._kappa_bar(nm, float(model.seq_len), rope, float(model.d_head)))
+        der.lines.append(f"rotary positions given by their frequencies theta_i ({rope.describe()}): the key-shared "
+                         "logit part left after a row's mean has variance v_sh (1 - kbar(n)) in a row of n keys, "
+                         "kbar(n) = (2/d_h) sum_i F(n, theta_i), F the Fejer mean of cos(t theta_i) over the row's key "
+                         "pairs (F = 1 on an unrotated plane, theta_i = 0)")
+        der.lines.append(f"kbar(L) = {val:.6g} at L = {model.seq_len}, d_h = {model.d_head}")
+        if rope.attention_factor != 1:
+            der.lines.append(f"attention factor {rope.attention_factor:g} on every rotated query and key: the rule "
+                             f"runs on q and k variances times {att_rule.rope_logit_scale2(rope):.6g}")
+    elif rope:
         n = sp.Symbol("n", positive=True)
         kb = att_rule._kappa_bar(sm, n, sp.Float(rope), sp.Integer(model.d_head))
         val = float(sm.evaluate(kb.subs(n, model.seq_len), {}))
@@ -179,7 +191,8 @@ def attention_block(model, records=()) -> Derivation | None:
         der.pairs.append(sm.where([kb])[-1])      # kbar(n) = ...; the export defines F with it
     if qk:
         r, n2 = sp.Symbol("r", nonnegative=True), sp.Symbol("n", positive=True) ** 2
-        p = SimpleNamespace(**{k: (sp.Float(v) if isinstance(v, float) else sp.Integer(int(v))) for k, v in full.items()})
+        p = SimpleNamespace(**{k: (v if isinstance(v, RopeFreqs) else sp.Float(v) if isinstance(v, float)
+                                   else sp.Integer(int(v))) for k, v in full.items()})
         c = att_rule._Ctx(sm, Forward(0, n2, r), p, rope=False, check=False)
         vbar = c.s_mean
         kind = registry.norm_by_qk_code(qk).title

@@ -130,6 +130,7 @@ import numpy as np
 
 from sigprop import memo, symbols
 from sigprop.errors import DomainError
+from sigprop.rope import RopeFreqs
 from sigprop.rules.base import Param, Rule, _show, positive_int, probability, register, std
 from sigprop.rules.softmax_moments import softmax_expect_sums
 from sigprop.state import Backward, Forward
@@ -192,11 +193,12 @@ def logit_var(p: dict, x: Forward) -> float:
     l = 1 - 1/d_head).  Rotary positions rotate q and k orthogonally: no change."""
     vq, vk = qk_variances(p, x)
     norm = int(p.get("qk_norm", 0))
+    s4 = rope_logit_scale2(p.get("rope", 0.0)) ** 2      # a rotary attention factor (yarn, longrope)
     if not norm:
-        return float(vq * vk)
+        return float(vq * vk * s4)
     eps = float(p.get("qk_eps", 1e-5))
     ln = 1 - 1 / p["d_head"] if norm == 1 else 1.0
-    return float(ln * vq / (ln * vq + eps) * ln * vk / (ln * vk + eps) / ln)
+    return float(ln * vq / (ln * vq + eps) * ln * vk / (ln * vk + eps) / ln * s4)
 
 
 _POS = {"positive": True}
@@ -236,7 +238,14 @@ def _fejer_mean(m, n, phi):
 
 def _rope_freqs(m, base, dh):
     """theta_i = base^(-2i/dh), i < dh/2, along a new last axis (numeric; base and dh scalars
-    or arrays: entries beyond a configuration's dh/2 are NaN-free and masked by ``_rope_mask``)."""
+    or arrays: entries beyond a configuration's dh/2 are NaN-free and masked by ``_rope_mask``),
+    or ``base`` a :class:`sigprop.rope.RopeFreqs`: its frequencies (dh/2 of them, every
+    configuration's dh the same), mask 1.  A frequency 0 (partial rotary's unrotated planes)
+    is a plane whose cosine is 1 at every offset: the Fejer mean F is 1 there."""
+    if isinstance(base, RopeFreqs):
+        base.check_head(dh)
+        theta = base.theta()
+        return theta, np.ones_like(theta)
     base, dh = np.asarray(base, dtype=float), np.asarray(dh, dtype=float)
     i = np.arange(int(np.max(dh)) // 2, dtype=float)
     theta = base[..., None] ** (-2 * i / dh[..., None])
@@ -275,7 +284,7 @@ def _rope_row_moments(m, L, base, dh):
         return (kb, k2, dd, _field_moments(m, L, base, dh))
 
     if not getattr(m, "SYMBOLIC", False) and np.ndim(L) == 0 and np.ndim(base) == 0 and np.ndim(dh) == 0:
-        return _ROPE_ROWS.get((float(L), float(base), float(dh)), compute)
+        return _ROPE_ROWS.get((float(L), _rope_key(base), float(dh)), compute)
     return compute()
 
 
@@ -295,10 +304,27 @@ def _rope_shift_moments(m, n, base, dh):
 
     if not getattr(m, "SYMBOLIC", False) and np.ndim(base) == 0 and np.ndim(dh) == 0:
         if np.ndim(n) == 0:
-            return _ROPE_SHIFT.get((float(n), float(base), float(dh)), compute)
+            return _ROPE_SHIFT.get((float(n), _rope_key(base), float(dh)), compute)
         nn = np.ascontiguousarray(n, dtype=float)
-        return _ROPE_SHIFT.get((nn.tobytes(), nn.shape, float(base), float(dh)), lambda: memo.frozen(compute()))
+        return _ROPE_SHIFT.get((nn.tobytes(), nn.shape, _rope_key(base), float(dh)), lambda: memo.frozen(compute()))
     return compute()
+
+
+def _rope_key(base):
+    """A memo key of a rotary argument: the base as a float, a RopeFreqs itself (hashable)."""
+    return base if isinstance(base, RopeFreqs) else float(base)
+
+
+def _rope_on(value) -> bool:
+    """Whether a numeric rope parameter (a base, an array of bases, a RopeFreqs) rotates anywhere."""
+    return isinstance(value, RopeFreqs) or bool(np.any(np.asarray(value, dtype=float) != 0))
+
+
+def rope_logit_scale2(rope) -> float:
+    """A RopeFreqs' attention factor as the factor s_eff^2 on the query and on the key
+    variance (:meth:`sigprop.rope.RopeFreqs.logit_scale2`: exactly s^2 when every plane
+    rotates); 1 for a base."""
+    return rope.logit_scale2() if isinstance(rope, RopeFreqs) else 1.0
 
 
 def _kappa_sq(m, n, base, dh):
@@ -411,6 +437,8 @@ def _flag(m, value):
     Piecewise tests Eq(value, 0))."""
     if getattr(m, "SYMBOLIC", False):
         return value
+    if isinstance(value, RopeFreqs):
+        return 1.0
     f = np.asarray(value) != 0
     return float(f) if f.ndim == 0 else f.astype(float)
 
@@ -473,6 +501,12 @@ class _Ctx:
         sq2, sk2, sbq2, sbk2 = _branch(
             m, self.norm, lambda: (p.q_std**2, p.k_std**2, p.q_bias_std**2, p.k_bias_std**2),
             lambda: self._normed(m, p))
+        s2r = rope_logit_scale2(getattr(p, "rope", 0.0))
+        if s2r != 1:
+            # the rotary attention factor (yarn, longrope) scales every rotated query and key
+            # after their norms: the rule runs on weights scaled by it (exact when every plane
+            # rotates; with unrotated planes s_eff, the logit variance's)
+            sq2, sk2, sbq2, sbk2 = sq2 * s2r, sk2 * s2r, sbq2 * s2r, sbk2 * s2r
         self.sq2, self.sk2, self.sbq2, self.sbk2 = sq2, sk2, sbq2, sbk2
         vx = p.d * sq2 * self.S2                       # q component variance from x
         vq = vx + sbq2
@@ -502,7 +536,8 @@ class _Ctx:
         # shared by the tokens too); it cancels in the softmax unless rotary positions rotate it
         self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
         if rope:
-            self.base = _num(m, lambda t: np.where(np.asarray(t) > 0, t, 1e4), p.rope)
+            self.base = p.rope if isinstance(p.rope, RopeFreqs) else _num(
+                m, lambda t: np.where(np.asarray(t) > 0, t, 1e4), p.rope)
             self.dh = p.d_head
             self.d = p.d
             self.kbL, self.k2L, self.dL, self.fieldL = _rope_row_moments(m, self.L, self.base, self.dh)
@@ -943,7 +978,8 @@ class Attention(Rule):
         Param("qk_norm", "per-head norm of every query and key over d_head, before the rotation: "
               "0 none, 1 LayerNorm, 2 RMSNorm (gain 1)", 0, lo=0, hi=2, integer=True),
         Param("qk_eps", "epsilon of the QK-norm", 1e-5, lo=0.0),
-        Param("rope", "rotary position base (theta_i = rope^(-2i/d_head)); 0 = no rotation", 0.0, lo=0.0),
+        Param("rope", "rotary position base (theta_i = rope^(-2i/d_head)), or a sigprop.rope.RopeFreqs (the "
+              "frequencies and attention factor themselves); 0 = no rotation", 0.0, lo=0.0, accepts=(RopeFreqs,)),
     )
     assumptions = (
         "Input Gaussian with a token-shared component carrying the correlation (the sampler's "
@@ -1001,6 +1037,19 @@ class Attention(Rule):
         "~4% and the query path ~+3%; at r 0.9 the query path (small, except with dropout) 17-26% "
         "high and the key path 4-23% low where the gradient correlation is 0.5 (the attention "
         "follows the field, which the rule's (1 - kbar) T2 and pair weights treat as unrelated to it).",
+        "Rotary positions given by their frequencies (rope a sigprop.rope.RopeFreqs): the same cosine "
+        "sums over the given theta_i, a frequency 0 (partial rotary's unrotated planes) contributing "
+        "cos = 1 at every offset; the weights are iid, so which features form a plane does not "
+        "matter.  The attention factor s (yarn, longrope) is exact when every plane rotates (q and k "
+        "times s); with unrotated planes the rule takes one factor s_eff on the query and key "
+        "variances, s_eff^4 = (r s^4 + K - r)/K (r of K = dh/2 planes rotated), which gives the logit "
+        "its variance but weights the planes uniformly: the within-row variance of the key-shared part "
+        "(which only the rotated planes carry) is then s_eff^4/s^4 of the true one (0.81 for longrope "
+        "on 3/4 of the head with s = sqrt 2).  Measured (attention grid rope_freqs): without QK-norm "
+        "within 2% (longrope on 3/4 of the head, s = sqrt 2) and 3% (yarn, every plane rotating).  "
+        "With QK-norm the factor puts the normalised logits at variance ~s^4 (3 to 4), beyond the ~1 "
+        "the QK-norm terms were validated at: the gradient variance is then 7% to 14% high, with "
+        "every plane rotating too (s = sqrt 2: +11.5%).",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "
@@ -1031,11 +1080,18 @@ class Attention(Rule):
         if np.any((kv > 0) & (np.mod(H, np.maximum(kv, 1)) != 0)):
             raise DomainError(f"attention: kv_heads ({_show(values['kv_heads'])}) must divide n_heads "
                               f"({_show(values['n_heads'])})")
-        rope = np.asarray(values["rope"])
-        if np.any((rope != 0) & (rope <= 1)):
-            raise DomainError(f"attention: the rotary base rope must be 0 (no rotation) or > 1, got {_show(values['rope'])}")
-        if np.any((rope != 0) & (np.mod(np.asarray(values["d_head"]), 2) != 0)):
-            raise DomainError("attention: rotary positions need an even d_head")
+        if isinstance(values["rope"], RopeFreqs):
+            try:
+                values["rope"].check_head(values["d_head"])
+            except DomainError as e:
+                raise DomainError(f"attention: {e}") from None
+        else:
+            rope = np.asarray(values["rope"])
+            if np.any((rope != 0) & (rope <= 1)):
+                raise DomainError(f"attention: the rotary base rope must be 0 (no rotation) or > 1, got "
+                                  f"{_show(values['rope'])}")
+            if np.any((rope != 0) & (np.mod(np.asarray(values["d_head"]), 2) != 0)):
+                raise DomainError("attention: rotary positions need an even d_head")
         if np.any((np.asarray(values["qk_norm"]) == 1) & (np.asarray(values["d_head"]) < 2)):
             raise DomainError("attention: a LayerNorm QK-norm needs d_head >= 2")
 
@@ -1440,9 +1496,10 @@ def rope_offset_ratio(params: dict, t) -> np.ndarray | None:
     covariance of two rows (one key rotated by the two offsets, k^T R_(j - j') k) by kbar(L);
     at a pair of positions j, j' the factor is kappa(j - j') instead: for neighbouring
     positions close to 1, for distant ones below the mean."""
-    base = float(params.get("rope", 0.0))
-    if not base:
+    base = params.get("rope", 0.0)
+    if not _rope_on(base):
         return None
+    base = _rope_key(base)
     dh = float(params["d_head"])
     theta, mask = _rope_freqs(None, base, dh)
     t = np.asarray(t, dtype=float)

@@ -37,8 +37,13 @@ class Param(NamedTuple):
     open_lo: bool = False
     open_hi: bool = False
     integer: bool = False
+    #: types taken as they are (an opaque, hashable value that checks itself, such as the
+    #: attention rule's sigprop.rope.RopeFreqs)
+    accepts: tuple = ()
 
     def check(self, value) -> None:
+        if self.accepts and isinstance(value, self.accepts):
+            return
         if isinstance(value, (float, int, np.floating, np.integer)) and not isinstance(value, bool):
             # scalar fast path (the whole-model predictor calls rules on scalars)
             f = float(value)

@@ -48,6 +48,7 @@ import numpy as np
 from sigprop.errors import DomainError
 from sigprop.model import blocks as model_blocks
 from sigprop.model.spec import KINDS, Model, Sublayers
+from sigprop.rules import attention as attention_rule
 from sigprop.rules import get
 from sigprop.rules.layernorm import combine_token_stats
 from sigprop.solve import blocks, require_supported
@@ -651,7 +652,9 @@ def solve_logit_var(value: float, arch: str = "preln", init: str | None = None, 
         # little (through the output norm's eps on a small branch output): repeat with the
         # solved Q and K until the second moments settle
         s2, predicted = _attention_input_s2(out)
-        sq = np.array([eqs.qk_std(value, float(v)) for v in s2])
+        # a rotary attention factor (yarn, longrope) multiplies the logit variance by s_eff^4
+        s4 = attention_rule.rope_logit_scale2(base.rope) ** 2 if base.rope is not None else 1.0
+        sq = np.array([eqs.qk_std(value / s4, float(v)) for v in s2])
         cols["attention"]["q"] = sq
         cols["attention"]["k"] = sq
         subl = {}

@@ -32,6 +32,8 @@ from sigprop.mc.component import Component
 from sigprop.mc.components._util import grid_std
 from sigprop.mc.sampling import keep_mask, standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
+from sigprop.rope import RopeFreqs
+from sigprop.rope import thetas as rope_thetas
 from sigprop.state import Backward, Forward
 
 _NAMES = ("q", "k", "v")
@@ -71,13 +73,20 @@ def _modern(params) -> bool:
             or bool(params.get("rope", 0.0)))
 
 
-def rope_tables(L: int, dh: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos(t theta) and sin(t theta), (L, dh) float64: theta_i = base^(-2i/dh) for i < dh/2,
-    repeated for both halves, t = 0..L-1 (the rotate-half convention)."""
-    theta = float(base) ** (-2.0 * np.arange(dh // 2) / dh)
+def rope_tables(L: int, dh: int, base) -> tuple[np.ndarray, np.ndarray]:
+    """cos(t theta) and sin(t theta), (L, dh) float64: theta_i = base^(-2i/dh) for i < dh/2
+    (``base`` a number) or the frequencies of a :class:`sigprop.rope.RopeFreqs`, repeated for
+    both halves, t = 0..L-1 (the rotate-half convention).  A RopeFreqs' attention factor
+    multiplies the cos and sin of its rotated planes (theta_i != 0; the others pass through)."""
+    if isinstance(base, RopeFreqs):
+        theta, scale = rope_thetas(base, dh), np.concatenate([base.plane_scale()] * 2)
+    else:
+        theta, scale = float(base) ** (-2.0 * np.arange(dh // 2) / dh), None
     ang = np.arange(L)[:, None] * theta[None, :]
     ang = np.concatenate([ang, ang], axis=1)
-    return np.cos(ang), np.sin(ang)
+    if scale is None:
+        return np.cos(ang), np.sin(ang)
+    return np.cos(ang) * scale, np.sin(ang) * scale
 
 
 def _rotate_half(xp, x, sign=1.0):
@@ -280,7 +289,7 @@ class AttentionMC(Component):
     def _forward_modern(self, X, W, params, rng):
         """The general forward: Q, K, V projections (K and V with kv_heads heads); QK-norm over
         each head's d_head features (``qk_norm`` 1 LayerNorm, 2 RMSNorm, gain 1, ``qk_eps``);
-        rotary positions (``rope`` the base; position t = token index); query head h uses
+        rotary positions (``rope`` the base or a RopeFreqs; position t = token index); query head h uses
         key/value head floor(h kv / H); then the softmax, dropout, A V and W_o as in
         :meth:`forward`.  The cache is a dict (what :meth:`_backward_modern` needs)."""
         bk = backend_of(X)
@@ -291,7 +300,8 @@ class AttentionMC(Component):
         p = params.get("p", 0.0)
         causal = bool(params.get("causal", 0))
         norm, eps = int(params.get("qk_norm", 0)), float(params.get("qk_eps", 1e-5))
-        base = float(params.get("rope", 0.0))
+        base = params.get("rope", 0.0)
+        base = base if isinstance(base, RopeFreqs) else float(base)
         f32 = X.dtype == xp.float32
         s = float(np.float32(1.0 / np.sqrt(dh))) if f32 else 1.0 / float(np.sqrt(dh))
         Z = xp.reshape(X, (B * L, d)) @ W["qkv"]
@@ -450,6 +460,8 @@ def _case(pt: dict) -> Case:
     for key in ("kv_heads", "qk_norm", "rope"):     # the modern variants' parameters
         if key in pt:
             rule[key] = pt[key]
+    if "rope_freqs" in pt:                          # a named frequency vector (ROPE_FREQS)
+        rule["rope"] = rope_freqs(pt["rope_freqs"], dk, pt["L"])
     runs, batch = _sample_size(pt)
     return Case(rule, dict(rule),
                 Forward(0.0, grid_std(pt["x_std"]) ** 2, pt["x_corr"]),
@@ -478,6 +490,42 @@ _QKNORM_GRID = {**_MODERN, "qk_norm": (1, 2), "x_std": (0.316, 1.0, 3.16), "x_co
 _ROPE_GRID = {**_MODERN, "rope": (1e4, 5e5), "x_std": (1.0,), "x_corr": (0.0, 0.5, 0.9), "g_corr": (0.0, 0.5),
               "d": (256,), "n_heads": (4,), "d_head": (64,), "L": (16, 64, 256),
               "wqk_std_sqrt_d": (0.6, 1.0, 1.4), "qk_norm": (0, 2), "p": (0.0, 1 / 3), "causal": (0, 1)}
+
+#: the frequency vectors of the ``rope_freqs`` grid, as sigprop.interop.hf computes them from
+#: transformers' rope parameters for a rotary part of ``dim`` features (``prf`` of the head),
+#: at ``seq_len`` positions: (rope_type, rope parameters, partial rotary factor, max_position_embeddings)
+ROPE_FREQS = {
+    # Llama 3.1 / 3.2 (base 5e5, factor 8, original context 8192)
+    "llama3": ("llama3", {"rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                          "original_max_position_embeddings": 8192}, 1.0, 131072),
+    # Pythia: a quarter of each head rotated (rotary_pct 0.25), base 1e4
+    "partial25": ("default", {"rope_theta": 1e4}, 0.25, 2048),
+    # yarn, factor 4 over an original context of 64 (the ramp inside the grid's lengths), its
+    # attention factor 0.1 ln 4 + 1 = 1.139 on every plane
+    "yarn4": ("yarn", {"rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64}, 1.0, 256),
+    # longrope on three quarters of each head (Phi-4-mini's shape): the long factors (the grid's
+    # lengths beyond 16) and the attention factor sqrt(1 + ln 16 / ln 16) = 1.414 on the rotated
+    # planes only (the rule's one effective factor)
+    "longrope75": ("longrope", {"rope_theta": 1e4, "original_max_position_embeddings": 16,
+                                "short_factor": [1.0] * 24, "long_factor": list(np.linspace(1.0, 8.0, 24))}, 0.75, 256),
+}
+
+
+def rope_freqs(name: str, d_head: int, seq_len: int = 256):
+    """The :class:`sigprop.rope.RopeFreqs` named in :data:`ROPE_FREQS` for a head of ``d_head``."""
+    from sigprop.errors import DomainError
+    from sigprop.interop.hf import rope_inv_freq
+
+    def fail(msg):
+        raise DomainError(msg)
+
+    kind, prm, prf, max_pos = ROPE_FREQS[name]
+    dim = int(int(d_head) * prf)
+    inv, s = rope_inv_freq(kind, dict(prm), dim, seq_len, max_pos, fail)
+    return RopeFreqs(list(inv) + [0.0] * ((int(d_head) - dim) // 2), s)
+
+
+_ROPE_FREQS_GRID = {**{k: v for k, v in _ROPE_GRID.items() if k != "rope"}, "rope_freqs": tuple(ROPE_FREQS)}
 
 SWEEP = SweepSpec(
     component=COMPONENT,
@@ -532,6 +580,21 @@ SWEEP = SweepSpec(
                    "r 0) x var +1% .. +2% (1.5-3 SE), and at d_head 16 the query and key paths +3% "
                    "(16 keys) to +7.5% (64 keys) at d 128, +2% .. +3% at d 512: second order in 1/dh "
                    "and the small width's weight anisotropy, not in the rule."},
+        "rope_freqs": {"published_forms": False, "grid": _ROPE_FREQS_GRID, "note": "rotary positions given by "
+                       "their frequencies (ROPE_FREQS: Llama 3.1's llama3 scaling, Pythia's quarter of each head, "
+                       "yarn with its attention factor, longrope on three quarters of each head with its factor on "
+                       "the rotated planes), on the rope grid's other axes. 2026-12-02, 48 points (seed 2, ~19 min on "
+                       "two shared cores): x var p50 / p90 / p99 0.68 / 1.51 / 2.80 %, g var 0.84 / 5.69 / "
+                       "11.99 %. By vector, max |g var error|: llama3 1.7%, yarn4 2.9%, partial25 5.7% (r 0.9, "
+                       "L 64, 10 SE: a quarter of the planes rotating is few active frequencies, as base 5e5 "
+                       "on the rope grid), longrope75 13.8%: with RMS QK-norm the gradient is 7% to 14% high "
+                       "even at r 0 (19 to 25 SE). That is QK-norm's backward at a logit variance of s^4 "
+                       "(the factor multiplies the normalised queries and keys: ~3 to 4, where QK-norm alone "
+                       "gives ~1), not the partial-rotary approximation: at r 0, L 64, causal, a fully rotated "
+                       "head with s = sqrt 2 (exact in the rule) is +11.5% (SE 0.6%), with s = 3.25^(1/4) "
+                       "(longrope75's logit variance) +7.6%, longrope75 itself +8.1%, and without the factor "
+                       "+0.1% (8 draws x 16 sequences). Without QK-norm longrope75 is +1.3% (r 0) and +1.6% "
+                       "(r 0.5) at L 64 (2.4 SE)."},
         "rope": {"published_forms": False, "grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up "
                  "to 0.9, 16, 64 and 256 tokens, logit variance up to ~4, without and with RMS QK-norm; "
                  "bidirectional and causal (d 256, 4 heads of 64); 120 points. Noise: the per-point standard "
