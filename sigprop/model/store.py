@@ -66,7 +66,7 @@ _OFF = {"", "0", "off", "none", "false", "no"}
 #: solve/blocks.py (its branch evaluation and table): the rest of sigprop.solve decides the
 #: weight stds, which enter a solver table's key by value.  The test suite checks that every
 #: sigprop module a prediction imports is covered or in ``_NOT_NUMERIC``.
-_SOURCES = ("rules", "backend", "model", "solve/blocks.py", "state.py", "errors.py", "symbols.py", "registry.py")
+_SOURCES = ("rules", "backend", "model", "solve/blocks.py", "state.py", "errors.py", "symbols.py", "registry.py", "rope.py")
 #: modules a prediction imports that cannot change a number: the package's lazy API
 #: (``__init__``), the progress display on stderr and the memos (which decide only whether a
 #: value is computed again, tests/test_memo.py)
