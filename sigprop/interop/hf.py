@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sigprop.errors import DomainError
-from sigprop.model.spec import read_json
+from sigprop.files import MAX_CONFIG_BYTES, check_path, read_json
 
 #: the default sequence length is the model's context, capped here
 SEQ_LEN_CAP = 2048
@@ -213,14 +213,15 @@ class HFModel:
 
 def read_config(path) -> dict:
     """The JSON object of a Hugging Face ``config.json``: ``path`` is the file or a directory
-    holding ``config.json``.  A missing or unreadable file, invalid JSON or a JSON value that
-    is not an object raise DomainError."""
-    p = Path(path)
+    holding ``config.json``.  A missing or unreadable file, one that is not a regular file or is
+    larger than :data:`sigprop.files.MAX_CONFIG_BYTES`, invalid or too deeply nested JSON, or a
+    JSON value that is not an object raise DomainError (:func:`sigprop.files.read_json`)."""
+    p = Path(check_path(path, "Hugging Face config"))
     if p.is_dir():
         p = p / "config.json"
         if not p.is_file():
             raise DomainError(f"no config.json in directory {str(path)!r}")
-    obj = read_json(p, "Hugging Face config")
+    obj = read_json(p, "Hugging Face config", MAX_CONFIG_BYTES)
     if not isinstance(obj, dict):
         raise DomainError(f"Hugging Face config {str(p)!r} must hold a JSON object, got {type(obj).__name__}")
     return obj

@@ -17,7 +17,6 @@ exact (floats are written with Python's shortest repr).
 from __future__ import annotations
 
 import gc
-import json
 import math
 from contextlib import contextmanager
 from pathlib import Path
@@ -576,39 +575,16 @@ class Model(_Frozen):
     def load(cls, path) -> "Model":
         """Read a JSON file holding either the model object or an object with key "model"
         (a trace or check output)."""
-        path = Path(path)
-        obj = read_json(path, "model file", " (model values must be finite numbers)")
+        from sigprop.files import MAX_MODEL_BYTES, check_path, read_json
+
+        path = Path(check_path(path, "model file"))
+        obj = read_json(path, "model file", MAX_MODEL_BYTES, " (model values must be finite numbers)")
         if isinstance(obj, dict) and "model" in obj and "layers" not in obj:
             obj = obj["model"]
         try:
             return cls.from_json(obj, "model")
         except DomainError as e:
             raise DomainError(f"{path.name}: {e}") from None
-
-
-def read_json(path, what: str, constant_note: str = ""):
-    """The parsed JSON file ``path``; an unreadable file, text that is not UTF-8 or not JSON,
-    and the non-standard constants NaN / Infinity raise DomainError naming ``what`` and the
-    path (``constant_note`` is added to the last)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DomainError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise DomainError(f"{what} {str(path)!r} is not UTF-8 text") from None
-
-    def reject(name: str):
-        raise ValueError(f"non-standard JSON constant {name}{constant_note}")
-
-    try:
-        with _no_gc():
-            return json.loads(text, parse_constant=reject)
-    except json.JSONDecodeError as e:
-        raise DomainError(f"{what} {str(path)!r} is not valid JSON: {e.msg} "
-                          f"(line {e.lineno}, column {e.colno})") from None
-    except ValueError as e:
-        raise DomainError(f"{what} {str(path)!r}: {e}") from None
 
 
 def _check_state(where: str, mean, var, corr) -> None:
