@@ -643,9 +643,7 @@ def _keys(obj, keys: tuple, where: str) -> None:
 
 def _int(obj, key: str, where: str) -> int:
     v = obj[key]
-    if isinstance(v, (float, np.floating)) and float(v).is_integer():
-        v = int(v)
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):      # 4.0 too
         raise DomainError(f"{where}.{key} must be an integer, got {_type_name(v)} {v!r}")
     if v < 1:
         raise DomainError(f"{where}.{key} must be a positive integer, got {v}")
