@@ -197,7 +197,7 @@ def _check(key: str, value):
     if isinstance(value, bool) or not number or type(value).__name__ == "bool_":
         raise DomainError(f"{bad}{value!r} is not a valid {'integer' if kw.type is int else 'float'}")
     if kw.type is int:
-        if not float(value).is_integer():
+        if not isinstance(value, int) and not type(value).__name__.startswith(("int", "uint")):    # 4.0 too
             raise DomainError(f"{bad}{value!r} is not a valid integer")
         value = int(value)
     else:

@@ -14,6 +14,7 @@ from _cli import cli
 
 import sigprop
 from sigprop.api import KEYWORDS, flag
+from sigprop.errors import DomainError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(d_model=32, heads=2, d_ff=64, seq_len=8)
@@ -400,3 +401,20 @@ def test_docs_api_examples_run(capsys):
     assert ns["sol"].feasible and ns["q"].summary["forward_law"] == "constant"
     assert [row.arch for row in ns["c"]] == ["preln", "postln", "dslm"]
     assert "bad input: --layers must be" in out
+
+
+@pytest.mark.parametrize("keyword", ["layers", "d_model", "heads", "seq_len"])
+def test_an_integral_float_is_not_an_integer_option(keyword):
+    # as the flags (--layers 4.0: not a valid integer) and a --config file refuse it
+    opts = dict(layers=2, d_model=32, heads=2, d_ff=64, seq_len=8)
+    opts[keyword] = float(opts[keyword])
+    with pytest.raises(DomainError, match="must be an integer, got"):
+        sigprop.predict(**opts)
+    with pytest.raises(DomainError, match="must be an integer, got"):
+        sigprop.predict(config={k.replace("_", "-"): v for k, v in opts.items()})
+
+
+@pytest.mark.parametrize("keyword", ["trials", "batch", "seed"])
+def test_an_integral_float_is_not_an_integer_count(keyword):
+    with pytest.raises(DomainError, match="is not a valid integer"):
+        sigprop.check(layers=2, d_model=32, heads=2, d_ff=64, seq_len=8, **{keyword: 4.0})

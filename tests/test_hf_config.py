@@ -718,3 +718,85 @@ def test_prediction_agrees_with_transformers_forward(name):
     for layer, (mv, mc) in enumerate(zip(var, cor)):
         assert mv == pytest.approx(float(ends[layer].var), rel=0.12), (name, layer, mv, ends[layer].var)
         assert mc == pytest.approx(float(ends[layer].corr), abs=0.05), (name, layer, mc, ends[layer].corr)
+
+
+# ---------------------------------------------------------------------------------------
+# the names transformers also reads (its configuration classes' attribute_map)
+# ---------------------------------------------------------------------------------------
+
+#: (fixture, alias, the key it stands for): GPT2Config's and GPTJConfig's attribute_map
+ALIASES = [(f, alias, key) for f in ("gpt2-small.json", "gptj-full-rotary.json") for alias, key in (
+    ("hidden_size", "n_embd"), ("num_attention_heads", "n_head"), ("num_hidden_layers", "n_layer"),
+    ("max_position_embeddings", "n_positions"))]
+
+
+@pytest.mark.parametrize("fixture, alias, key", ALIASES)
+def test_an_alias_that_disagrees_with_its_key_is_refused(capsys, tmp_path, fixture, alias, key):
+    # transformers reads the alias when a config gives both: sigprop reading the key would
+    # predict another model
+    config = load(fixture)
+    config[alias] = config[key] * 2
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    line = one_error_line(*cli(capsys, "predict", "--hf-config", str(path), "--layers", "2", "--seq-len", "16"))
+    assert f"{key} {config[key]} and its alias {alias} {config[key] * 2} disagree" in line, line
+    with pytest.raises(DomainError, match=f"its alias {alias}"):
+        resolve(config)
+
+
+@pytest.mark.parametrize("fixture, alias, key", ALIASES)
+def test_an_alias_with_the_same_value_is_accepted(fixture, alias, key):
+    config = load(fixture)
+    config[alias] = config[key]
+    assert resolve(config, n_layers=2, seq_len=16).model == resolve(load(fixture), n_layers=2, seq_len=16).model
+
+
+def test_an_alias_alone_is_read_as_its_key():
+    # GPT2Config(hidden_size=384) is a model of n_embd 384, and sigprop's model is too
+    config = load("gpt2-small.json")
+    del config["n_embd"], config["n_layer"]
+    config.update(hidden_size=384, num_hidden_layers=3)
+    m = resolve(config, seq_len=16).model
+    assert (m.d_model, m.d_head, m.n_layers) == (384, 32, 3)
+
+
+def test_the_transformers_config_has_no_alias_to_win_over_the_depth():
+    config = load("gpt2-small.json")
+    config.update(num_hidden_layers=12, hidden_size=768)
+    cfg = resolve(config, n_layers=2, seq_len=16).transformers_config()
+    assert cfg["n_layer"] == 2 and cfg["n_embd"] == 768
+    assert not {"num_hidden_layers", "hidden_size"} & set(cfg)
+
+
+@pytest.mark.parametrize("fixture, changes, name", [
+    ("tinyllama/config.json", dict(rope_theta=0.5), "rope_theta"),
+    ("gpt-neox-full-rotary.json", dict(rotary_emb_base=0.5), "rotary_emb_base"),
+])
+def test_a_top_level_rotary_base_is_named_as_written(fixture, changes, name):
+    with pytest.raises(DomainError) as e:
+        resolve(_with(fixture, **changes), seq_len=16)
+    assert f": {name} must be a number > 1, got 0.5" in str(e.value) and "rope_scaling" not in str(e.value)
+
+
+@pytest.mark.parametrize("key", ["num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                                 "num_key_value_heads", "max_position_embeddings"])
+def test_an_integral_float_is_not_an_integer(key):
+    # transformers' configuration classes refuse it too (LlamaConfig(num_hidden_layers=4.0):
+    # "Field 'num_hidden_layers' expected int, got float")
+    config = load("tinyllama/config.json")
+    config[key] = float(config[key])
+    with pytest.raises(DomainError, match=f"{key} must be a positive integer, got {config[key]!r}"):
+        resolve(config, seq_len=16)
+
+
+def test_the_layer_count_is_checked_before_anything_per_layer():
+    import tracemalloc
+
+    config = _with("tinyllama/config.json", num_hidden_layers=10**8)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DomainError, match="num_hidden_layers 100000000 is beyond the 1,000,000 layers"):
+            resolve(config, seq_len=16)
+        assert tracemalloc.get_traced_memory()[1] < 10 << 20
+    finally:
+        tracemalloc.stop()

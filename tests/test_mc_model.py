@@ -11,6 +11,7 @@ import pytest
 import sigprop.mc.components.attention as attention_module
 import sigprop.mc.model as model_module
 from sigprop.mc.components import get as component
+from sigprop.errors import DomainError
 from sigprop.model.spec import Model
 
 B, L, D, H, DH, DFF = 2, 5, 8, 2, 3, 12     # H * DH != D on purpose
@@ -329,3 +330,79 @@ def test_attention_recomputed_in_backward_is_bit_identical(monkeypatch, arch, ex
     monkeypatch.setattr(model_module, "_rng_copy", lambda rng: model_module.Rng(99))
     other = model_module.run_trial(m, 2, model_module.Rng(seed), np.float32)
     assert not np.array_equal(other[1], keep[1])
+
+
+# ---------------------------------------------------------------------------------------
+# memory: estimated from the shapes, refused before allocating
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, batch, dtype", [
+    (dict(), 8, np.float32),
+    (dict(seq_len=256), 8, np.float32),                       # attention caches recomputed
+    (dict(seq_len=128, dropout=0.1), 8, np.float32),           # kept, with dropout masks
+    (dict(d_model=256, d_ff=1024, heads=4), 2, np.float32),    # weights dominate
+    (dict(arch="llama", kv_heads=2, seq_len=64), 8, np.float32),
+    (dict(block="parallel", seq_len=64), 8, np.float32),
+    (dict(arch="postln", dropout=0.1, seq_len=64), 8, np.float64),
+    (dict(seq_len=32), 64, np.float32),                        # activations dominate
+])
+def test_trial_memory_bounds_the_measured_peak(options, batch, dtype):
+    import tracemalloc
+
+    import sigprop
+    from sigprop.mc.backend import Rng, numpy_backend
+    from sigprop.mc.model import run_trial, trial_memory
+
+    opts = {**dict(layers=4, d_model=64, heads=4, d_ff=128, seq_len=16), **options}
+    m = sigprop.build_model(**opts)
+    run_trial(sigprop.build_model(layers=1, d_model=8, heads=1, d_ff=8, seq_len=4), 1,
+              Rng(np.random.SeedSequence(1), numpy_backend(), "host"))      # (first-call allocations)
+    tracemalloc.start()
+    try:
+        run_trial(m, batch, Rng(np.random.SeedSequence(0), numpy_backend(), "host"), dtype)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 1.0 <= trial_memory(m, batch, dtype) / peak <= 1.7
+
+
+def test_simulate_refuses_before_allocating(monkeypatch):
+    import tracemalloc
+
+    import sigprop
+    from sigprop.mc import component
+    from sigprop.mc.model import simulate, trial_memory
+
+    big = sigprop.build_model(layers=2, d_model=1024, heads=8, d_ff=4096, seq_len=64)
+    assert trial_memory(big, 64) > 500e6
+    monkeypatch.setattr(component, "available_memory", lambda: trial_memory(big, 64) / 2)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DomainError, match=r"batch 64, float32\) needs about .* GiB of memory, more than the"):
+            simulate(big, batch=64, trials=2)
+        assert tracemalloc.get_traced_memory()[1] < 20e6
+    finally:
+        tracemalloc.stop()
+    m = sigprop.build_model(layers=2, d_model=32, heads=2, d_ff=64, seq_len=8)
+    monkeypatch.setattr(component, "available_memory", lambda: trial_memory(m, 8) * 1.01)
+    assert simulate(m, batch=8, trials=2).trials == 2
+
+
+@pytest.mark.parametrize("args", [
+    ["--batch", "1000000000"],
+    ["--d-model", "100000"],
+])
+def test_check_refuses_sizes_beyond_memory(capsys, args):
+    from _cli import cli
+
+    base = ["--layers", "4", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16"]
+    code, out, err = cli(capsys, "check", *base, *args)
+    assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "GiB available on cpu" in err and args[1] in err
+
+
+def test_api_check_refuses_sizes_beyond_memory():
+    import sigprop
+
+    with pytest.raises(DomainError, match="batch 1000000000"):
+        sigprop.check(layers=2, d_model=32, heads=2, d_ff=64, seq_len=8, batch=10**9)

@@ -196,10 +196,14 @@ def test_not_an_object():
         Model.from_json([1, 2])
 
 
-def test_integral_floats_are_accepted_as_integers():
+def test_integral_floats_are_not_integers():
+    # as the flags, a --config TOML file and transformers' configs: 32.0 where an integer is required is refused
     j = make_model(n=2).to_json()
     j["d_model"] = 32.0
-    assert Model.from_json(j).d_model == 32 and type(Model.from_json(j).d_model) is int
+    with pytest.raises(DomainError, match=r"model\.d_model must be an integer, got a number 32\.0"):
+        Model.from_json(j)
+    j["d_model"] = np.int64(32)
+    assert type(Model.from_json(j).d_model) is int
 
 
 def test_first_bad_layer_is_reported():

@@ -415,3 +415,32 @@ def test_measure_cli_init_from_solution(torch, tmp_path, monkeypatch, capsys):
                          "--heads", "4", "--seq-len", "16", "-o", str(sol))
     code, out, err = cli(capsys, "measure", "--module", fac, "--spec", str(spec), "--init-from", str(sol))
     assert code == 2 and "n_layers" in err
+
+
+def test_measure_cli_factory_not_a_module(torch, tmp_path, monkeypatch, capsys):
+    (tmp_path / "not_a_module_xyz.py").write_text("def build():\n    return 3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = cli(capsys, "measure", "--module", "not_a_module_xyz:build", "--layers", "2", "--d-model", "16",
+                         "--heads", "2", "--seq-len", "4")
+    assert code == 2 and out == "" and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "returned int, not a torch.nn.Module" in err
+
+
+def test_module_factories_import_from_the_current_directory(tmp_path, monkeypatch):
+    # the console script's sys.path holds its own directory, not the current one
+    from sigprop.torch.measure import load_factory
+
+    (tmp_path / "cwd_factory_xyz.py").write_text("def build():\n    return 'built'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    assert load_factory("cwd_factory_xyz:build")() == "built"
+    assert sys.path[0] == str(tmp_path)
+
+
+def test_measure_refuses_sizes_beyond_memory(torch, tmp_path, monkeypatch, capsys):
+    (tmp_path / "never_built_xyz.py").write_text("def build():\n    raise AssertionError('built')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = cli(capsys, "measure", "--module", "never_built_xyz:build", "--layers", "2", "--d-model", "16",
+                         "--heads", "2", "--seq-len", "4", "--batch", "1000000000")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "batch 1000000000" in err and "GiB available" in err

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sigprop.errors import DomainError
-from sigprop.model.spec import read_json
+from sigprop.files import MAX_CONFIG_BYTES, check_path, read_json
 
 #: the default sequence length is the model's context, capped here
 SEQ_LEN_CAP = 2048
@@ -153,6 +153,18 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 #: the model_type values read (gemma3: its text_config, a gemma3_text model)
 MODEL_TYPES = (*FAMILIES, "gemma3")
 
+_GPT_ALIASES = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+                "num_hidden_layers": "n_layer"}
+#: transformers' ``attribute_map`` of a model_type's configuration class (alias -> the key it
+#: stores; the families not named have none): a config may give either name, and transformers
+#: reads the alias when both are given.  Both with different values are refused (two different
+#: models), the same value is fine, and an alias alone is read as its key.
+ATTRIBUTE_MAPS = {
+    "gpt2": _GPT_ALIASES, "gptj": _GPT_ALIASES,
+    "gemma3": {"image_token_id": "image_token_index", "boi_token_id": "boi_token_index",
+               "eoi_token_id": "eoi_token_index"},
+}
+
 
 @dataclass(frozen=True)
 class HFModel:
@@ -193,6 +205,8 @@ class HFModel:
         cfg = dict(self.config)
         if cfg.get("model_type") == "gemma3":
             cfg = {"model_type": "gemma3_text", **self.config["text_config"]}
+        cfg = _unaliased(cfg, fam.name, "config")      # (an alias would win over the keys written here)
+        cfg = {k: v for k, v in cfg.items() if k not in ATTRIBUTE_MAPS.get(fam.name, {})}
         m = self.model
         cfg[fam.keys["n_layers"]] = m.n_layers
         if isinstance(cfg.get("layer_types"), list):
@@ -213,14 +227,15 @@ class HFModel:
 
 def read_config(path) -> dict:
     """The JSON object of a Hugging Face ``config.json``: ``path`` is the file or a directory
-    holding ``config.json``.  A missing or unreadable file, invalid JSON or a JSON value that
-    is not an object raise DomainError."""
-    p = Path(path)
+    holding ``config.json``.  A missing or unreadable file, one that is not a regular file or is
+    larger than :data:`sigprop.files.MAX_CONFIG_BYTES`, invalid or too deeply nested JSON, or a
+    JSON value that is not an object raise DomainError (:func:`sigprop.files.read_json`)."""
+    p = Path(check_path(path, "Hugging Face config"))
     if p.is_dir():
         p = p / "config.json"
         if not p.is_file():
             raise DomainError(f"no config.json in directory {str(path)!r}")
-    obj = read_json(p, "Hugging Face config")
+    obj = read_json(p, "Hugging Face config", MAX_CONFIG_BYTES)
     if not isinstance(obj, dict):
         raise DomainError(f"Hugging Face config {str(p)!r} must hold a JSON object, got {type(obj).__name__}")
     return obj
@@ -247,8 +262,7 @@ class _Reader:
         v = self.raw(key, default)
         if v is None and allow_none:
             return None
-        if isinstance(v, float) and v.is_integer():
-            v = int(v)
+        # (4.0 too: transformers' configuration classes refuse a float for an int field)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             self.fail(f"{key} must be a positive integer, got {v!r}")
         return v
@@ -284,6 +298,23 @@ class _Reader:
 # ---------------------------------------------------------------------------------------
 # resolving
 # ---------------------------------------------------------------------------------------
+
+def _unaliased(cfg: dict, model_type, where: str) -> dict:
+    """``cfg`` with every alias of :data:`ATTRIBUTE_MAPS` read as its key; DomainError where a
+    config gives both with different values."""
+    aliases = ATTRIBUTE_MAPS.get(model_type, {}) if isinstance(model_type, str) else {}
+    given = [a for a in aliases if a in cfg]
+    if not given:
+        return cfg
+    out = dict(cfg)
+    for alias in given:
+        key = aliases[alias]
+        if key in cfg and cfg[key] != cfg[alias]:
+            raise DomainError(f"{where}: {key} {cfg[key]!r} and its alias {alias} {cfg[alias]!r} disagree "
+                              f"(transformers reads {alias}); give one of them, or the same value")
+        out[key] = cfg[alias]
+    return out
+
 
 def _g(v: float) -> str:
     return format(v, "g")
@@ -323,7 +354,7 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
         opts[name] = presets.OPTIONS[name].check(v, presets.OPTIONS[name].flag)
 
     notes: list[str] = []
-    cfg = config
+    cfg = _unaliased(config, config.get("model_type"), where)
     model_type = cfg.get("model_type")
     if model_type is None:
         raise DomainError(f"{where}: no model_type (the family); supported: {', '.join(MODEL_TYPES)}")
@@ -341,12 +372,17 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     if not isinstance(model_type, str) or cfg["model_type"] not in FAMILIES:
         raise DomainError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
     fam = FAMILIES[cfg["model_type"]]
+    cfg = _unaliased(cfg, fam.name, where)
     r = _Reader(cfg, fam.defaults, where)
     _refuse_common(r)
 
     # sizes
     k = fam.keys
     n_layers = opts.pop("n_layers", None) or r.int(k["n_layers"])
+    from sigprop.model.spec import MAX_LAYERS
+
+    if n_layers > MAX_LAYERS:                    # (before anything is built per layer)
+        r.fail(f"{k['n_layers']} {n_layers} is beyond the {MAX_LAYERS:,} layers sigprop predicts")
     d = r.int(k["d_model"])
     h = r.int(k["n_heads"])
     kv = r.int(k["n_kv_heads"], allow_none=True) if "n_kv_heads" in k else None
@@ -806,7 +842,7 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
             p = params.get(t)
             if not isinstance(p, dict):
                 r.fail(f"rope_parameters has no entry for {t}, which layer_types uses")
-            per_type[t] = (dict(p), f"rope_parameters.{t}")
+            per_type[t] = (dict(p), f"rope_parameters.{t}", None)
     else:
         if params is not None and not isinstance(params, dict):
             r.fail(f"rope_parameters must be an object, got {params!r}")
@@ -816,26 +852,30 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
         what = "rope_parameters" if params is not None else "rope_scaling"
         for t in used:
             q = dict(p)
+            src = None                    # the top-level key the base comes from (None: q's own)
             if "rope_theta" not in q:
                 if fam.name == "gemma3_text" and t == "sliding_attention":
+                    src = "rope_local_base_freq"
                     q["rope_theta"] = r.raw("rope_local_base_freq", 10000.0)
                     if params is None and legacy is not None:      # Gemma 3: rope_scaling is the global layers'
                         q = {"rope_type": "default", "rope_theta": q["rope_theta"]}
                 elif fam.name == "gpt_neox":
+                    src = "rotary_emb_base" if r.has("rotary_emb_base") or not r.has("rope_theta") else "rope_theta"
                     q["rope_theta"] = r.raw("rotary_emb_base", r.raw("rope_theta", 10000.0))
                 else:
+                    src = "rope_theta"
                     q["rope_theta"] = r.raw("rope_theta", 10000.0)
             if fam.name == "gpt_neox" and "partial_rotary_factor" not in q:
                 q["partial_rotary_factor"] = r.raw("rotary_pct", 0.25)
             if "partial_rotary_factor" not in q and r.cfg.get("partial_rotary_factor") is not None:
                 q["partial_rotary_factor"] = r.cfg["partial_rotary_factor"]
-            per_type[t] = (q, what)
+            per_type[t] = (q, what, src)
     ropes = {}
-    for t, (p, what) in per_type.items():
+    for t, (p, what, src) in per_type.items():
         kind = p.get("rope_type", p.get("type", "default")) or "default"
         theta = p.get("rope_theta")
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not (math.isfinite(theta) and theta > 1):
-            r.fail(f"{what}.rope_theta must be a number > 1, got {theta!r}")
+            r.fail(f"{src or what + '.rope_theta'} must be a number > 1, got {theta!r}")
         if kind in ("llama3", "yarn", "longrope"):        # transformers' standardize_rope_params
             if r.has("original_max_position_embeddings"):
                 p["original_max_position_embeddings"] = r.raw("original_max_position_embeddings")

@@ -419,6 +419,76 @@ class _Trial:
         return Y, (lambda G: self.norm.backward(G, cache))
 
 
+def trial_memory(model, batch: int, dtype=np.float32) -> float:
+    """Bytes one weight draw (:func:`run_trial`) holds at its peak, estimated from the shapes
+    before anything is allocated: every sublayer's backward cache, kept until the backward
+    reaches it (its weights, the (batch, L, width) activations, the (batch, heads, L, L)
+    probabilities and dropout masks of an attention layer that keeps them, see
+    :data:`RECOMPUTE_BYTES`), plus one layer's temporaries.  Within a factor ~1.5 above the
+    peak measured by tracemalloc (tests/test_mc_model.py)."""
+    m = model
+    item = float(np.dtype(np_dtype(dtype)).itemsize)
+    B, L, d, H, kv, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.n_kv_heads, m.d_head, m.d_ff
+    T, hd = float(B) * L, float(H) * dh
+    qkv = (H + 2.0 * kv) * dh
+    modern = kv != H or m.rope is not None or m.qk_norm is not None
+    if modern:                                   # (keys and values expanded to every head, normed copies)
+        qkv += 2.0 * H * dh + (2.0 * hd if m.qk_norm is not None else 0.0)
+    LL = float(B) * H * L * L
+    p_att, p_hid, p_ffn = m.dropout.attention > 0, m.dropout.hidden > 0, m.dropout.ffn_inner > 0
+    weights = 2.0 * d * qkv + 2.0 * hd * d           # (the scaled copies)
+    att_ll = (1.0 + (1.0 + 1.0 / item) * p_att) * LL  # P, and with dropout A and the 0/1 mask
+    keeps = 3.0 * LL * item <= RECOMPUTE_BYTES
+    att = weights + T * (qkv + hd) + (att_ll if keeps else 0.0)
+    glu = m.ffn_kind == "glu"
+    # (the activation's derivative, or ReLU's output; a GLU's gate, up, act and derivative)
+    ffn = (3.0 if glu else 2.0) * d * dff + T * (3.0 if glu else 1.0) * dff + (T * dff / item) * p_ffn
+    norms = T * d                                     # a norm's output (its scales are T numbers)
+    layer = att + ffn + 2.0 * norms + (2.0 * T * d / item) * p_hid
+    # one layer's temporaries: the logits, their exponentials and the backward's dP and dS
+    # (and a recomputed cache), the FFN's hidden activations, the stream and its gradient
+    temp = 3.0 * LL + (0.0 if keeps else att_ll) + 2.0 * T * dff + 4.0 * T * d + weights
+    return item * (m.n_layers * layer + temp)
+
+
+def check_memory(model, batch: int, dtype=np.float32, backend: Backend | None = None, parallel: int = 1) -> None:
+    """DomainError, naming the sizes, when ``parallel`` weight draws at once (a local
+    cluster's workers) would need more memory than is available on the simulation's device
+    (:func:`trial_memory`; the host's MemAvailable, a GPU's free memory), before anything is
+    allocated.  Nothing is refused where the available memory is unknown."""
+    from sigprop.mc.component import available_memory
+
+    bk = backend or numpy_backend()
+    need = parallel * trial_memory(model, batch, dtype)
+    have = available_memory() if bk.device_name == "cpu" else _device_memory(bk)
+    if have is None or need <= have:
+        return
+    m = model
+    sizes = (f"{m.n_layers} layers, d_model {m.d_model}, d_ff {m.d_ff}, {m.n_heads} heads, seq_len {m.seq_len}, "
+             f"batch {batch}, {np.dtype(np_dtype(dtype)).name}")
+    shown = f"{need / 2**30:.3g} GiB" if need < 2.0**90 else "beyond any machine"
+    where = "" if parallel == 1 else f" ({parallel} draws at once)"
+    raise DomainError(f"the Monte Carlo of this model ({sizes}) needs about {shown} of memory{where}, more than "
+                      f"the {have / 2**30:.3g} GiB available on {bk.device_name}: a smaller batch, model or "
+                      "sequence")
+
+
+def _device_memory(bk) -> float | None:
+    """Free bytes on a GPU backend's device (torch or CuPy), None where unknown."""
+    try:
+        if bk.name == "torch":
+            import torch
+
+            return float(torch.cuda.mem_get_info()[0])
+        if bk.name == "cupy":
+            import cupy
+
+            return float(cupy.cuda.runtime.memGetInfo()[0])
+    except Exception:                             # no device, no library: the run will say so
+        return None
+    return None
+
+
 def trial_seeds(seed: int, trials: int) -> list:
     """One independent seed per trial: ``SeedSequence(seed).spawn(trials)`` (trial t's child
     does not depend on the number of trials), so that trials can run anywhere, in any order."""
@@ -502,10 +572,16 @@ def simulate(model, *, batch: int = 8, trials: int = 8, seed: int = 0, dtype=np.
     (default NumPy on the CPU); ``stream``: 'host' (NumPy's numbers, the same on every backend)
     or 'device' (the backend's own generator); ``distributor``: a
     :class:`sigprop.mc.distributed.Distributor` that runs the trials on a Dask cluster (the
-    same numbers as the serial run: each trial depends on its seed alone)."""
+    same numbers as the serial run: each trial depends on its seed alone).  Sizes whose draw
+    needs more memory than is available are refused before anything is allocated
+    (:func:`check_memory`)."""
     m = model
     bk = backend or numpy_backend()
     check_supported(m, bk)
+    if distributor is None:
+        check_memory(m, batch, dtype, bk)
+    elif getattr(distributor, "cluster", None) is not None:      # a local cluster: draws at once
+        check_memory(m, batch, dtype, bk, parallel=max(1, min(distributor.n_workers, trials)))
     seeds = trial_seeds(seed, trials)
     t0 = time.perf_counter()
     if distributor is None:

@@ -209,6 +209,13 @@ def check_model(model, tol: dict, *, trials: int, batch: int, seed: int, dtype: 
     from sigprop.model.predict import predict
 
     bk = get_backend(backend, device)
+    if dask is None or dask == "local":          # (before a local cluster starts; simulate checks again)
+        import os
+
+        from sigprop.mc.model import check_memory
+
+        parallel = 1 if dask is None and workers is None else min(workers or os.cpu_count() or 1, trials)
+        check_memory(model, batch, getattr(np, dtype), bk, parallel=parallel)
     points = predict(model, stop_at_saturation=True)
     require_complete(points)
     require_representable(points, dtype)

@@ -17,7 +17,6 @@ the file and the key).  The result maps canonical option names (``n_layers``, ``
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 from sigprop.errors import DomainError
@@ -26,17 +25,10 @@ from sigprop.model.presets import OPTIONS, canonical_name
 
 def load_config(path) -> dict:
     """Read and validate a TOML options file; returns {canonical option name: value}."""
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise DomainError(f"cannot read config file {str(path)!r}: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise DomainError(f"config file {str(path)!r} is not valid TOML: {e}") from None
-    except UnicodeDecodeError:
-        raise DomainError(f"config file {str(path)!r} is not UTF-8 text") from None
-    return check_config(data, path.name)
+    from sigprop.files import check_path, read_toml
+
+    path = Path(check_path(path, "config file"))
+    return check_config(read_toml(path, "config file"), path.name)
 
 
 def check_config(data: dict, where: str = "config") -> dict:

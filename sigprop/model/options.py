@@ -18,7 +18,20 @@ OPTIONS = {(o.cli or o.name): o for o in _PRESET_OPTIONS.values()}
 def _load_config(config) -> dict:
     from sigprop.model.config import check_config, load_config
 
-    return check_config(config) if isinstance(config, dict) else load_config(config)
+    if isinstance(config, dict):
+        return check_config(config)
+    _require_path(config, "config", "a TOML file's path (str or os.PathLike) or the parsed dict")
+    return load_config(config)
+
+
+def _require_path(value, name: str, wanted: str) -> None:
+    """DomainError unless ``value`` is a str or an os.PathLike (a file argument of the API)."""
+    import os
+
+    from sigprop.errors import DomainError
+
+    if not isinstance(value, (str, os.PathLike)):
+        raise DomainError(f"{name} must be {wanted}, got {type(value).__name__}")
 
 
 def _load_spec(spec):
@@ -77,6 +90,8 @@ def build_hf(hf_config, opts: dict, spec=None, config=None):
     if isinstance(hf_config, dict):
         cfg, where = hf_config, "Hugging Face config"
     else:
+        _require_path(hf_config, "hf_config", "a path (str or os.PathLike) to config.json or to a directory "
+                                              "holding one, or the parsed dict")
         p = Path(hf_config)
         cfg, where = hf.read_config(p), str(p / "config.json" if p.is_dir() else p)
     canonical = {(OPTIONS[k].name if k in OPTIONS else k): v for k, v in opts.items()}

@@ -105,7 +105,8 @@ class Option(NamedTuple):
             kind = "an integer" if self.type is int else "a number"
             raise DomainError(f"{label} must be {kind}, got {value!r}")
         if self.type is int:
-            if isinstance(value, (float, np.floating)) and not float(value).is_integer():
+            # (4.0 too, as the flags, a TOML file and transformers' configs refuse it)
+            if isinstance(value, (float, np.floating)):
                 raise DomainError(f"{label} must be an integer, got {value!r}")
             value = int(value)
         else:

@@ -16,7 +16,6 @@ exact (floats are written with Python's shortest repr).
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from types import MappingProxyType
@@ -566,38 +565,16 @@ class Model(_Frozen):
     def load(cls, path) -> "Model":
         """Read a JSON file holding either the model object or an object with key "model"
         (a trace or check output)."""
-        path = Path(path)
-        obj = read_json(path, "model file", " (model values must be finite numbers)")
+        from sigprop.files import MAX_MODEL_BYTES, check_path, read_json
+
+        path = Path(check_path(path, "model file"))
+        obj = read_json(path, "model file", MAX_MODEL_BYTES, " (model values must be finite numbers)")
         if isinstance(obj, dict) and "model" in obj and "layers" not in obj:
             obj = obj["model"]
         try:
             return cls.from_json(obj, "model")
         except DomainError as e:
             raise DomainError(f"{path.name}: {e}") from None
-
-
-def read_json(path, what: str, constant_note: str = ""):
-    """The parsed JSON file ``path``; an unreadable file, text that is not UTF-8 or not JSON,
-    and the non-standard constants NaN / Infinity raise DomainError naming ``what`` and the
-    path (``constant_note`` is added to the last)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise DomainError(f"cannot read {what} {str(path)!r}: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise DomainError(f"{what} {str(path)!r} is not UTF-8 text") from None
-
-    def reject(name: str):
-        raise ValueError(f"non-standard JSON constant {name}{constant_note}")
-
-    try:
-        return json.loads(text, parse_constant=reject)
-    except json.JSONDecodeError as e:
-        raise DomainError(f"{what} {str(path)!r} is not valid JSON: {e.msg} "
-                          f"(line {e.lineno}, column {e.colno})") from None
-    except ValueError as e:
-        raise DomainError(f"{what} {str(path)!r}: {e}") from None
 
 
 def _check_state(where: str, mean, var, corr) -> None:
@@ -656,9 +633,7 @@ def _keys(obj, keys: tuple, where: str) -> None:
 
 def _int(obj, key: str, where: str) -> int:
     v = obj[key]
-    if isinstance(v, (float, np.floating)) and float(v).is_integer():
-        v = int(v)
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):      # 4.0 too
         raise DomainError(f"{where}.{key} must be an integer, got {_type_name(v)} {v!r}")
     if v < 1:
         raise DomainError(f"{where}.{key} must be a positive integer, got {v}")

@@ -42,7 +42,7 @@ import numpy as np
 
 from sigprop.errors import DomainError
 from sigprop.interop.torch_names import Layout, stream_points
-from sigprop.mc.model import ModelMeasurement, logit_stats, point_labels, trial_seeds
+from sigprop.mc.model import ModelMeasurement, check_memory, logit_stats, point_labels, trial_seeds
 from sigprop.mc.sampling import correlated
 from sigprop.mc.stats import pool, raw_moments
 from sigprop.torch.init import apply_init, find_blocks, submodule, torch_module
@@ -108,12 +108,18 @@ def module_source(factory: Callable, *, layout: Layout, description: str = "") -
 
 
 def load_factory(spec: str) -> Callable:
-    """``package.module:factory`` -> the callable (DomainError when it cannot be imported)."""
+    """``package.module:factory`` -> the callable (DomainError when it cannot be imported).
+    The current directory is put first on ``sys.path`` (as ``python -m`` does; the console
+    script does not), so that ``my_model:build`` finds ``./my_model.py``."""
     import importlib
+    import os
 
     mod_name, sep, attr = spec.partition(":")
     if not sep or not mod_name or not attr:
         raise DomainError(f"--module must be package.module:factory, got {spec!r}")
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
     try:
         mod = importlib.import_module(mod_name)
     except Exception as e:          # noqa: BLE001 - any import failure is the user's input
@@ -218,6 +224,7 @@ def measure(model, source: Source, *, trials: int = 4, batch: int = 4, seed: int
         raise DomainError("--tokens needs a model with an embedding (--hf-config)")
     tdt = getattr(torch, dtype)
     m = model
+    check_memory(m, batch, dtype)        # (a forward and backward holds what the Monte Carlo's draw holds)
     parallel = m.block == "parallel"
     labels = point_labels(m)
     n_points = len(labels)
@@ -256,6 +263,9 @@ def _trials(torch, m, source, pts, seeds, batch, tdt, tokens, init, progress, fw
         torch_seed = int(ss.generate_state(1, dtype=np.uint64)[0] & ((1 << 63) - 1))
         torch.manual_seed(torch_seed)
         net = _guarded(source.build, "building the model")
+        if not isinstance(net, torch.nn.Module):
+            raise DomainError(f"{source.description or 'the factory'} returned {type(net).__name__}, not a "
+                              "torch.nn.Module (the model to measure)")
         if init is not None:
             apply_init(net, init, layout=source.layout.name,
                        generator=torch.Generator().manual_seed(torch_seed ^ 0x5EED))
