@@ -9,8 +9,8 @@ made, in words (``notes``).  No network access, no torch or transformers import.
 
 Families (``model_type``): gpt2, bert, llama, mistral, qwen2, gpt_neox, gptj, olmo2, gemma2,
 gemma3_text (and gemma3, whose ``text_config`` is read); qwen3, roberta, distilbert, starcoder2,
-phi3, gemma, cohere, granite, olmo3, smollm3, stablelm, phi.  :data:`REFUSED` names the
-model_types refused by name (mixture of experts, encoder-decoder, recurrent, ...).  Every field that changes signal
+phi3, gemma, cohere, granite, olmo3, smollm3, stablelm, phi (:data:`REFUSED`: the model_types
+refused by name: mixture of experts, encoder-decoder, recurrent, ...).  Every field that changes signal
 propagation at initialisation is mapped, or refused with a :class:`sigprop.errors.DomainError`
 naming it when sigprop cannot model it (a sliding window shorter than the sequence, mixture of
 experts, ALiBi, partial or rescaled rotary positions, attention-logit soft-capping, ...).  Keys
