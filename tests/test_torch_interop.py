@@ -177,6 +177,40 @@ def test_apply_init_fused_qkv(transformers, torch, family):
         assert float(got.std()) == pytest.approx(want, rel=5 / math.sqrt(2 * n))
 
 
+def test_apply_init_phi3_fused_rows(transformers, torch):
+    """Phi-3's qkv_proj (q, k, v stacked by rows, two key/value heads of four) and gate_up_proj
+    (gate, then up): distinct stds land where its forward reads them (qkv[..., :H dh] q, the
+    next Hkv dh k, the rest v; gate_up chunked in two, gate first)."""
+    from sigprop.torch import apply_init
+
+    r = _resolved("phi3")
+    m = _stds(r.model, q=0.01, k=0.05, v=0.2, gate=0.03, up=0.3)
+    net = transformers.AutoModel.from_config(_hf_config(transformers, r))
+    apply_init(net, m, seed=1)
+    att, mlp = net.layers[0].self_attn, net.layers[0].mlp
+    W = att.qkv_proj.weight.detach()
+    qp = m.n_heads * m.d_head
+    kvp = m.n_kv_heads * m.d_head
+    gate, up = mlp.gate_up_proj.weight.detach().chunk(2, dim=0)
+    for got, want in ((W[:qp], 0.01), (W[qp:qp + kvp], 0.05), (W[qp + kvp:], 0.2), (gate, 0.03), (up, 0.3)):
+        assert float(got.std()) == pytest.approx(want, rel=5 / math.sqrt(2 * got.numel()))
+
+
+def test_granite_takes_no_sigprop_init(transformers):
+    """Granite's multipliers act in its forward pass: writing a sigprop init into its modules
+    (apply_init, the emitted code) is refused, naming why."""
+    from sigprop.errors import DomainError
+    from sigprop.export.torch_code import torch_init_code
+    from sigprop.torch import apply_init
+
+    r = _resolved("granite")
+    net = transformers.AutoModel.from_config(_hf_config(transformers, r))
+    with pytest.raises(DomainError, match="residual_multiplier"):
+        apply_init(net, r.model)
+    with pytest.raises(DomainError, match="attention_multiplier"):
+        torch_init_code(r.model, "hf:granite")
+
+
 def _hf_config(transformers, r):
     cfg = {k: v for k, v in r.config.items() if k != "model_type"}
     c = transformers.AutoConfig.for_model(r.family, **cfg)

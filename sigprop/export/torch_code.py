@@ -11,7 +11,7 @@ what :func:`sigprop.torch.apply_init` does from Python.  A printer: no torch imp
 
 from __future__ import annotations
 
-from sigprop.interop.torch_names import init_plan, layout as get_layout, scale_plan
+from sigprop.interop.torch_names import init_plan, layout as get_layout, require_init, scale_plan
 
 FUNCTION = "apply_sigprop_init"
 
@@ -31,6 +31,7 @@ def torch_init_code(model, layout: str) -> str:
     """The source of ``apply_sigprop_init(model, generator=None)`` for a model in ``layout``
     ("plain" or "hf:FAMILY") holding ``model``'s init (a sigprop Model)."""
     lay = get_layout(layout)
+    require_init(lay)
     plan = init_plan(model, scales=lay.scales is not None)
     scales = scale_plan(model, lay)
     n = model.n_layers

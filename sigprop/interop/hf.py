@@ -8,7 +8,9 @@ configuration class's defaults for keys a file leaves out), and returns it in an
 made, in words (``notes``).  No network access, no torch or transformers import.
 
 Families (``model_type``): gpt2, bert, llama, mistral, qwen2, gpt_neox, gptj, olmo2, gemma2,
-gemma3_text (and gemma3, whose ``text_config`` is read).  Every field that changes signal
+gemma3_text (and gemma3, whose ``text_config`` is read); qwen3, roberta, distilbert, starcoder2,
+phi3, gemma, cohere, granite, olmo3, smollm3, stablelm, phi (:data:`REFUSED`: the model_types
+refused by name: mixture of experts, encoder-decoder, recurrent, ...).  Every field that changes signal
 propagation at initialisation is mapped, or refused with a :class:`sigprop.errors.DomainError`
 naming it when sigprop cannot model it (a sliding window shorter than the sequence, mixture of
 experts, ALiBi, different rotary positions in different layers, attention-logit soft-capping, ...).  Keys
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from sigprop import registry
 from sigprop.errors import DomainError
 from sigprop.files import MAX_CONFIG_BYTES, check_path, read_json
 
@@ -150,6 +153,114 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
                 tie_word_embeddings=True),
            **dict(_LLAMA_FAMILY, placement="peri", embedding="token table times sqrt(hidden_size)")),
 )}
+
+# -- families added for issue 36 (defaults: the configuration classes of transformers 5) ----
+#: DistilBERT's LayerNorms have eps 1e-12 fixed in its modeling code (no config key): a key no
+#: config holds, so the default always applies
+_FIXED_EPS = "__fixed_norm_eps"
+_DISTILBERT_KEYS = dict(n_layers="n_layers", d_model="dim", n_heads="n_heads", d_ff="hidden_dim",
+                        activation="activation", norm_eps=_FIXED_EPS, max_positions="max_position_embeddings")
+_LN_DECODER_KEYS = dict(_BERT_KEYS, n_kv_heads="num_key_value_heads", d_head="head_dim")
+_BERT_DEFAULTS = FAMILIES["bert"].defaults
+_OLMO2 = FAMILIES["olmo2"]
+FAMILIES.update({f.name: f for f in (
+    Family("qwen3", "Qwen3", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, num_key_value_heads=32, head_dim=128, intermediate_size=22016,
+                max_position_embeddings=32768, attention_bias=False, use_sliding_window=False, sliding_window=4096,
+                max_window_layers=28), **_LLAMA_FAMILY),
+    Family("roberta", "RoBERTa", _BERT_KEYS, dict(_BERT_DEFAULTS, pad_token_id=1), norm="layernorm",
+           placement="post", ffn="mlp", final_norm=False, causal=False, rope=False, positions=True,
+           dropout=("attention_probs_dropout_prob", "hidden_dropout_prob", "hidden_dropout_prob"), init="normal",
+           embedding="token + learned position (from pad_token_id + 1) + token-type tables, then LayerNorm"),
+    Family("distilbert", "DistilBERT", _DISTILBERT_KEYS,
+           {"n_layers": 6, "dim": 768, "n_heads": 12, "hidden_dim": 3072, "activation": "gelu",
+            _FIXED_EPS: 1e-12, "max_position_embeddings": 512, "initializer_range": 0.02, "dropout": 0.1,
+            "attention_dropout": 0.1, "sinusoidal_pos_embds": False, "tie_word_embeddings": True},
+           norm="layernorm", placement="post", ffn="mlp", final_norm=False, causal=False, rope=False,
+           positions=True, dropout=("attention_dropout", "dropout", "dropout"), init="normal",
+           embedding="token + learned position tables, then LayerNorm"),
+    Family("starcoder2", "StarCoder2", dict(_LLAMA_KEYS, norm_eps="norm_epsilon"),
+           dict(num_hidden_layers=30, hidden_size=3072, num_attention_heads=24, num_key_value_heads=2, head_dim=None,
+                intermediate_size=12288, hidden_act="gelu_pytorch_tanh", norm_epsilon=1e-5,
+                max_position_embeddings=4096, initializer_range=0.018042, rope_theta=10000.0, sliding_window=None,
+                attention_dropout=0.0, residual_dropout=0.0, embedding_dropout=0.0, use_bias=True,
+                tie_word_embeddings=True),
+           norm="layernorm", placement="pre", ffn="mlp", rope=True, positions=False,
+           dropout=("attention_dropout", "residual_dropout", "embedding_dropout"), init="normal",
+           embedding="token table", **_DECODER),
+    Family("phi3", "Phi-3", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, hidden_size=3072, intermediate_size=8192, num_key_value_heads=None, rms_norm_eps=1e-5,
+                max_position_embeddings=4096, resid_pdrop=0.0, embd_pdrop=0.0, sliding_window=None),
+           **dict(_LLAMA_FAMILY, dropout=("attention_dropout", "resid_pdrop", None))),
+    Family("gemma", "Gemma", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, num_hidden_layers=28, hidden_size=3072, num_attention_heads=16, num_key_value_heads=16,
+                head_dim=256, intermediate_size=24576, hidden_act="gelu_pytorch_tanh", max_position_embeddings=8192,
+                attention_bias=False, use_bidirectional_attention=None, tie_word_embeddings=True),
+           **dict(_LLAMA_FAMILY, embedding="token table times sqrt(hidden_size)")),
+    Family("cohere", "Cohere (Command R)", dict(_LN_DECODER_KEYS),
+           dict(num_hidden_layers=40, hidden_size=8192, num_attention_heads=64, num_key_value_heads=None, head_dim=None,
+                intermediate_size=22528, hidden_act="silu", layer_norm_eps=1e-5, max_position_embeddings=8192,
+                initializer_range=0.02, rope_theta=500000.0, attention_bias=False, attention_dropout=0.0,
+                use_qk_norm=False, logit_scale=0.0625, tie_word_embeddings=True),
+           norm="layernorm", placement="pre", ffn="glu", rope=True, positions=False,
+           dropout=("attention_dropout", None, None), init="normal", embedding="token table", **_DECODER),
+    Family("granite", "Granite", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, attention_bias=False, mlp_bias=False, embedding_multiplier=1.0, logits_scaling=1.0,
+                residual_multiplier=1.0, attention_multiplier=1.0),
+           **dict(_LLAMA_FAMILY, embedding="token table times embedding_multiplier")),
+    Family("olmo3", "OLMo 3", _LLAMA_KEYS,
+           dict(_OLMO2.defaults, rope_theta=500000.0, sliding_window=4096), **dict(_LLAMA_FAMILY, placement="output")),
+    Family("smollm3", "SmolLM3", _LLAMA_KEYS,
+           dict(_LLAMA_DEFAULTS, num_hidden_layers=36, hidden_size=2048, num_attention_heads=16, num_key_value_heads=4,
+                max_position_embeddings=32768, rope_theta=2000000.0, use_sliding_window=False, sliding_window=None,
+                no_rope_layers=None, no_rope_layer_interval=4, attention_bias=False, mlp_bias=False,
+                tie_word_embeddings=True), **_LLAMA_FAMILY),
+    Family("stablelm", "StableLM", dict(_LN_DECODER_KEYS),
+           dict(num_hidden_layers=32, hidden_size=2560, num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                intermediate_size=6912, hidden_act="silu", layer_norm_eps=1e-5, max_position_embeddings=4096,
+                initializer_range=0.02, rope_theta=10000.0, partial_rotary_factor=0.25, use_qkv_bias=False,
+                qk_layernorm=False, use_parallel_residual=False, hidden_dropout=0.0, attention_dropout=0.0),
+           norm="layernorm", placement="pre", ffn="glu", rope=True, positions=False,
+           dropout=("attention_dropout", "hidden_dropout", None), init="normal", embedding="token table", **_DECODER),
+    Family("phi", "Phi", dict(_LN_DECODER_KEYS),
+           dict(num_hidden_layers=24, hidden_size=2048, num_attention_heads=32, num_key_value_heads=None, head_dim=None,
+                intermediate_size=8192, hidden_act="gelu_new", layer_norm_eps=1e-5, max_position_embeddings=2048,
+                initializer_range=0.02, rope_theta=10000.0, partial_rotary_factor=0.5, qk_layernorm=False,
+                resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0),
+           norm="layernorm", placement="pre", ffn="mlp", rope=True, positions=False,
+           dropout=("attention_dropout", "resid_pdrop", "embd_pdrop"), init="normal", embedding="token table",
+           **_DECODER),
+)})
+#: model_type -> why it is refused (exit 2): text families transformers ships that sigprop
+#: does not read (docs/hf.md lists every text model_type and its status)
+_MOE = "mixture of experts is not modelled yet"
+#: (the lists: the text model_types of transformers 5.24 whose configuration class defaults to more
+#: than one expert (and hunyuan_v1_moe, dots1), those that default to is_encoder_decoder, and those
+#: built of recurrent or state-space layers)
+REFUSED = {
+    **dict.fromkeys((
+        "afmoe", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam", "cohere2_moe", "dbrx", "deepseek_v2",
+        "deepseek_v3", "deepseek_v32", "deepseek_v4", "doge", "dots3_note_text", "ernie4_5_moe", "exaone_moe",
+        "flex_olmo", "flint", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_oss", "granitemoe",
+        "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "hy_v3", "hy_v4", "inkling2_loop_text",
+        "inkling2_text", "inkling_text", "jamba", "jetmoe", "kimi_linear", "kolibri1", "laguna", "lara_mini",
+        "lfm2_moe", "llama4", "llama4_text", "longcat_flash", "mellum", "mimo_v2_flash", "minimax", "minimax_m2",
+        "minimax_m3_vl_text", "mixtral", "nemotron_h", "nllb-moe", "olmoe", "phimoe", "qwen2_moe", "qwen3_5_moe",
+        "qwen3_5_moe_text", "qwen3_moe", "qwen3_next", "qwen4_exp_text", "sarvam_mla", "sarvam_moe", "solar_open",
+        "switch_transformers", "zaya", "hunyuan_v1_moe", "dots1"), _MOE),
+    **dict.fromkeys((
+        "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "encoder-decoder", "fsmt", "led", "longt5",
+        "m2m_100", "marian", "mbart", "mt5", "musicgen", "musicgen_melody", "mvp", "pegasus", "pegasus_x",
+        "plbart", "prophetnet", "seamless_m4t", "seamless_m4t_v2", "t5", "t5gemma", "t5gemma2", "umt5", "whisper"),
+                    "encoder-decoder models (cross-attention) are not modelled"),
+    **dict.fromkeys(("bamba", "falcon_h1", "falcon_mamba", "lfm2", "mamba", "mamba2", "olmo_hybrid",
+                     "recurrent_gemma", "rwkv", "xlstm", "zamba", "zamba2"),
+                    "recurrent or state-space (Mamba-style) layers are not modelled; sigprop's layers are attention"),
+    "falcon": "Falcon's blocks (multi-query attention shared across the parallel norms, "
+              "new_decoder_architecture, ALiBi variants) are not mapped yet",
+    "modernbert": "ModernBERT's alternating local (sliding-window) attention, norm-free first layer and "
+                  "GeGLU with bias-free LayerNorms are not mapped yet",
+}
 #: the model_type values read (gemma3: its text_config, a gemma3_text model)
 MODEL_TYPES = (*FAMILIES, "gemma3")
 
@@ -369,12 +480,15 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
         where = f"{where} (text_config)"
         notes.append("gemma3: the language model of text_config (a gemma3_text model) is read; the vision "
                      "tower and the image tokens are not modelled")
+    if isinstance(model_type, str) and cfg["model_type"] in REFUSED:
+        raise DomainError(f"{where}: model_type {cfg['model_type']!r} is refused: {REFUSED[cfg['model_type']]}")
     if not isinstance(model_type, str) or cfg["model_type"] not in FAMILIES:
         raise DomainError(f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(MODEL_TYPES)}")
     fam = FAMILIES[cfg["model_type"]]
     cfg = _unaliased(cfg, fam.name, where)
     r = _Reader(cfg, fam.defaults, where)
     _refuse_common(r)
+    _refuse_family(fam, r, opts, notes)
 
     # sizes
     k = fam.keys
@@ -420,11 +534,17 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     # norm
     norm_eps = r.float(k["norm_eps"], lo=0.0)
     norm_words = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[fam.norm]
-    if fam.name in ("gemma2", "gemma3_text"):
+    if fam.name in ("gemma", "gemma2", "gemma3_text"):
         notes.append("RMSNorm computes x_hat (1 + w) with w initialised at 0: gain 1 at init")
+    if fam.name == "cohere":
+        notes.append("LayerNorm without a bias (CohereLayerNorm): the same as a LayerNorm whose bias is 0, as at init")
+    if fam.name == "distilbert":
+        notes.append("DistilBERT's LayerNorms have eps 1e-12 (fixed in its modeling code)")
 
     # sequence length
     max_pos = r.int(k["max_positions"])
+    if fam.name == "roberta":
+        max_pos = _roberta_positions(r, max_pos, notes)
     if seq_len is None:
         seq_len, source = min(max_pos, SEQ_LEN_CAP), SEQ_LEN_FROM_CONFIG
         notes.append(f"seq_len {seq_len} = min({k['max_positions']} {max_pos}, {SEQ_LEN_CAP})")
@@ -441,16 +561,16 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
 
     # attention: causal or not, scaling, sliding windows, positions
     causal = fam.causal
-    if fam.name == "bert" and r.bool("is_decoder"):
+    if fam.name in ("bert", "roberta") and r.bool("is_decoder"):
         causal = True
         notes.append("is_decoder true: causal self-attention")
-    if fam.name in ("gemma2", "gemma3_text") and r.bool("use_bidirectional_attention"):
+    if fam.name in ("gemma", "gemma2", "gemma3_text") and r.bool("use_bidirectional_attention"):
         causal = False
         notes.append("use_bidirectional_attention true: bidirectional attention")
     _attention_checks(fam, r, d_head)
     layer_types = _layer_types(fam, r, n_layers, seq_len, notes)
     rope_base = _rope(fam, r, d_head, seq_len, max_pos, layer_types, notes) if fam.rope else None
-    if fam.name == "bert":
+    if fam.name in ("bert", "roberta"):
         pet = r.raw("position_embedding_type", "absolute")
         if pet != "absolute":
             r.fail(f"position_embedding_type {pet!r} (relative position scores) is not modelled; "
@@ -468,6 +588,8 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     elif fam.name == "gptj":
         block = "parallel"
         notes.append("GPT-J blocks: x' = x + Att(LN x) + MLP(LN x), one LayerNorm")
+    else:
+        block = _family_block(fam, r, notes)
     qk_norm = False
     if fam.name == "olmo2":
         qk_norm = True
@@ -477,6 +599,8 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     elif fam.name == "gemma3_text":
         qk_norm = True
         notes.append("QK-norm: RMSNorm per head on queries and keys, gain 1 at init")
+    else:
+        qk_norm = _family_qk_norm(fam, r, notes)
 
     # biases (zero at init: only named)
     bias = _biases(fam, r, notes)
@@ -549,7 +673,7 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     notes.append(f"tie_word_embeddings {str(bool(r.raw('tie_word_embeddings', False))).lower()}: the output head "
                  "does not change the stream; the gradient arriving at the top is the grad_var/grad_corr given")
 
-    ffn_opt = "mlp" if fam.ffn == "mlp" else {"silu": "swiglu", "gelu": "geglu", "relu": "reglu"}[activation]
+    ffn_opt = "mlp" if fam.ffn == "mlp" else registry.activation(activation).glu
     resolve_opts = dict(
         n_layers=n_layers, d_model=d, n_heads=h, n_kv_heads=kv, d_head=d_head, d_ff=d_ff, seq_len=seq_len,
         ffn=ffn_opt, activation=activation, norm=fam.norm, norm_eps=norm_eps, placement=fam.placement,
@@ -560,9 +684,11 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
         resolve_opts["rope_base"] = rope_base if isinstance(rope_base, float) else presets.DEFAULT_ROPE_BASE
     if "dropout" in opts:
         resolve_opts["dropout"] = opts["dropout"]
+    resolve_opts.update(_family_options(fam, r, opts, notes))
     model = presets.resolve(arch="preln", init=init, **resolve_opts)
     if rope_base is not None and not isinstance(rope_base, float):
         model = model.replace(rope=rope_base)
+    model = _family_model(fam, r, model, notes)
     hfm_fields = dict(family=fam.name, config=config, seq_len=seq_len, seq_len_source=source, notes=notes,
                       init_std=init_std, embedding=emb, overrides={k: v for k, v in options.items() if v is not None})
     hf_json = {"family": fam.name, "seq_len_source": source, "notes": list(notes)}
@@ -624,15 +750,17 @@ def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> 
         if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:
             r.fail(f"sliding_window_pattern must be a positive integer, got {pattern!r}")
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]
-    elif fam.name == "mistral":
+    elif fam.name in ("mistral", "starcoder2", "phi3"):      # sliding_window (when not null) on every layer
         types = ["sliding_attention"] * n
-    elif fam.name == "qwen2" and r.bool("use_sliding_window", False):
+    elif fam.name == "olmo3":                               # every fourth layer full
+        types = ["sliding_attention" if (i + 1) % 4 else "full_attention" for i in range(n)]
+    elif fam.name in ("qwen2", "qwen3") and r.bool("use_sliding_window", False):
         mwl = r.int("max_window_layers", allow_none=True)
         mwl = 0 if mwl is None else mwl
         types = ["sliding_attention" if i >= mwl else "full_attention" for i in range(n)]
     else:
         types = ["full_attention"] * n
-    if fam.name == "qwen2" and given is not None and not r.bool("use_sliding_window", False):
+    if fam.name in ("qwen2", "qwen3", "smollm3") and given is not None and not r.bool("use_sliding_window", False):
         types = ["full_attention"] * n
     if "sliding_attention" in types:
         key = "sliding_window"
@@ -869,6 +997,9 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
                 q["partial_rotary_factor"] = r.raw("rotary_pct", 0.25)
             if "partial_rotary_factor" not in q and r.cfg.get("partial_rotary_factor") is not None:
                 q["partial_rotary_factor"] = r.cfg["partial_rotary_factor"]
+            elif "partial_rotary_factor" not in q and fam.name in _PARTIAL_ROTARY_DEFAULT:
+                # (its configuration class's default where the file gives none: StableLM 0.25, Phi 0.5)
+                q["partial_rotary_factor"] = fam.defaults["partial_rotary_factor"]
             per_type[t] = (q, what, src)
     ropes = {}
     for t, (p, what, src) in per_type.items():
@@ -911,9 +1042,11 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
 def _biases(fam: Family, r: _Reader, notes: list) -> bool:
     """Name the biases the model has (all zero at init); returns whether the FFN has biases
     (what an init that draws biases, such as torch-default, may give them)."""
-    if fam.name in ("gpt2", "bert"):
+    if fam.name in ("gpt2", "bert", "roberta", "distilbert"):
         notes.append("biases on every projection (q, k, v, o, FFN in and out) and norm: zero at init")
         return True
+    if fam.name in _BIAS_WORDS:
+        return _family_biases(fam, r, notes)
     if fam.name == "gpt_neox":
         att = r.bool("attention_bias", True)
         notes.append(f"biases: FFN in and out{', q, k, v and o' if att else ''}: zero at init")
@@ -927,7 +1060,8 @@ def _biases(fam: Family, r: _Reader, notes: list) -> bool:
     if fam.name == "mistral":                     # (Mistral's projections have no biases whatever the config says)
         notes.append("no biases")
         return False
-    att, mlp = r.bool("attention_bias", False), r.bool("mlp_bias", False) if fam.name == "llama" else False
+    att, mlp = (r.bool("attention_bias", False),
+                r.bool("mlp_bias", False) if fam.name in ("llama", "granite", "smollm3") else False)
     if att or mlp:
         parts = (["q, k, v and o"] if att else []) + (["gate, up and down"] if mlp else [])
         notes.append(f"biases: {' and '.join(parts)} (attention_bias/mlp_bias): zero at init")
@@ -938,20 +1072,24 @@ def _biases(fam: Family, r: _Reader, notes: list) -> bool:
 
 def _embedding(fam: Family, r: _Reader, d: int, init_std: float, p_emb: float) -> dict:
     """The token embedding as initialised: table stds (0 where absent), a norm after it, its dropout."""
-    word = init_std * (math.sqrt(d) if fam.name in ("gemma2", "gemma3_text") else 1.0)
-    pos = init_std if fam.name in ("gpt2", "bert") else 0.0
+    word = init_std * (math.sqrt(d) if fam.name in ("gemma", "gemma2", "gemma3_text") else 1.0)
+    if fam.name == "granite":
+        word *= abs(r.float("embedding_multiplier"))
+    pos = init_std if fam.name in ("gpt2", "bert", "roberta", "distilbert") else 0.0
     seg = 0.0
-    if fam.name == "bert":
+    if fam.name in ("bert", "roberta"):
         tv = r.raw("type_vocab_size", 2)
         if tv is not None and tv != 0:
             seg = init_std
-    return {"word_std": word, "position_std": pos, "segment_std": seg, "norm": fam.name == "bert",
+    return {"word_std": word, "position_std": pos, "segment_std": seg,
+            "norm": fam.name in ("bert", "roberta", "distilbert"),
             "dropout": p_emb}
 
 
 def _embedding_words(emb: dict, fam: Family) -> str:
     parts = [f"token table N(0, {_g(emb['word_std'])}^2)"
-             + (" (N(0, initializer_range^2) times sqrt(hidden_size))" if fam.name.startswith("gemma") else "")]
+             + (" (N(0, initializer_range^2) times sqrt(hidden_size))" if fam.name.startswith("gemma") else "")
+             + (" (N(0, initializer_range^2) times |embedding_multiplier|)" if fam.name == "granite" else "")]
     if emb["position_std"]:
         parts.append(f"position table N(0, {_g(emb['position_std'])}^2)")
     if emb["segment_std"]:
@@ -962,3 +1100,175 @@ def _embedding_words(emb: dict, fam: Family) -> str:
     if emb["dropout"]:
         text += f", then dropout {_g(emb['dropout'])}"
     return text
+
+
+# ---------------------------------------------------------------------------------------
+# the families added for issue 36: their own fields (kept apart from the shared code above)
+# ---------------------------------------------------------------------------------------
+
+#: families whose biases _family_biases names
+_BIAS_WORDS = frozenset(("qwen3", "starcoder2", "phi3", "stablelm", "phi"))
+#: families whose default partial_rotary_factor (configuration class) is below 1
+_PARTIAL_ROTARY_DEFAULT = frozenset(("stablelm", "phi"))
+#: families that drop one branch output and not the other (the branch whose output is dropped)
+_ONE_BRANCH_DROPOUT = {"distilbert": ("dropout", "the FFN output but not the attention output"),
+                       "stablelm": ("hidden_dropout", "the MLP output but not the attention output")}
+
+
+def _refuse_family(fam: Family, r: _Reader, opts: dict, notes: list) -> None:
+    """A new family's fields that sigprop cannot model (DomainError naming them), and its notes
+    on fields that do not change the stream."""
+    name = fam.name
+    if name == "distilbert" and r.bool("sinusoidal_pos_embds", False):
+        r.fail("sinusoidal_pos_embds true: a fixed sinusoidal position table (its rows correlated between "
+               "positions) is not modelled; only the learned table is")
+    if name in _ONE_BRANCH_DROPOUT:
+        key, words = _ONE_BRANCH_DROPOUT[name]
+        p = opts.get("hidden_dropout", opts.get("dropout"))
+        if p is None:
+            p = r.prob(key)
+        if p > 0:
+            r.fail(f"{key} {p:g}: {fam.title} drops {words}, and sigprop's hidden dropout acts on both "
+                   "branches: not modelled (--hidden-dropout 0 predicts the model without it)")
+    if name == "smollm3":
+        n = opts.get("n_layers") or r.int(fam.keys["n_layers"])
+        given = r.cfg.get("no_rope_layers")
+        if given is not None:
+            if not isinstance(given, list) or not all(v in (0, 1) and not isinstance(v, float) for v in given):
+                r.fail(f"no_rope_layers must be a list of 0 / 1, got {given!r}")
+            if len(given) < n:
+                r.fail(f"no_rope_layers has {len(given)} entries for {n} layers")
+            use = [bool(v) for v in given[:n]]
+            key = "no_rope_layers"
+        else:
+            k = r.int("no_rope_layer_interval")
+            use = [(i + 1) % k != 0 for i in range(n)]
+            key = f"no_rope_layer_interval {k}"
+        nope = [i + 1 for i, u in enumerate(use) if not u]
+        if nope:
+            shown = ", ".join(map(str, nope[:6])) + (", ..." if len(nope) > 6 else "")
+            r.fail(f"{key}: layers without rotary positions (NoPE: layers {shown} of {n}) are not modelled; "
+                   "sigprop's rotary setting is one for every layer")
+        notes.append("no_rope_layers: every layer has rotary positions")
+    if name == "granite":
+        for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"):
+            r.float(key)
+        if r.float("attention_multiplier") <= 0:
+            r.fail(f"attention_multiplier must be > 0, got {r.raw('attention_multiplier')!r}")
+        notes.append(f"logits_scaling {r.float('logits_scaling'):g}: divides the output logits, outside the stack")
+    if name == "cohere":
+        notes.append(f"logit_scale {r.float('logit_scale'):g}: multiplies the output logits, outside the stack")
+        notes.append("Cohere rotates interleaved pairs of each head's features (rotate_every_two): a fixed "
+                     "permutation of the features shared by queries and keys, so the logits are those of the "
+                     "rotate_half convention")
+    if name == "phi3":
+        notes.append("Phi-3's fused qkv_proj and gate_up_proj are q, k, v and gate, up side by side: every part "
+                     f"N(0, {_g(r.float('initializer_range') or 0.02)}^2), the same statistics as separate matrices")
+    if name == "roberta":
+        pad = r.raw("pad_token_id", 1)
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 0):
+            r.fail(f"pad_token_id must be a non-negative integer or null, got {pad!r}")
+
+
+def _roberta_positions(r: _Reader, max_pos: int, notes: list) -> int:
+    """RoBERTa's positions start at pad_token_id + 1: a sequence holds at most
+    max_position_embeddings - pad_token_id - 1 tokens."""
+    pad = r.raw("pad_token_id", 1) or 0
+    n = max_pos - pad - 1
+    if n < 2:
+        r.fail(f"max_position_embeddings {max_pos} leaves {n} positions after pad_token_id {pad} + 1")
+    notes.append(f"RoBERTa's position ids start at pad_token_id + 1 = {pad + 1}: at most {n} tokens "
+                 f"(max_position_embeddings {max_pos} - {pad + 1})")
+    return n
+
+
+def _family_block(fam: Family, r: _Reader, notes: list) -> str:
+    """The block of a new family: sequential, or parallel with one norm feeding both branches."""
+    if fam.name in ("cohere", "phi"):
+        notes.append(f"{fam.title} blocks: x' = x + Att(LN x) + MLP(LN x), one LayerNorm")
+        return "parallel"
+    if fam.name == "stablelm":
+        if r.bool("use_parallel_residual", False):
+            notes.append("use_parallel_residual true: x' = x + Att(LN x) + MLP(LN x), one LayerNorm (input_layernorm)")
+            return "parallel"
+        notes.append("use_parallel_residual false: attention, then MLP, each pre-LN")
+    return "sequential"
+
+
+def _family_qk_norm(fam: Family, r: _Reader, notes: list) -> bool:
+    """QK-norm of a new family (sigprop's rule: per head, the model's norm kind, gain 1)."""
+    if fam.name == "qwen3":
+        notes.append("QK-norm: RMSNorm per head on queries and keys (q_norm, k_norm over head_dim), gain 1 at init")
+        return True
+    if fam.name == "olmo3":
+        notes.append("QK-norm: OLMo 3 applies RMSNorm to the whole q and k projections (over all heads), "
+                     "sigprop's rule per head; at init every head's mean square concentrates on the same "
+                     "value, so the two agree to first order in 1/(heads x head_dim) and 1/head_dim")
+        return True
+    key = {"cohere": "use_qk_norm", "stablelm": "qk_layernorm", "phi": "qk_layernorm"}.get(fam.name)
+    if key is not None and r.bool(key, False):
+        notes.append(f"{key} true: QK-norm, a LayerNorm per head on queries and keys (over head_dim), gain 1 "
+                     "(bias 0) at init")
+        return True
+    return False
+
+
+def _family_biases(fam: Family, r: _Reader, notes: list) -> bool:
+    """Name the biases of a new family (zero at init); returns whether its FFN has biases."""
+    if fam.name == "qwen3":
+        if r.bool("attention_bias", False):
+            notes.append("biases: q, k, v and o (attention_bias; the FFN has none): zero at init")
+        else:
+            notes.append("no biases")
+        return False
+    if fam.name == "starcoder2":
+        if r.bool("use_bias", True):
+            notes.append("biases (use_bias): q, k, v, o, c_fc, c_proj and the LayerNorms: zero at init")
+            return True
+        notes.append("use_bias false: no projection biases (the LayerNorms keep theirs, zero at init)")
+        return False
+    if fam.name == "stablelm":
+        notes.append("biases: q, k and v (use_qkv_bias): zero at init" if r.bool("use_qkv_bias", False)
+                     else "no projection biases")
+        return False
+    if fam.name == "phi":
+        notes.append("biases on q, k, v, dense, fc1, fc2 and the LayerNorms: zero at init")
+        return True
+    notes.append("no biases")
+    return False
+
+
+def _family_options(fam: Family, r: _Reader, opts: dict, notes: list) -> dict:
+    """presets.resolve options a new family sets (Granite: its residual multiplier as the branch scale)."""
+    if fam.name != "granite":
+        return {}
+    m = r.float("residual_multiplier")
+    if "branch_scale" in opts:
+        notes.append(f"residual_multiplier {m:g} replaced by the --branch-scale given")
+        return {}
+    notes.append(f"residual_multiplier {m:g}: every branch output is multiplied by it before the residual "
+                 "sum (sigprop's branch_scale)")
+    return {"branch_scale": m}
+
+
+def _family_model(fam: Family, r: _Reader, model, notes: list):
+    """The resolved model, with what a new family changes after presets.resolve: Granite's
+    attention_multiplier m replaces 1/sqrt(head_dim) on the logits (q.k m); sigprop's logits
+    are q.k / sqrt(head_dim), so the same network has W_q's std times m sqrt(head_dim)."""
+    if fam.name != "granite":
+        return model
+    from sigprop.model.spec import Sublayers
+
+    m = r.float("attention_multiplier")
+    f = m * math.sqrt(model.d_head)
+    if f != 1.0:
+        a = model.attention
+        std = dict(a.std)
+        std["q"] = a.std["q"] * f
+        bias = dict(a.bias_std)
+        bias["q"] = a.bias_std["q"] * f
+        model = model.replace(attention=Sublayers("attention", a.placement, a.skip_scale, a.branch_scale,
+                                                  a.norm_scale, std, bias))
+    notes.append(f"attention_multiplier {m:g}: the logits are q.k x {m:g} instead of q.k / sqrt({model.d_head}); "
+                 f"modelled as W_q's init std times {m:g} x sqrt({model.d_head}) = {f:.6g} (the same logits at init)")
+    return model

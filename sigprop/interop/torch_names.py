@@ -14,6 +14,10 @@ Fused matrices (``Weight.split``):
 
 * ``("cols", k, n)``: the k-th of n equal column blocks of the stored weight (GPT-2's
   ``Conv1D`` stores (in, out); ``c_attn`` holds q, k, v as its column blocks 0, 1, 2);
+* ``("rows", k, n)``: the k-th of n equal row blocks of an ``nn.Linear`` weight (Phi-3's
+  ``gate_up_proj``: gate, then up);
+* ``("qkv", k, 3)``: q, k, v stacked by rows, q with the query heads, k and v with the
+  key/value heads (Phi-3's ``qkv_proj``: rows [0, H dh) q, the next Hkv dh k, the last v);
 * ``("heads", k, n)``: rows interleaved per head (GPT-NeoX's ``query_key_value``, an
   ``nn.Linear`` (3 d, d) whose output is viewed as (heads, 3 d_head): for head h rows
   ``h*3*dh + k*dh .. h*3*dh + (k+1)*dh`` hold q (k = 0), k (1), v (2)).
@@ -56,6 +60,8 @@ class Layout:
     #: sublayer kind -> {"skip_scale"|"branch_scale"|"norm_scale": block attribute} (plain
     #: layout: the block multiplies by these floats); None: the scales must be folded or 1
     scales: dict | None = None
+    #: why a sigprop init cannot be written into this family's modules (None: it can)
+    init_refused: str | None = None
 
     def weight_paths(self, kind: str) -> dict:
         return self.weights[kind]
@@ -113,6 +119,51 @@ for _fam in ("mistral", "qwen2"):
 HF["gemma3_text"] = Layout("hf:gemma3_text", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
                            HF["gemma2"].points, norm_gain_weight=0.0, attention="self_attn")
 
+# -- families added for issue 36 ----------------------------------------------------------
+for _fam in ("qwen3", "smollm3"):
+    HF[_fam] = Layout(f"hf:{_fam}", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
+                      HF["llama"].points, attention="self_attn")
+HF["gemma"] = Layout("hf:gemma", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU}, HF["llama"].points,
+                     norm_gain_weight=0.0, attention="self_attn")
+HF["olmo3"] = Layout("hf:olmo3", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU}, HF["olmo2"].points,
+                     attention="self_attn")
+HF["roberta"] = Layout("hf:roberta", HF["bert"].block, HF["bert"].weights, HF["bert"].points,
+                       attention="attention.self")
+HF["distilbert"] = Layout(
+    "hf:distilbert", "transformer.layer.{}",
+    {"attention": {"q": _w("attention.q_lin"), "k": _w("attention.k_lin"), "v": _w("attention.v_lin"),
+                   "o": _w("attention.out_lin")},
+     "ffn": {"in": _w("ffn.lin1"), "out": _w("ffn.lin2")}},
+    {"attention": ("sa_layer_norm", "out"), "ffn": ("", "out")}, attention="attention")
+HF["starcoder2"] = Layout("hf:starcoder2", "layers.{}",
+                          {"attention": _LLAMA_ATT, "ffn": {"in": _w("mlp.c_fc"), "out": _w("mlp.c_proj")}},
+                          HF["llama"].points, attention="self_attn")
+HF["phi3"] = Layout(
+    "hf:phi3", "layers.{}",
+    {"attention": {"q": _w("self_attn.qkv_proj", ("qkv", 0, 3)), "k": _w("self_attn.qkv_proj", ("qkv", 1, 3)),
+                   "v": _w("self_attn.qkv_proj", ("qkv", 2, 3)), "o": _w("self_attn.o_proj")},
+     "ffn": {"gate": _w("mlp.gate_up_proj", ("rows", 0, 2)), "up": _w("mlp.gate_up_proj", ("rows", 1, 2)),
+             "down": _w("mlp.down_proj")}},
+    HF["llama"].points, attention="self_attn",
+    notes=("Phi-3's qkv_proj stacks the rows of q (heads x head_dim), k and v (kv heads x head_dim each); "
+           "gate_up_proj the rows of gate, then up",))
+HF["cohere"] = Layout("hf:cohere", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
+                      {"block": ("", "out")}, attention="self_attn")
+HF["stablelm"] = Layout("hf:stablelm", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
+                        {"attention": ("post_attention_layernorm", "in"), "ffn": ("", "out"), "block": ("", "out")},
+                        attention="self_attn")
+HF["phi"] = Layout("hf:phi", "layers.{}",
+                   {"attention": {"q": _w("self_attn.q_proj"), "k": _w("self_attn.k_proj"),
+                                  "v": _w("self_attn.v_proj"), "o": _w("self_attn.dense")},
+                    "ffn": {"in": _w("mlp.fc1"), "out": _w("mlp.fc2")}},
+                   {"block": ("", "out")}, attention="self_attn")
+HF["granite"] = Layout(
+    "hf:granite", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU}, HF["llama"].points,
+    attention="self_attn",
+    init_refused=("Granite multiplies its branches by residual_multiplier and its logits by attention_multiplier "
+                  "in the forward pass; sigprop's model of it holds them as the branch scale and W_q's std, so its "
+                  "stds are not the module weights' (writing a sigprop init into Granite is not supported)"))
+
 #: the plain PyTorch layout (docs/torch.md): blocks ``layers.{i}`` with ``attn.{q,k,v,o}``,
 #: ``ffn.{in,out}`` or ``ffn.{gate,up,down}`` (nn.Linear, weight (out, in)), a ``mid``
 #: module (nn.Identity) applied to the stream between the two sublayers, float attributes
@@ -139,6 +190,12 @@ def layout(name: str) -> Layout:
     if fam in HF:
         return HF[fam]
     raise DomainError(f"unknown layout {name!r}: plain or hf:FAMILY with FAMILY one of {', '.join(FAMILIES)}")
+
+
+def require_init(lay: Layout) -> None:
+    """DomainError when a sigprop init cannot be written into the layout's modules."""
+    if lay.init_refused:
+        raise DomainError(f"layout {lay.name}: {lay.init_refused}")
 
 
 def stream_points(lay: Layout, parallel: bool) -> list[tuple[str, str, str]]:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from sigprop.errors import DomainError
-from sigprop.interop.torch_names import Layout, Weight, init_plan, layout as get_layout, scale_plan
+from sigprop.interop.torch_names import Layout, Weight, init_plan, layout as get_layout, require_init, scale_plan
 from sigprop.model.spec import Model
 
 
@@ -77,6 +77,16 @@ def weight_view(module, w: Weight, fan_in: int, fan_out: int, d_head: int, where
             c = W.shape[1] // n
             view = W[:, k * c:(k + 1) * c]
             bview = None if bias is None else bias[k * c:(k + 1) * c]
+        elif how == "rows":
+            r = W.shape[0] // n
+            view = W[k * r:(k + 1) * r]
+            bview = None if bias is None else bias[k * r:(k + 1) * r]
+        elif how == "qkv":                     # q (fan_out rows for k = 0), then k and v of equal size
+            kv = fan_out if k else (W.shape[0] - fan_out) // 2
+            start = (0, W.shape[0] - 2 * kv, W.shape[0] - kv)[k]
+            rows = fan_out
+            view = W[start:start + rows]
+            bview = None if bias is None else bias[start:start + rows]
         elif how == "heads":
             heads = W.shape[0] // (n * d_head)
             view = W.view(heads, n, d_head, W.shape[1])[:, k]
@@ -106,6 +116,7 @@ def apply_init(net, solution, *, layout: str | None = None, seed: int | None = N
     torch = torch_module()
     model = as_model(solution)
     lay = get_layout(layout or default_layout(net))
+    require_init(lay)
     if generator is None and seed is not None:
         generator = torch.Generator(device="cpu").manual_seed(int(seed))
     prefix, blocks = find_blocks(net, lay)
