@@ -16,6 +16,7 @@ importing this module imports nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Callable, NamedTuple
 
 
@@ -129,7 +130,7 @@ def digest() -> str:
     return ";".join(f"{e.name}:{e.digest}" for e in (*_NORMS.values(), *_ACTIVATIONS.values()) if e.digest)
 
 
-class Names:
+class Names(Sequence):
     """The registered names of one kind, read when used (a live sequence: a component
     registered later, by a plugin, is among them)."""
 
