@@ -16,7 +16,7 @@ sampled arrays; ``sigprop rules relu2`` lists it.  ``--plugin FILE.py`` (and
 and it runs (docs/security.md).
 
 Not yet: a pointwise function as a norm kind (DyT) and components that are not pointwise
-(their rules are tied to the predictor's fixed block; issue 35's model graph frees them).
+(their rules are tied to the predictor's fixed block; a model graph of components would free them).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ CONFIGS = {
                         hidden_activation="gelu_pytorch_tanh", sliding_window=64),
 }
 
-# the families added for issue 36 (the same sizes)
+# the later families (the same sizes)
 CONFIGS.update({
     "qwen3": dict(_LLAMA, model_type="qwen3", head_dim=32, rope_theta=10000.0, use_sliding_window=False),
     "roberta": dict(_D, model_type="roberta", hidden_size=128, num_hidden_layers=4, num_attention_heads=4,

@@ -76,7 +76,9 @@ def test_keywords_are_the_commands_options_with_their_defaults():
     app = typer.main.get_command(load())
     for fn, command in COMMANDS.items():
         params = {p.name: p for p in app.commands[command].params
-                  if not getattr(p, "hidden", False) and p.name != "_version"}
+                  # (--version and --plugin belong to the command line: a Python caller imports
+                  # its plugins itself, docs/extending.md)
+                  if not getattr(p, "hidden", False) and p.name not in ("_version", "_plugin")}
         api = {k for k, kw in KEYWORDS.items() if fn in kw.takes}
         cli_names = set(params) - RENDER_ONLY - ({"every"} if command == "check" else set())
         assert api == cli_names, (fn, api ^ cli_names)

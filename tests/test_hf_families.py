@@ -1,4 +1,4 @@
-"""The Hugging Face families added for issue 36 (sigprop.interop.hf; docs/hf.md): each small
+"""The later Hugging Face families (sigprop.interop.hf; docs/hf.md): each small
 config.json written here resolves into the model fields its config and the family's modeling
 code give (values typed here from transformers' modeling and configuration files, never
 computed with the code under test); what sigprop cannot model exits 2 with one line naming

@@ -154,7 +154,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
            **dict(_LLAMA_FAMILY, placement="peri", embedding="token table times sqrt(hidden_size)")),
 )}
 
-# -- families added for issue 36 (defaults: the configuration classes of transformers 5) ----
+# -- the later families (defaults: the configuration classes of transformers 5) ----
 #: DistilBERT's LayerNorms have eps 1e-12 fixed in its modeling code (no config key): a key no
 #: config holds, so the default always applies
 _FIXED_EPS = "__fixed_norm_eps"
@@ -1103,7 +1103,7 @@ def _embedding_words(emb: dict, fam: Family) -> str:
 
 
 # ---------------------------------------------------------------------------------------
-# the families added for issue 36: their own fields (kept apart from the shared code above)
+# the later families: their own fields (kept apart from the shared code above)
 # ---------------------------------------------------------------------------------------
 
 #: families whose biases _family_biases names

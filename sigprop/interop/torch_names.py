@@ -119,7 +119,7 @@ for _fam in ("mistral", "qwen2"):
 HF["gemma3_text"] = Layout("hf:gemma3_text", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
                            HF["gemma2"].points, norm_gain_weight=0.0, attention="self_attn")
 
-# -- families added for issue 36 ----------------------------------------------------------
+# -- the later families ----------------------------------------------------------
 for _fam in ("qwen3", "smollm3"):
     HF[_fam] = Layout(f"hf:{_fam}", "layers.{}", {"attention": _LLAMA_ATT, "ffn": _LLAMA_GLU},
                       HF["llama"].points, attention="self_attn")
