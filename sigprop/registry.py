@@ -98,24 +98,23 @@ def activations() -> tuple[str, ...]:
     return tuple(_ACTIVATIONS)
 
 
-def norm(name: str) -> Norm:
+def _entry(table: dict, kind: str, name: str):
+    """The entry ``name`` of ``table``; DomainError naming the registered ones otherwise."""
     _load()
     try:
-        return _NORMS[name]
+        return table[name]
     except KeyError:
         from sigprop.errors import DomainError
 
-        raise DomainError(f"norm must be one of {', '.join(_NORMS)}, got {name!r}") from None
+        raise DomainError(f"{kind} must be one of {', '.join(table)}, got {name!r}") from None
+
+
+def norm(name: str) -> Norm:
+    return _entry(_NORMS, "norm", name)
 
 
 def activation(name: str) -> Activation:
-    _load()
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        from sigprop.errors import DomainError
-
-        raise DomainError(f"activation must be one of {', '.join(_ACTIVATIONS)}, got {name!r}") from None
+    return _entry(_ACTIVATIONS, "activation", name)
 
 
 def activation_rules() -> frozenset:

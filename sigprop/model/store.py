@@ -48,6 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sigprop import registry
+
 try:    # the built-in SHA-256 (hashlib's import initialises OpenSSL: ~8 ms of start-up)
     from _sha2 import sha256 as _sha256          # Python >= 3.12
 except ImportError:
@@ -137,8 +139,6 @@ def source_digest() -> str:
 
 def key(*parts) -> str:
     """A file-name-safe key for ``parts`` (reprs of tuples, floats, strings)."""
-    from sigprop import registry
-
     h = _sha256(source_digest().encode())
     h.update(registry.digest().encode())    # plugins' code (sigprop.extend): not in the sources
     h.update(repr(parts).encode())
