@@ -432,7 +432,7 @@ def test_glu_ffn_weights():
     (dict(block="interleaved"), "block must be one of 'sequential', 'parallel'"),
     (dict(final_norm=1), "final_norm must be true or false"),
     (dict(norm_eps=-1), "norm_eps must be >= 0"),
-    (dict(block="parallel", layers="post"), "parallel block needs both sublayers of every layer 'pre'"),
+    (dict(block="parallel", layers="post"), "parallel block needs every sublayer of every layer 'pre'"),
 ])
 def test_modern_fields_rejected(changes, message):
     place = changes.pop("layers", None)

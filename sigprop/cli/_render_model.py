@@ -32,7 +32,7 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     from sigprop import registry
 
     m, d, x, g = model, model.dropout, model.input, model.grad
-    subs = (m.attention, m.ffn)
+    subs = [s for s in m.slots() if s.kind != "norm"]
     notes = m.notes or {}
     init = notes.get("init")
     stds = _span([s.std[w] for s in subs for w in s.std])
@@ -50,8 +50,10 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
              ("attention", ", ".join(att))]
     norm = [f"{registry.norm(m.norm).title} eps {m.norm_eps:g}"]
     if arch:
-        norm.append("placement " + " and ".join(sorted(m.attention.placements() | m.ffn.placements())))
+        norm.append("placement " + " and ".join(sorted(set().union(*(s.placements() for s in subs)))))
     norm.append(f"{m.block} blocks")
+    if m.sublayers is not None:
+        norm.append("layer: " + ", ".join(s.kind for s in m.sublayers))
     if m.final_norm:
         norm.append("final norm")
     items.append(("norm", ", ".join(norm)))

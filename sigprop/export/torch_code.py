@@ -35,7 +35,7 @@ def torch_init_code(model, layout: str) -> str:
     plan = init_plan(model, scales=lay.scales is not None)
     scales = scale_plan(model, lay)
     n = model.n_layers
-    names = [(kind, name) for kind in ("attention", "ffn") for name in model.sublayers(kind).names]
+    names = [(kind, name) for kind in ("attention", "ffn") for name in model.sublayer_columns(kind).names]
     std = {name: [0.0] * n for _, name in names}
     bstd = {name: [0.0] * n for _, name in names}
     for step in plan:

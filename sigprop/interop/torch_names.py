@@ -221,9 +221,12 @@ def init_plan(model: Model, scales: bool = False) -> list[dict]:
     scales as attributes, :func:`scale_plan`): the stds as they are."""
     import numpy as np
 
+    from sigprop.model.spec import require_ordinary_layers
+
+    require_ordinary_layers(model, "the torch init")
     plan = []
     for kind in ("attention", "ffn"):
-        s = model.sublayers(kind)
+        s = model.sublayer_columns(kind)
         if not scales:
             for what, col in (("skip_scale", s.skip_scale), ("norm_scale", s.norm_scale)):
                 bad = np.flatnonzero(np.asarray(col) != 1.0)
@@ -250,7 +253,7 @@ def scale_plan(model: Model, lay: Layout) -> dict:
     (``Layout.scales``; empty where the layout has none)."""
     out = {}
     for kind, attrs in (lay.scales or {}).items():
-        s = model.sublayers(kind)
+        s = model.sublayer_columns(kind)
         for what, attr in attrs.items():
             out[attr] = [float(v) for v in getattr(s, what)]
     return out

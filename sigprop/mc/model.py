@@ -7,7 +7,9 @@ model's norm (LayerNorm or RMSNorm over d_model, gain 1, the model's ``norm_eps`
     output: x' = a x + b * N(Dropout_hidden(F(x)))
     parallel block: x' = a x + b_att * Dropout_hidden(Att(n * N(x))) + b_ffn * Dropout_hidden(FFN(n * N(x)))
 
-with F the attention or the FFN (``ffn_kind`` "mlp": W_in, activation, Dropout_ffn_inner,
+A layer given as a list of sublayers (``model.slots()``) runs them in that order, each by its
+placement as above; a norm sublayer is x' = n * N(x); a parallel list sums every branch on one
+norm of the stream.  F is the attention or the FFN (``ffn_kind`` "mlp": W_in, activation, Dropout_ffn_inner,
 W_out; "glu": (act(h W_gate + b_gate) * (h W_up + b_up)), Dropout_ffn_inner, W_down), and,
 with ``final_norm``, one more N after the last sublayer.  Written here from the specified
 semantics, independently of the predictor's rule chains, but built from the Monte Carlo
@@ -43,7 +45,7 @@ from sigprop.rope import RopeFreqs
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) simulated here
 BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
-                            "block parallel", "ffn_kind glu", "final_norm"})
+                            "block parallel", "ffn_kind glu", "final_norm", "sublayers"})
 #: attention features, passed to the attention component as its parameters kv_heads, rope,
 #: qk_norm and qk_eps (:func:`_attention_params`); simulated where that component has them
 ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm"})
@@ -70,14 +72,21 @@ def check_supported(model, backend: Backend | None = None) -> None:
 
 
 def point_labels(model) -> list[tuple[int, str]]:
-    """(layer, sublayer) of every trace point, in order: (0, "input"), then (l, "attention"),
-    (l, "ffn") for every layer l = 1..n_layers, or (l, "block") for a parallel model."""
+    """(layer, sublayer) of every trace point, in order: (0, "input"), then one point per
+    sublayer of the layer's list ((l, "attention"), (l, "ffn") for the ordinary layer) for
+    every layer l = 1..n_layers, or (l, "block") for a parallel model."""
     kinds = _kinds(model)
     return [(0, "input")] + [(l + 1, k) for l in range(model.n_layers) for k in kinds]
 
 
 def _kinds(model) -> tuple[str, ...]:
-    return ("block",) if model.block == "parallel" else ("attention", "ffn")
+    return ("block",) if model.block == "parallel" else tuple(s.kind for s in model.slots())
+
+
+def _steps(model) -> tuple:
+    """What :meth:`_Trial.step` takes for each trace point of a layer: "block" (a parallel
+    layer), or the sublayer's columns (``model.slots()``)."""
+    return ("block",) if model.block == "parallel" else model.slots()
 
 
 @dataclass
@@ -110,8 +119,8 @@ def _norm_params(m):
 _ln_params = _norm_params          # the older name
 
 
-def _attention_params(m, l):
-    s = m.attention
+def _attention_params(m, l, s=None):
+    s = m.attention if s is None else s
     p = dict(d=m.d_model, n_heads=m.n_heads, d_head=m.d_head, L=m.seq_len, p=m.dropout.attention,
              causal=int(bool(m.causal)))
     for w in ("q", "k", "v", "o"):
@@ -128,10 +137,11 @@ def _attention_params(m, l):
     return p
 
 
-def _ffn_params(m, l):
+def _ffn_params(m, l, s=None):
     """(first, last) linear maps' params of an "mlp" FFN; for "glu", the gated core's params
-    (the GLU component's) and the down projection's."""
-    s = m.ffn
+    (the GLU component's) and the down projection's (``s``: the FFN's columns, default the
+    layer's first FFN)."""
+    s = m.ffn if s is None else s
     if m.ffn_kind == "glu":
         return (dict(d_in=m.d_model, d_ff=m.d_ff, gate_std=float(s.std["gate"][l]), up_std=float(s.std["up"][l]),
                      gate_b_std=float(s.bias_std["gate"][l]), up_b_std=float(s.bias_std["up"][l])),
@@ -206,11 +216,15 @@ class _Trial:
         if arr is not None and f != 1.0:
             arr *= float(self.dtype(f))
 
-    def branch_forward(self, kind, l, X, n_in, c_out):
-        """c_out * F(n_in * X), weights drawn here; returns (Y, backward closure, logits)."""
+    def branch_forward(self, cols, l, X, n_in, c_out):
+        """c_out * F(n_in * X) for the sublayer with columns ``cols``, weights drawn here;
+        returns (Y, backward closure, logits).  ``cols`` may be "attention" or "ffn": the
+        layer's first sublayer of that kind."""
         m, rng, dt = self.m, self.rng, self.dtype
-        if kind == "attention":
-            prm = _attention_params(m, l)
+        if isinstance(cols, str):
+            cols = getattr(m, cols)
+        if cols.kind == "attention":
+            prm = _attention_params(m, l, cols)
             W = self.attn.sample_weights(rng, prm, dt)
             self._scale(W["qkv"], n_in)
             self._scale(W["o"], c_out)
@@ -233,8 +247,8 @@ class _Trial:
                 return attn.backward(G, cache)
             return Y, recomputed, logits
         if self.glu is not None:
-            return self._glu_forward(l, X, n_in, c_out)
-        p_in, p_out = _ffn_params(m, l)
+            return self._glu_forward(cols, l, X, n_in, c_out)
+        p_in, p_out = _ffn_params(m, l, cols)
         W1 = self.lin.sample_weights(rng, p_in, dt)
         W2 = self.lin.sample_weights(rng, p_out, dt)
         self._scale(W1["W"], n_in)
@@ -266,11 +280,11 @@ class _Trial:
             return G
         return Y, backward, None
 
-    def _glu_forward(self, l, X, n_in, c_out):
+    def _glu_forward(self, cols, l, X, n_in, c_out):
         """The gated FFN c_out * F(n_in * X): the GLU component's core act(X W_gate + b_gate) *
         (X W_up + b_up) (n_in folded into both matrices), the inner dropout's 0/1 mask, W_down."""
         m, rng, dt, bk = self.m, self.rng, self.dtype, self.bk
-        p_core, p_down = _ffn_params(m, l)
+        p_core, p_down = _ffn_params(m, l, cols)
         W = self.glu.sample_weights(rng, p_core, dt)
         Wd = self.lin.sample_weights(rng, p_down, dt)
         for k in ("gate", "up"):
@@ -294,30 +308,47 @@ class _Trial:
             return self.glu.backward(GH, c_core)
         return Y, backward, None
 
-    def step(self, kind, l, X):
-        """Trace point ``kind`` ("attention", "ffn" or "block") of layer ``l``: (x', backward
-        closure, logit moments)."""
-        if kind == "block":
-            return self.parallel(l, X)
-        return self.sublayer(kind, l, X)
+    def step(self, what, l, X):
+        """One trace point of layer ``l`` (``what``: "block" for a parallel layer, or a
+        sublayer's columns from ``model.slots()``; "attention" and "ffn" name the layer's first
+        of those): (x', backward closure, logit moments)."""
+        if isinstance(what, str):
+            if what == "block":
+                return self.parallel(l, X)
+            what = getattr(self.m, what)
+        if what.kind == "norm":
+            return self.stream_norm(float(what.norm_scale[l]), X)
+        return self.sublayer(what, l, X)
 
-    def sublayer(self, kind, l, X):
-        """One sublayer of the specified semantics; returns (x', backward closure, logit moments)."""
+    def stream_norm(self, n, X):
+        """A norm sublayer: x' = n N(x), no residual."""
+        Y, cache = self.norm.forward(X, {}, self.norm_p, self.rng)
+        n_dt = float(self.dtype(n))
+        out = Y * n_dt if n != 1.0 else Y + 0.0          # a new array: Y is the norm's cache
+
+        def back(G):
+            return self.norm.backward(G * n_dt if n != 1.0 else G, cache)
+        return out, back, None
+
+    def sublayer(self, cols, l, X):
+        """One sublayer of the specified semantics (its columns ``cols``); returns (x', backward
+        closure, logit moments); "attention" or "ffn" name the layer's first of those."""
         m = self.m
-        cols = getattr(m, kind)
+        if isinstance(cols, str):
+            cols = getattr(m, cols)
         a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
         place = int(cols.placement[l])
         if place in (_PERI, _OUTPUT):
-            return self._normed_branch(kind, l, X, a, b, n, place == _PERI)
+            return self._normed_branch(cols, l, X, a, b, n, place == _PERI)
         p = m.dropout.hidden
         c = b / (1.0 - p) if p > 0 else b
         ln_p = self.norm_p
         post = place == _POST
         if post:
-            Y, bwd, logits = self.branch_forward(kind, l, X, 1.0, c)
+            Y, bwd, logits = self.branch_forward(cols, l, X, 1.0, c)
         else:
             Hn, c_ln = self.norm.forward(X, {}, ln_p, self.rng)
-            Y, bwd, logits = self.branch_forward(kind, l, Hn, n, c)
+            Y, bwd, logits = self.branch_forward(cols, l, Hn, n, c)
         bk = self.bk
         a_dt = float(self.dtype(a))
         keep = keep_mask(self.rng, Y.shape, p) if p > 0 else None
@@ -340,7 +371,7 @@ class _Trial:
             return Gx
         return Y, back, logits
 
-    def _normed_branch(self, kind, l, X, a, b, n, norm_in):
+    def _normed_branch(self, cols, l, X, a, b, n, norm_in):
         """Placements "peri" (``norm_in``: x' = a x + b N(Dropout(F(n N(x))))) and "output"
         (x' = a x + b N(Dropout(F(x))))."""
         bk, rng, ln_p = self.bk, self.rng, self.norm_p
@@ -348,10 +379,10 @@ class _Trial:
         c = 1.0 / (1.0 - p) if p > 0 else 1.0
         if norm_in:
             Hn, c_in = self.norm.forward(X, {}, ln_p, rng)
-            Y, bwd, logits = self.branch_forward(kind, l, Hn, n, c)
+            Y, bwd, logits = self.branch_forward(cols, l, Hn, n, c)
             Hn = None
         else:
-            Y, bwd, logits = self.branch_forward(kind, l, X, 1.0, c)
+            Y, bwd, logits = self.branch_forward(cols, l, X, 1.0, c)
         keep = keep_mask(rng, Y.shape, p) if p > 0 else None
         if keep is not None:
             Y = bk.mul_(Y, keep)
@@ -372,27 +403,30 @@ class _Trial:
         return out, back, logits
 
     def parallel(self, l, X):
-        """Layer ``l`` of a parallel model: x' = a x + b_att Dropout(Att(n N(x))) + b_ffn
-        Dropout(FFN(n N(x))), one norm, an independent hidden-dropout mask per branch
-        (attention's weights and masks drawn first)."""
+        """Layer ``l`` of a parallel model: x' = a x + sum_k b_k Dropout(F_k(n N(x))) over the
+        layer's sublayers (attention and FFN for the ordinary layer), one norm, an independent
+        hidden-dropout mask per branch (drawn in the list's order); a the first sublayer's skip
+        scale."""
         m, bk, rng = self.m, self.bk, self.rng
-        att, ffn = m.attention, m.ffn
-        a, n = float(att.skip_scale[l]), float(att.norm_scale[l])
+        slots = m.slots()
+        a, n = float(slots[0].skip_scale[l]), float(slots[0].norm_scale[l])
         p = m.dropout.hidden
         Hn, c_in = self.norm.forward(X, {}, self.norm_p, rng)
         outs = []
-        for kind, cols in (("attention", att), ("ffn", ffn)):
+        logits = None
+        for cols in slots:
             b = float(cols.branch_scale[l])
-            Y, bwd, lg = self.branch_forward(kind, l, Hn, n, b / (1.0 - p) if p > 0 else b)
+            Y, bwd, lg = self.branch_forward(cols, l, Hn, n, b / (1.0 - p) if p > 0 else b)
             keep = keep_mask(rng, Y.shape, p) if p > 0 else None
             if keep is not None:
                 Y = bk.mul_(Y, keep)
             outs.append((Y, bwd, keep))
-            if kind == "attention":
+            if lg is not None and logits is None:
                 logits = lg
         Hn = None
         Y = outs[0][0]
-        Y += outs[1][0]
+        for other in outs[1:]:
+            Y += other[0]
         a_dt = float(self.dtype(a))
         Y += X if a == 1.0 else a_dt * X
         branches = [(bwd, keep) for _, bwd, keep in outs]
@@ -502,7 +536,7 @@ def run_trial(model, batch: int, rng, dtype=np.float32):
     (n_points, 2)."""
     m = model
     rng = as_rng(rng)
-    kinds = _kinds(m)
+    kinds = _steps(m)
     n_points = 1 + len(kinds) * m.n_layers
     fw = np.zeros((n_points, 3))
     bw = np.zeros((n_points, 3))
@@ -546,7 +580,7 @@ def input_gradient_profile(model, batch: int, rng, dtype=np.float32) -> np.ndarr
     X = correlated(rng, (batch, m.seq_len, m.d_model), m.input.mean, m.input.var, m.input.corr, dtype)
     backs = []
     for l in range(m.n_layers):
-        for kind in _kinds(m):
+        for kind in _steps(m):
             X, back, _ = tr.step(kind, l, X)
             backs.append(back)
     X, top = tr.final(X)

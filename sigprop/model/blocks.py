@@ -36,13 +36,22 @@ _BY_CODE = tuple(PLACEMENT_NORMS[p] for p in PLACEMENTS)
 
 class Branch(NamedTuple):
     """One branch of a residual unit: sublayer ``kind`` of layer ``layer`` (0-based), its
-    branch scale b, norm scale n (used after an input norm only) and output norm."""
+    branch scale b, norm scale n (used after an input norm only) and output norm; ``slot``:
+    its position in the layer's list of sublayers (``model.slots()``); ``tokens``: the
+    per-token statistics of its output (None: a norm's where ``out_norm``, else Gaussian-like;
+    a norm sublayer's output is its norm's); ``scale_only``: the branch is its norm scale alone
+    (a norm sublayer), so the gradient reaching its input norm is the stream's own, with that
+    gradient's shares along the directions the norm's Jacobian removes (otherwise a branch's
+    Jacobian leaves it isotropic)."""
 
     kind: str
     layer: int
     scale: float
     norm_scale: float
     out_norm: bool
+    slot: int = 0
+    tokens: tuple | None = None
+    scale_only: bool = False
 
 
 class Residual(NamedTuple):
@@ -62,35 +71,45 @@ def norm_flags(code: int) -> tuple[bool, bool, bool]:
     return _BY_CODE[code]
 
 
-def layer_units(model, l: int, cols: dict | None = None) -> tuple:
-    """The residual units of layer ``l`` (0-based).  ``cols``: the per-layer columns as
-    Python lists (:func:`columns`), for speed in long loops."""
+def layer_units(model, l: int, cols: list | None = None) -> tuple:
+    """The residual units of layer ``l`` (0-based), one per sublayer of the layer's list
+    (``model.slots()``), or one for a parallel layer, whose branches are summed.  A norm
+    sublayer, x' = n N(x), is the unit with skip scale 0, an input norm and a branch that is
+    its norm scale alone.  ``cols``: the per-layer columns as Python lists (:func:`columns`),
+    for speed in long loops."""
     cols = columns(model) if cols is None else cols
     if model.block == "parallel":
-        place, a, _, n = (cols["attention"][k] for k in ("placement", "skip", "branch", "norm"))
-        branches = tuple(Branch(kind, l, cols[kind]["branch"][l], n[l], False) for kind in ("attention", "ffn"))
+        a, n = cols[0]["skip"], cols[0]["norm"]
+        branches = tuple(Branch(c["kind"], l, c["branch"][l], n[l], False, j) for j, c in enumerate(cols))
         return (Residual("block", l, a[l], True, branches, False),)
     out = []
-    for kind in ("attention", "ffn"):
-        c = cols[kind]
+    for j, c in enumerate(cols):
+        kind = c["kind"]
+        if kind == "norm":
+            out.append(Residual(kind, l, 0.0, True, (Branch(kind, l, 1.0, c["norm"][l], False, j, NORM_TOKENS, True),),
+                                False))
+            continue
         pre, on, post = _BY_CODE[c["placement"][l]]
-        out.append(Residual(kind, l, c["skip"][l], pre, (Branch(kind, l, c["branch"][l], c["norm"][l], on),), post))
+        out.append(Residual(kind, l, c["skip"][l], pre, (Branch(kind, l, c["branch"][l], c["norm"][l], on, j),),
+                            post))
     return tuple(out)
 
 
-def columns(model) -> dict:
-    """kind -> the placement codes and scales of every layer, as Python lists."""
-    out = {}
-    for kind in ("attention", "ffn"):
-        s = getattr(model, kind)
-        out[kind] = {"placement": s.placement.tolist(), "skip": s.skip_scale.tolist(),
-                     "branch": s.branch_scale.tolist(), "norm": s.norm_scale.tolist()}
-    return out
+def columns(model) -> list:
+    """Per sublayer of a layer's list (``model.slots()``): its kind, and the placement codes
+    and scales of every layer, as Python lists."""
+    return [{"kind": s.kind, "placement": s.placement.tolist(), "skip": s.skip_scale.tolist(),
+             "branch": s.branch_scale.tolist(), "norm": s.norm_scale.tolist()} for s in model.slots()]
 
 
 def points_per_layer(model) -> int:
     """Trace points per layer: one per residual unit."""
-    return 1 if model.block == "parallel" else 2
+    return 1 if model.block == "parallel" else len(model.slots())
+
+
+def point_kinds(model) -> tuple:
+    """The trace points' sublayer names within one layer, in order."""
+    return ("block",) if model.block == "parallel" else tuple(s.kind for s in model.slots())
 
 
 def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None) -> list:
@@ -113,12 +132,29 @@ def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None)
             ("linear", dict(d_in=d_ff, d_out=d, w_std=std["out"], b_std=bias_std["out"]))]
 
 
-def branch_chain(model, kind: str, l: int) -> list:
+def unit_chain(model, slot: int, l: int, in_norm: bool, n: float) -> list:
+    """The whole rule chain of the branch of sublayer ``slot`` (its position in the layer's
+    list) in layer ``l``: after an input norm the norm scale n first; then
+    :func:`branch_chain`; then the hidden dropout on the branch output (not after a norm
+    sublayer, whose branch is its norm scale alone)."""
+    s = model.slots()[slot]
+    ops = branch_chain(model, s.kind, l, s)
+    if s.kind != "norm":
+        ops.append(("dropout", dict(p=model.dropout.hidden)))
+    if in_norm:
+        ops.insert(0, ("residual", dict(a=n, b=0.0)))     # norm scale n
+    return ops
+
+
+def branch_chain(model, kind: str, l: int, cols=None) -> list:
     """The rule chain of sublayer ``kind`` in layer ``l`` (0-based) without its norm scale and
     hidden dropout, as (rule name, parameter dict) pairs: the attention rule, or
-    :func:`ffn_chain`."""
+    :func:`ffn_chain` (a norm sublayer: nothing).  ``cols``: the sublayer's columns (default:
+    the layer's first sublayer of that kind)."""
     m = model
-    s = getattr(m, kind)
+    if kind == "norm":
+        return []
+    s = getattr(m, kind) if cols is None else cols
 
     def w(name):
         return float(s.std[name][l]), float(s.bias_std[name][l])
@@ -143,9 +179,12 @@ def branch_chain(model, kind: str, l: int) -> list:
 
 def layout(model) -> str:
     """The model's block layout in one word: "pre", "post", "peri", "output" (every sublayer
-    so placed, sequential blocks), "parallel", or "mixed"."""
+    so placed, sequential blocks of attention then FFN), "parallel", or "mixed" (several
+    placements, or a layer given as another list of sublayers)."""
     if model.block == "parallel":
         return "parallel"
+    if model.sublayers is not None:
+        return "mixed"
     used = model.attention.placements() | model.ffn.placements()
     return used.pop() if len(used) == 1 else "mixed"
 

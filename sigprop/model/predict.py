@@ -62,7 +62,7 @@ _LOG_VAR_LIMIT = 600.0
 
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers"})
 
 
 # (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:
@@ -90,9 +90,9 @@ class Op(namedtuple("Op", ("rule", "params", "x", "table", "row", "repeated", "v
 #: the branch fields of a record (BranchRecord's after ``log_b2``; SublayerRecord's last ones
 #: but ``gains``)
 _BRANCH_FIELDS = ("branch_ops", "chain_table", "chain_x", "out_ops", "out_prof", "out_ratio", "euler_var",
-                  "att_rows", "key_w")
+                  "att_rows", "key_w", "slot", "scale_only")
 #: their defaults (a record's without those)
-_NO_BRANCH = (None, None, None, None, None, 1.0, None, None, None)
+_NO_BRANCH = (None, None, None, None, None, 1.0, None, None, None, None, False)
 
 
 class BranchRecord(namedtuple("BranchRecord", ("layer", "kind", "b", "log_b2") + _BRANCH_FIELDS,
@@ -115,7 +115,9 @@ class BranchRecord(namedtuple("BranchRecord", ("layer", "kind", "b", "log_b2") +
     * ``att_rows``: post attention only (else None), the rule's row statistics (A2, m1) of
       its softmax rows (causal: per row length), for sigprop.rules.attention.euler_terms;
     * ``key_w``: causal attention, the per-key weights (profile.key_weights) of its input's
-      position structure."""
+      position structure;
+    * ``slot``: the branch's position in the layer's list of sublayers (``model.slots()``);
+      ``scale_only``: the branch is its norm scale alone (blocks.Branch.scale_only)."""
 
     __slots__ = ()
 
@@ -326,7 +328,7 @@ def _mix_tokens(tok: tuple[float, float], ref: float, v1: float, v2: float,
 
 
 def _generic_below(rec: SublayerRecord, gen: tuple[float, float], log_bg: float | None = None,
-                   along: float | None = None) -> tuple[float, float]:
+                   along: float | None = None, norm_below: tuple = (0.0, 0.0)) -> tuple[float, float]:
     """Shares (along 1, along the stream direction) of the gradient handed to the stream
     entering ``rec``, from the gradient's shares above it (``gen``).  Variance shares of the
     two paths: skip a^2, branch branch_gain (relative, per unit gradient at the split;
@@ -355,7 +357,9 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float], log_bg: float 
       rules.residual.post_norm_attention (``rec.att_along``).
     * pre, x' = a x + b F(LN x): the skip part keeps the shares from above; the branch part
       left LayerNorm(x) orthogonal to 1 and to x's direction (0, 0) (also with a norm on the
-      branch output, and for a parallel block's summed branches).
+      branch output, and for a parallel block's summed branches).  A norm of the stream
+      (``rec.scale_only``, x' = n N(x)): the shares below its norm, ``norm_below`` (the norm
+      kind's ``shares_below``, as below the final norm).
     * output, x' = a x + b N(F(x)): the skip part keeps the shares; the branch part is taken as
       isotropic (1, 1), like post's general branch."""
     # the shares from logarithms (a and b may be far outside float range when squared)
@@ -376,6 +380,9 @@ def _generic_below(rec: SublayerRecord, gen: tuple[float, float], log_bg: float 
         leak = residual.post_norm_skip_share(log_a2, rec.log_b2, clipped, float(rec.branch_out.var))
         return (branch, skip * leak + branch)
     if rec.in_norm:
+        if rec.scale_only:
+            branch = _share(log_bg, log_a2)
+            return (skip * gen[0] + branch * norm_below[0], skip * gen[1] + branch * norm_below[1])
         return (skip * gen[0], skip * gen[1])
     # a norm on the branch output only: the branch part taken as isotropic, as post's
     branch = _share(log_bg, log_a2)
@@ -494,9 +501,11 @@ class Predictor:
         # how many layers share each layer's branch parameters: a chain used by at least
         # BUILD_AFTER layers gets its interpolation table at its first use (the same choice
         # whether the table is built or loaded from the store, so results never depend on it)
+        # (per sublayer of the layer's list, model.slots(): by its position there)
         self.repeats, self.groups = {}, {}
-        for kind in ("attention", "ffn"):
-            self.repeats[kind], self.groups[kind] = _repeats(getattr(m, kind))
+        for j, cols in enumerate(m.slots()):
+            self.repeats[j], self.groups[j] = _repeats(cols)
+        self._att_slot = next(j for j, cols in enumerate(m.slots()) if cols is m.attention)
         self.var_ranges = self._var_ranges()
         # the interpolation tables of this prediction: a cache per run, so that which layers a
         # table serves never depends on what was predicted before in the same process (built
@@ -647,7 +656,7 @@ class Predictor:
                 return None
             branch, y, bcov, logit_var = got
             parts = None
-            btok = blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS
+            btok = br0.tokens or (blocks.NORM_TOKENS if br0.out_norm else blocks.GAUSSIAN_TOKENS)
         else:
             parts, outs = [], []
             logit_var = None
@@ -718,14 +727,14 @@ class Predictor:
         input norm, the stream's variance profile over positions (a position-wise branch with an
         output norm then carries it, :meth:`_chain_log_slopes`)."""
         m, G, npos = self.model, self.grid, self.npos
-        kind, l, n = br.kind, br.layer, br.norm_scale
+        kind, l, n, slot = br.kind, br.layer, br.norm_scale, br.slot
         euler_var = att_rows = key_w = out_ops = out_prof = None
         out_ratio = 1.0
         if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and self.activation.ffn_euler_var is not None:
-            s = m.ffn
+            s = m.slots()[slot]
             euler_var = self.activation.ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
                                                float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
-        chain = self._chain(kind, l, unit.in_norm, n)
+        chain = self._chain(slot, l, unit.in_norm, n)
         logit_var = None
         if kind == "attention":
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
@@ -739,8 +748,8 @@ class Predictor:
         h_in = h
         jac = None
         if unit.post_norm and kind == "attention":
-            att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[kind][l]))
-        h, chain_table, chain_x, ops = self._branch_forward(kind, l, chain, h, dev_in is not None and kind == "attention")
+            att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[slot][l]))
+        h, chain_table, chain_x, ops = self._branch_forward(slot, l, chain, h, dev_in is not None and kind == "attention")
         bcov = None
         if dev_in is not None and not h.var > 0:
             # a branch that adds nothing (all-zero output weights and biases): no
@@ -805,7 +814,8 @@ class Predictor:
                 bcov = self._cov(y.corr, dev_b, oprof if eps_rel > 0.0 else profile.flat(m.seq_len, G))
             h = y
         # the branch fields, in BranchRecord's order (_BRANCH_FIELDS)
-        return (ops, chain_table, chain_x, out_ops, out_prof, out_ratio, euler_var, att_rows, key_w), h, bcov, logit_var
+        return ((ops, chain_table, chain_x, out_ops, out_prof, out_ratio, euler_var, att_rows, key_w, slot,
+                 br.scale_only), h, bcov, logit_var)
 
     def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool, tok: tuple) -> tuple[float, float]:
         """A norm on the output of branch ``chain`` at input ``h`` (``tok``: the stream's
@@ -967,34 +977,29 @@ class Predictor:
         evaluations, memoised for the prediction)."""
         return self._tables if op.repeated or op.var_range is not None else self._tables.untabulated
 
-    def _chain(self, kind: str, l: int, in_norm: bool, n: float):
-        """The branch chain of layer ``l``'s ``kind`` sublayer as (rule, params) pairs (after
-        an input norm: the norm scale n first; then the branch, blocks.branch_chain; then the
-        hidden dropout), shared by the layers with the same parameters (its handle in the table
-        cache is made where a table is asked for: a causal attention op and a chain tabulated
-        over the variance never need it)."""
-        gid = (kind, self.groups[kind][l])
+    def _chain(self, slot: int, l: int, in_norm: bool, n: float):
+        """The branch chain of layer ``l``'s sublayer ``slot`` (its position in the layer's list)
+        as (rule, params) pairs (blocks.unit_chain), shared by the layers with the same
+        parameters (its handle in the table cache is made where a table is asked for: a causal
+        attention op and a chain tabulated over the variance never need it)."""
+        gid = (slot, self.groups[slot][l])
         hit = self._chains.get(gid)
         if hit is None:
-            ops = blocks.branch_chain(self.model, kind, l)
-            ops.append(("dropout", dict(p=self.model.dropout.hidden)))
-            if in_norm:
-                ops.insert(0, ("residual", dict(a=n, b=0.0)))     # norm scale n
-            chain = tuple(ops)
+            chain = tuple(blocks.unit_chain(self.model, slot, l, in_norm, n))
             hit = self._chains[gid] = chain
         return hit
 
-    def _branch_forward(self, kind: str, l: int, chain: tuple, h: Forward, split: bool = False):
-        """Layer ``l``'s (0-based) ``kind`` branch chain at input ``h``: through an
+    def _branch_forward(self, slot: int, l: int, chain: tuple, h: Forward, split: bool = False):
+        """Layer ``l``'s (0-based) branch chain of sublayer ``slot`` at input ``h``: through an
         interpolation table of the whole chain where one is available (see
         sigprop.model.tables), else rule by rule.  ``split``: op by op (a causal model's
         position profile needs the attention op's own input and gradient), the attention op
         through a table of its own where one is available.  Returns (the output, the chain's
         table and its row at ``h``, or None, None; the ops with their inputs (Op), or None
         where the table was used)."""
-        uses = self.repeats[kind][l]
+        uses = self.repeats[slot][l]
         eager = tables.worth_tabulating(chain, h, uses)
-        var_range = self.var_ranges.get(l) if kind == "attention" else None
+        var_range = self.var_ranges.get(l) if slot == self._att_slot else None
         if split:
             table = None
         elif var_range is not None:
@@ -1131,6 +1136,11 @@ class Predictor:
                 # the FFN's norm sees the slope (attention mixes the tokens' gradients: its
                 # norm is left at 0)
                 norm_params = {**op.params, self.norm_kind.slope_key: slope_norm}
+            elif rec.scale_only:
+                # a norm of the stream (its branch a scale): the gradient it receives is the
+                # stream's, with its shares along the directions the norm's Jacobian removes
+                nk = self.norm_kind
+                norm_params = {**op.params, nk.generic_key: nk.generic_share(gen)}
             if w is not None:
                 vg, cg, gbr = _gains_at(lambda q: _bwd(op, q, norm_params), gbr)
                 k, k2, u = profile.layernorm_backward(u, s_in.prof, vg, cg, grid=G)
@@ -1147,7 +1157,7 @@ class Predictor:
             along, cross = self._attention_euler(rec, gc, w, relative=True, log_gain=log_bg)
         if w is not None:
             w = profile.mix(_share(log_a2, log_bg), w, _share(log_bg, log_a2), u)
-        gen = _generic_below(rec, gen, log_bg, along)
+        gen = _generic_below(rec, gen, log_bg, along, self.norm_kind.shares_below)
         # below the unit: the skip part keeps slope_norm, the branch part scales as 1/(s_t + eps)
         slope_in = slope_norm
         if math.isfinite(log_bg) and plain:
@@ -1255,7 +1265,7 @@ class Predictor:
         The maths: sigprop.rules.attention.euler_terms (the attention's part) and
         sigprop.rules.residual.post_norm_attention (the residual weights, the projection off
         the norm's input); here only the record's quantities are handed over."""
-        params = self._chain("attention", rec.layer - 1, False, 1.0)[0][1]
+        params = self._chain(rec.slot, rec.layer - 1, False, 1.0)[0][1]
         x = _real(rec.s_in.log_var, rec.s_in.x)
         terms = attention.euler_terms(params, x, rec.att_rows, rg, W, self.grid, self.model.dropout.hidden)
         mean = self.grid.mean if W is not None and self.grid is not None else None

@@ -277,6 +277,55 @@ class Sublayers(_Frozen):
         return np.ascontiguousarray(np.column_stack(cols)).view(np.int64)
 
 
+class StreamNorms(_Frozen):
+    """The norm sublayers of one position in a layer's sublayer list ("kind": "norm"), one
+    entry per layer: x' = n * N(x), a norm of the stream itself, no residual and no init.
+
+    It has the columns a residual :class:`Sublayers` has, so that code reading a sublayer's
+    parameters reads these the same way: ``norm_scale`` (n), ``placement`` ("pre": the norm
+    reads the stream), ``skip_scale`` 0 and ``branch_scale`` 1 (x' = 0 x + 1 (n N(x))), and no
+    weights."""
+
+    FIELDS = ("kind", "norm_scale")
+    __slots__ = FIELDS + ("placement", "skip_scale", "branch_scale", "std", "bias_std")
+
+    def __init__(self, norm_scale):
+        self._set("kind", "norm")
+        n = np.asarray(norm_scale).shape[0] if np.ndim(norm_scale) == 1 else None
+        if n is None:
+            raise DomainError("norm: norm_scale must be an array (the number of layers)")
+        col = _column(norm_scale, n, np.float64, "norm.norm_scale")
+        i = _first_bad(~np.isfinite(col))
+        if i is not None:
+            raise DomainError(f"norm.norm_scale[{i}] must be finite, got {col[i]:g}")
+        self._set("norm_scale", col)
+        self._set("placement", _column(0, n, np.int8, "norm.placement"))
+        self._set("skip_scale", _column(0.0, n, np.float64, "norm.skip_scale"))
+        self._set("branch_scale", _column(1.0, n, np.float64, "norm.branch_scale"))
+        self._set("std", MappingProxyType({}))
+        self._set("bias_std", MappingProxyType({}))
+
+    n_layers = Sublayers.n_layers
+    names = Sublayers.names
+    placements = Sublayers.placements
+
+    def __repr__(self) -> str:
+        return f"StreamNorms(n_layers={self.n_layers})"
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, StreamNorms):
+            return NotImplemented
+        return np.array_equal(self.norm_scale, other.norm_scale)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def _json_columns(self, rows=None) -> list:
+        return [{"norm_scale": n} for n in (self.norm_scale if rows is None else self.norm_scale[rows]).tolist()]
+
+    def _bits(self) -> np.ndarray:
+        return np.ascontiguousarray(self.norm_scale[:, None]).view(np.int64)
+
+
 class Dropout(_Frozen):
     """Dropout probabilities: on the attention probabilities, on every branch output
     ("hidden") and after the FFN activation ("ffn_inner"); each in [0, 1)."""
@@ -329,7 +378,7 @@ class Model(_Frozen):
     """
 
     FIELDS = ("arch", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len", "activation", "norm",
-              "causal", "dropout", "input", "grad", "attention", "ffn", "notes", *OPTIONAL_DEFAULTS)
+              "causal", "dropout", "input", "grad", "attention", "ffn", "notes", *OPTIONAL_DEFAULTS, "sublayers")
     __slots__ = FIELDS
 
     def __init__(self, arch: str, n_layers: int, d_model: int, n_heads: int, d_head: int, d_ff: int,
@@ -337,14 +386,14 @@ class Model(_Frozen):
                  grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None, *,
                  norm_eps: float = DEFAULT_NORM_EPS, block: str = "sequential", ffn_kind: str = "mlp",
                  n_kv_heads: int | None = None, rope: float | RopeFreqs | None = None, qk_norm: str | None = None,
-                 final_norm: bool = False):
+                 final_norm: bool = False, sublayers: tuple | None = None):
         # ``notes``: extra information (not part of the model object, not written by
         # to_json, not compared).  The keyword-only fields are the modern blocks' (docs/formats.md):
         # ``rope`` is the rotary base or a sigprop.rope.RopeFreqs (None: no rotation); ``n_kv_heads`` None means n_heads.
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
                                              {} if notes is None else notes, norm_eps, block, ffn_kind,
-                                             n_kv_heads, rope, qk_norm, final_norm), strict=True):
+                                             n_kv_heads, rope, qk_norm, final_norm, sublayers), strict=True):
             self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")
@@ -381,7 +430,33 @@ class Model(_Frozen):
             if s.n_layers != self.n_layers:
                 raise DomainError(f"{kind} has {s.n_layers} layers, the model {self.n_layers}")
         self._set("notes", MappingProxyType(dict(self.notes)))
+        self._check_sublayers()
         self._check_modern()
+
+    def _check_sublayers(self) -> None:
+        """A layer given as a list of sublayers (``sublayers``: one :class:`Sublayers` or
+        :class:`StreamNorms` per position in the list, every layer the same list of kinds):
+        ``attention`` and ``ffn`` are its first sublayers of those kinds.  The list
+        [attention, ffn] is the ordinary layer and is kept as ``sublayers`` None."""
+        subs = self.sublayers
+        if subs is None:
+            return
+        subs = tuple(subs)
+        for j, s in enumerate(subs):
+            if not isinstance(s, (Sublayers, StreamNorms)):
+                raise DomainError(f"sublayers[{j}] must be a Sublayers or a StreamNorms")
+            if s.n_layers != self.n_layers:
+                raise DomainError(f"sublayers[{j}] has {s.n_layers} layers, the model {self.n_layers}")
+        kinds = [s.kind for s in subs]
+        for kind in KINDS:
+            if kind not in kinds:
+                raise DomainError(f"a layer without an {kind} sublayer is not implemented (yet): "
+                                  f"the sublayers are {', '.join(kinds)}")
+            first = subs[kinds.index(kind)]
+            if first != getattr(self, kind):
+                raise DomainError(f"{kind} must be the layer's first {kind} sublayer")
+            self._set(kind, first)
+        self._set("sublayers", None if kinds == list(KINDS) else subs)
 
     def _check_modern(self) -> None:
         """The modern blocks' fields, and the constraints between fields they add."""
@@ -418,18 +493,22 @@ class Model(_Frozen):
             raise DomainError(f"final_norm must be true or false, got {self.final_norm!r}")
         self._set("final_norm", bool(self.final_norm))
         if self.block == "parallel":
-            att, ffn = self.attention, self.ffn
-            if (att.placement != 0).any() or (ffn.placement != 0).any():
-                raise DomainError("a parallel block needs both sublayers of every layer 'pre' "
-                                  f"(got {', '.join(sorted(att.placements() | ffn.placements()))})")
-            if not np.array_equal(att.norm_scale, ffn.norm_scale):
-                i = int(np.argmax(att.norm_scale != ffn.norm_scale))
-                raise DomainError(f"a parallel block's two sublayers share one norm: layers[{i}] has norm_scale "
-                                  f"{att.norm_scale[i]:g} (attention) and {ffn.norm_scale[i]:g} (ffn)")
-            if (ffn.skip_scale != 1).any():
-                i = int(np.argmax(ffn.skip_scale != 1))
-                raise DomainError(f"a parallel block has one skip path, the attention sublayer's: layers[{i}]"
-                                  f".ffn.skip_scale must be 1, got {ffn.skip_scale[i]:g}")
+            slots = self.slots()
+            if any(s.kind == "norm" for s in slots):
+                raise DomainError("a parallel layer sums residual branches: a norm sublayer has no place in it")
+            first = slots[0]
+            if any((s.placement != 0).any() for s in slots):
+                raise DomainError("a parallel block needs every sublayer of every layer 'pre' "
+                                  f"(got {', '.join(sorted(set().union(*(s.placements() for s in slots))))})")
+            for s in slots[1:]:
+                if not np.array_equal(first.norm_scale, s.norm_scale):
+                    i = int(np.argmax(first.norm_scale != s.norm_scale))
+                    raise DomainError(f"a parallel block's sublayers share one norm: layers[{i}] has norm_scale "
+                                      f"{first.norm_scale[i]:g} ({first.kind}) and {s.norm_scale[i]:g} ({s.kind})")
+                if (s.skip_scale != 1).any():
+                    i = int(np.argmax(s.skip_scale != 1))
+                    raise DomainError(f"a parallel block has one skip path, the first sublayer's: layers[{i}]"
+                                      f".{s.kind}.skip_scale must be 1, got {s.skip_scale[i]:g}")
 
     def features(self) -> list[str]:
         """The modern-block features this model uses, as "field value" names (e.g.
@@ -440,7 +519,9 @@ class Model(_Frozen):
             out.append(f"norm {self.norm}")
         if self.activation == "silu":
             out.append("activation silu")
-        for p in sorted(self.attention.placements() | self.ffn.placements()):
+        if self.sublayers is not None:
+            out.append("sublayers")
+        for p in sorted(set().union(*(s.placements() for s in self.slots() if s.kind != "norm"))):
             if p not in ("pre", "post"):
                 out.append(f"placement {p}")
         if self.block != "sequential":
@@ -460,11 +541,25 @@ class Model(_Frozen):
         """A copy with some fields changed (validated like a new model)."""
         fields = {k: getattr(self, k) for k in self.FIELDS}
         fields.update(changes)
-        opt = {k: fields.pop(k) for k in OPTIONAL_DEFAULTS}
+        opt = {k: fields.pop(k) for k in (*OPTIONAL_DEFAULTS, "sublayers")}
+        if opt["sublayers"] is not None and "sublayers" not in changes:
+            # a changed attention or ffn replaces the layer's first sublayer of that kind
+            subs = list(opt["sublayers"])
+            for kind in KINDS:
+                if kind in changes:
+                    subs[[s.kind for s in subs].index(kind)] = changes[kind]
+            opt["sublayers"] = tuple(subs)
         return Model(**fields, **opt)
 
     # -- conveniences -------------------------------------------------------------------
-    def sublayers(self, kind: str) -> Sublayers:
+    def slots(self) -> tuple:
+        """The sublayers of a layer in order, one column object per position in the layer's
+        list (:class:`Sublayers`, :class:`StreamNorms`): (attention, ffn) for the ordinary
+        layer."""
+        return (self.attention, self.ffn) if self.sublayers is None else self.sublayers
+
+    def sublayer_columns(self, kind: str) -> Sublayers:
+        """The first sublayer of ``kind`` ("attention" or "ffn") of every layer."""
         if kind not in WEIGHTS:
             raise DomainError(f"sublayer kind must be one of {', '.join(KINDS)}, got {kind!r}")
         return getattr(self, kind)
@@ -487,7 +582,10 @@ class Model(_Frozen):
         if not isinstance(other, Model):
             return NotImplemented
         return all(getattr(self, k) == getattr(other, k) for k in (*_MODEL_KEYS[:-1], *OPTIONAL_DEFAULTS)) and \
-            self.attention == other.attention and self.ffn == other.ffn
+            self.attention == other.attention and self.ffn == other.ffn and \
+            (self.sublayers is None) == (other.sublayers is None) and \
+            (self.sublayers is None or (len(self.sublayers) == len(other.sublayers)
+                                        and all(a == b for a, b in zip(self.sublayers, other.sublayers))))
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -507,6 +605,11 @@ class Model(_Frozen):
 
     def layers_json(self, rows=None) -> list:
         """The model object's per-layer objects (``rows``: only those layers, 0-based)."""
+        if self.sublayers is not None:
+            # a layer as a list of sublayers: each entry its columns' object plus its kind
+            cols = [[{"kind": s.kind, **d} for d in s._json_columns(rows)] for s in self.sublayers]
+            par = {"parallel": True} if self.block == "parallel" else {}
+            return [{"sublayers": list(subs), **par} for subs in zip(*cols)]
         att = self.attention._json_columns(rows)
         ffn = self.ffn._json_columns(rows)
         return [{"attention": a, "ffn": f} for a, f in zip(att, ffn)]
@@ -514,7 +617,7 @@ class Model(_Frozen):
     def layer_runs(self) -> list:
         """First layer (0-based) of every run of consecutive layers with identical parameters,
         then n_layers: a uniform stack is [0, n_layers]."""
-        bits = np.concatenate([self.attention._bits(), self.ffn._bits()], axis=1)
+        bits = np.concatenate([s._bits() for s in self.slots()], axis=1)
         change = np.flatnonzero(np.any(bits[1:] != bits[:-1], axis=1)) + 1
         return [0, *change.tolist(), self.n_layers]
 
@@ -541,6 +644,8 @@ class Model(_Frozen):
             v = getattr(self, k)
             if k == "n_kv_heads":
                 default = self.n_heads
+            if k == "block" and self.sublayers is not None:
+                continue            # a list of sublayers says "parallel" in every layer
             if v != default:
                 out[k] = (v.to_json() if isinstance(v, RopeFreqs) else {"base": v}) if k == "rope" else v
         return out
@@ -702,8 +807,23 @@ def _parse_model(obj, where: str) -> Model:
         raise DomainError(f"{where}.layers must be an array, got {_type_name(layers)}")
     if len(layers) != n:
         raise DomainError(f"{where}.layers has {len(layers)} entries, n_layers is {n}")
-    cols = {kind: _parse_sublayers(layers, kind, f"{where}.layers", modern.get("ffn_kind", "mlp"))
-            for kind in KINDS}
+    if any(type(layer) is dict and "sublayers" in layer for layer in layers):
+        slots, parallel = _parse_sublayer_lists(layers, f"{where}.layers", modern.get("ffn_kind", "mlp"))
+        if parallel:
+            if modern.get("block", "parallel") != "parallel":
+                raise DomainError(f"{where}.block is {modern['block']!r}, but its layers say \"parallel\": true")
+            modern["block"] = "parallel"
+        elif modern.get("block", "sequential") != "sequential":
+            raise DomainError(f"{where}.block is {modern['block']!r}, but its layers do not say \"parallel\": true")
+        kinds = [s.kind for s in slots]
+        for kind in KINDS:
+            if kind not in kinds:
+                raise DomainError(f"{where}.layers: a layer without an {kind} sublayer is not implemented (yet)")
+        cols = {kind: slots[kinds.index(kind)] for kind in KINDS}
+        modern["sublayers"] = tuple(slots)
+    else:
+        cols = {kind: _parse_sublayers(layers, kind, f"{where}.layers", modern.get("ffn_kind", "mlp"))
+                for kind in KINDS}
     try:
         return Model(arch=arch, **ints, activation=activation, norm=norm, causal=causal,
                      dropout=Dropout(**drop), input=Forward(mean, var, corr), grad=Backward(gvar, gcorr),
@@ -748,30 +868,115 @@ def _parse_modern(obj: dict, where: str) -> dict:
 _LAYER_KEYS = frozenset(KINDS)
 
 
+#: the sublayer kinds a layer's list may hold, and those sigprop does not implement yet
+SUBLAYER_KINDS = (*KINDS, "norm")
+_PLANNED_KINDS = ("cross_attention",)
+_LIST_KEYS = ("sublayers", "parallel")
+
+
+def _parse_sublayer_lists(layers: list, where: str, ffn_kind: str) -> tuple[list, bool]:
+    """Layers given as lists of sublayers ({"sublayers": [SUB, ...], "parallel": bool}; the
+    ordinary form {"attention": A, "ffn": F} is the list [attention, ffn]): the column objects,
+    one per position in the list, and whether the layers are parallel.  Every layer must have
+    the same list of kinds and the same "parallel"."""
+    lists, flags = [], []
+    for i, layer in enumerate(layers):
+        w = f"{where}[{i}]"
+        if type(layer) is dict and "sublayers" not in layer and layer.keys() == _LAYER_KEYS:
+            subs = [{"kind": k, **layer[k]} if type(layer[k]) is dict else layer[k] for k in KINDS]
+            par = False
+        else:
+            if type(layer) is not dict or not layer.keys() <= set(_LIST_KEYS) or "sublayers" not in layer:
+                _keys(layer, _LIST_KEYS, w)
+            subs, par = layer["sublayers"], layer.get("parallel", False)
+            if type(par) is not bool:
+                raise DomainError(f"{w}.parallel must be true or false, got {_type_name(par)} {par!r}")
+            if type(subs) is not list or not subs:
+                raise DomainError(f"{w}.sublayers must be a non-empty array, got {_type_name(subs)}")
+        for j, sub in enumerate(subs):
+            if type(sub) is not dict or "kind" not in sub:
+                raise DomainError(f"{w}.sublayers[{j}] must be an object with a \"kind\"")
+            k = sub["kind"]
+            if k in _PLANNED_KINDS:
+                raise DomainError(f"{w}.sublayers[{j}].kind {k!r} is not implemented (yet)")
+            if k not in SUBLAYER_KINDS:
+                raise DomainError(f"{w}.sublayers[{j}].kind must be one of "
+                                  f"{', '.join(map(repr, SUBLAYER_KINDS))}, got {k!r}")
+        lists.append(subs)
+        flags.append(par)
+    kinds = [s["kind"] for s in lists[0]]
+    for i, subs in enumerate(lists):
+        if [s["kind"] for s in subs] != kinds or flags[i] != flags[0]:
+            raise DomainError(f"{where}[{i}] has the sublayers [{', '.join(s['kind'] for s in subs)}]"
+                              f"{' in parallel' if flags[i] else ''} and {where}[0] [{', '.join(kinds)}]"
+                              f"{' in parallel' if flags[0] else ''}: every layer must have the same list "
+                              "of sublayer kinds (yet)")
+    slots = []
+    for j, kind in enumerate(kinds):
+        subs = [layer[j] for layer in lists]
+        path = f"{where}[{{i}}].sublayers[{j}]"
+        if kind == "norm":
+            for i, s in enumerate(subs):
+                if not s.keys() <= {"kind", "norm_scale"}:
+                    _keys(s, ("kind", "norm_scale"), path.format(i=i))
+            scales = _numbers([s.get("norm_scale", 1.0) for s in subs],
+                              lambda i, tail: f"{path.format(i=i)}.{tail}", "norm_scale", False)
+            slots.append(StreamNorms(scales))
+        else:
+            subs = [{k: v for k, v in s.items() if k != "kind"} for s in subs]
+            slots.append(_columns_of(subs, kind, lambda i, tail: f"{path.format(i=i)}.{tail}", ffn_kind))
+    return slots, flags[0]
+
+
+def _numbers(values: list, path, tail: str, nonneg: bool) -> np.ndarray:
+    """A column of numbers from JSON values (``path(i, tail)``: the i-th value's JSON path),
+    each a finite number (and >= 0 with ``nonneg``)."""
+    types = {type(v) for v in values}
+    if not types <= {int, float} and not all(_is_number(v) for v in values):
+        i = next(i for i, v in enumerate(values) if not _is_number(v))
+        raise DomainError(f"{path(i, tail)} must be a number, got {_type_name(values[i])} {values[i]!r}")
+    try:
+        a = np.array(values, dtype=np.float64)
+    except OverflowError:  # an int beyond float range
+        i = next(i for i, v in enumerate(values) if not _fits(v))
+        raise DomainError(f"{path(i, tail)} must be finite, got an integer beyond the float range") from None
+    i = _first_bad(~np.isfinite(a))
+    if i is not None:
+        raise DomainError(f"{path(i, tail)} must be finite, got {values[i]!r}")
+    if nonneg:
+        i = _first_bad(a < 0)
+        if i is not None:
+            raise DomainError(f"{path(i, tail)} must be >= 0, got {_fmt(values[i])}")
+    return a
+
+
 def _parse_sublayers(layers: list, kind: str, where: str, ffn_kind: str = "mlp") -> Sublayers:
     """Column-wise parse of one sublayer kind over all layers: a structural pass (keys), then
     type and range checks on whole columns; the first failure is located and reported with
     its path."""
-    names = weight_names(kind, ffn_kind)
-    sub_keys, init_keys, w_keys = set(_SUBLAYER_KEYS), set(names), set(_INIT_KEYS)
     subs = []
     for i, layer in enumerate(layers):
         if type(layer) is not dict or layer.keys() != _LAYER_KEYS:
             _keys(layer, KINDS, f"{where}[{i}]")
-        s = layer[kind]
+        subs.append(layer[kind])
+    return _columns_of(subs, kind, lambda i, tail: f"{where}[{i}].{kind}.{tail}", ffn_kind)
+
+
+def _columns_of(subs: list, kind: str, path, ffn_kind: str = "mlp") -> Sublayers:
+    """The :class:`Sublayers` of the sublayer objects ``subs`` (one per layer; ``path(i,
+    tail)``: the JSON path of field ``tail`` of the i-th)."""
+    names = weight_names(kind, ffn_kind)
+    sub_keys, init_keys, w_keys = set(_SUBLAYER_KEYS), set(names), set(_INIT_KEYS)
+    for i, s in enumerate(subs):
         if type(s) is not dict or s.keys() != sub_keys:
-            _keys(s, _SUBLAYER_KEYS, f"{where}[{i}].{kind}")
+            _keys(s, _SUBLAYER_KEYS, path(i, "")[:-1])
         init = s["init"]
         if type(init) is not dict or init.keys() != init_keys:
-            _keys(init, names, f"{where}[{i}].{kind}.init")
+            _keys(init, names, path(i, "init"))
         for w in names:
             e = init[w]
             if type(e) is not dict or e.keys() != w_keys:
-                _keys(e, _INIT_KEYS, f"{where}[{i}].{kind}.init.{w}")
-        subs.append(s)
-
-    def path(i: int, tail: str) -> str:
-        return f"{where}[{i}].{kind}.{tail}"
+                _keys(e, _INIT_KEYS, path(i, f"init.{w}"))
 
     place = [s["placement"] for s in subs]
     codes = {p: i for i, p in enumerate(PLACEMENTS)}
@@ -782,23 +987,7 @@ def _parse_sublayers(layers: list, kind: str, where: str, ffn_kind: str = "mlp")
     post = np.array([codes[p] for p in place], dtype=np.int8)
 
     def numbers(values: list, tail: str, nonneg: bool) -> np.ndarray:
-        types = {type(v) for v in values}
-        if not types <= {int, float} and not all(_is_number(v) for v in values):
-            i = next(i for i, v in enumerate(values) if not _is_number(v))
-            raise DomainError(f"{path(i, tail)} must be a number, got {_type_name(values[i])} {values[i]!r}")
-        try:
-            a = np.array(values, dtype=np.float64)
-        except OverflowError:  # an int beyond float range
-            i = next(i for i, v in enumerate(values) if not _fits(v))
-            raise DomainError(f"{path(i, tail)} must be finite, got an integer beyond the float range") from None
-        i = _first_bad(~np.isfinite(a))
-        if i is not None:
-            raise DomainError(f"{path(i, tail)} must be finite, got {values[i]!r}")
-        if nonneg:
-            i = _first_bad(a < 0)
-            if i is not None:
-                raise DomainError(f"{path(i, tail)} must be >= 0, got {_fmt(values[i])}")
-        return a
+        return _numbers(values, path, tail, nonneg)
 
     scales = {k: numbers([s[k] for s in subs], k, False) for k in _SCALES}
     std = {w: numbers([s["init"][w]["std"] for s in subs], f"init.{w}.std", True) for w in names}
@@ -812,6 +1001,14 @@ def _fits(v) -> bool:
         return True
     except OverflowError:
         return False
+
+
+def require_ordinary_layers(model: Model, who: str) -> None:
+    """Refuse (DomainError) a model whose layers are given as lists of sublayers other than
+    [attention, ffn] (``who`` implements only the ordinary layer)."""
+    if model.sublayers is not None:
+        kinds = ", ".join(s.kind for s in model.sublayers)
+        raise DomainError(f"{who} does not implement layers given as lists of sublayers ([{kinds}]) (yet)")
 
 
 def require(model: Model, supported, who: str) -> None:

@@ -97,8 +97,9 @@ def _const(col: np.ndarray) -> float | None:
 
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation
-#: implements: the block layouts, norms and FFN kinds of the predictor, which it runs
-SUPPORTED = _PREDICT_SUPPORTED
+#: implements: the block layouts, norms and FFN kinds of the predictor, which it runs, but for
+#: layers given as other lists of sublayers (its per-sublayer maps are those of attention then FFN)
+SUPPORTED = _PREDICT_SUPPORTED - {"sublayers"}
 
 
 def require_supported(model) -> None:

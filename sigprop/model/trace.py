@@ -262,6 +262,6 @@ def point_text(p, with_log: bool) -> str:
             f'"backward": {b}}}, "logit_var": {lv}}}')
 
 
-_SUBLAYER_TEXT = {name: json.dumps(name) for name in ("input", "attention", "ffn")}
+_SUBLAYER_TEXT = {name: json.dumps(name) for name in ("input", "attention", "ffn", "block", "norm")}
 _LAYERS = "\x00sigprop-layers\x00"
 _POINTS = "\x00sigprop-points\x00"

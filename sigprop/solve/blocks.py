@@ -92,7 +92,7 @@ FREE = {"attention": ("v", "o")}
 
 
 def free_weights(model, kind: str) -> tuple[str, ...]:
-    return FREE.get(kind, model.sublayers(kind).names)
+    return FREE.get(kind, model.sublayer_columns(kind).names)
 
 
 def _is_weight_std(key: str) -> bool:
@@ -112,12 +112,12 @@ class Chains:
 
     def __init__(self, model):
         self.model = model
-        self.names = {kind: model.sublayers(kind).names for kind in KINDS}
+        self.names = {kind: model.sublayer_columns(kind).names for kind in KINDS}
         self.markers = {kind: {w: 1.0 + (i + 1) / 64 for i, w in enumerate(self.names[kind])} for kind in KINDS}
         one = model.truncated(1)
         subl = {}
         for kind in KINDS:
-            s = one.sublayers(kind)
+            s = one.sublayer_columns(kind)
             subl[kind] = Sublayers(kind, s.placement, s.skip_scale, s.branch_scale, s.norm_scale,
                                    self.markers[kind], {w: 0.0 for w in self.names[kind]})
         self._probe = one.replace(**subl)

@@ -22,6 +22,7 @@ from torch import nn
 
 from sigprop import registry
 from sigprop.errors import DomainError
+from sigprop.model.spec import require_ordinary_layers
 from sigprop.torch.init import apply_init, as_model
 
 def _norm(kind: str, d: int, eps: float) -> nn.Module:
@@ -68,11 +69,11 @@ class Block(nn.Module):
         d, eps = m.d_model, m.norm_eps
         self.attn, self.ffn, self.mid = Attention(m), FFN(m), nn.Identity()
         self.parallel, self.p = m.block == "parallel", m.dropout.hidden
-        self.place = {k: m.sublayers(k).placement_of(layer) for k in ("attention", "ffn")}
+        self.place = {k: m.sublayer_columns(k).placement_of(layer) for k in ("attention", "ffn")}
         self.norms = nn.ModuleDict({f"{k}_{w}": _norm(m.norm, d, eps) for k in ("attention", "ffn")
                                     for w in ("in", "out")})
         for short, kind in (("attn", "attention"), ("ffn", "ffn")):
-            s = m.sublayers(kind)
+            s = m.sublayer_columns(kind)
             setattr(self, f"{short}_skip", float(s.skip_scale[layer]))
             setattr(self, f"{short}_branch", float(s.branch_scale[layer]))
             setattr(self, f"{short}_norm", float(s.norm_scale[layer]))
@@ -108,6 +109,7 @@ class PlainTransformer(nn.Module):
     def __init__(self, spec, seed: int | None = None):
         super().__init__()
         m = as_model(spec)
+        require_ordinary_layers(m, "the plain reference model")
         for feature in ("rope", "qk_norm"):
             if getattr(m, feature) is not None:
                 raise DomainError(f"the plain reference model does not implement {feature}")
