@@ -1,0 +1,209 @@
+"""One optimizer step in the Monte Carlo (sigprop.mc.step) against PyTorch: the same model built
+as sigprop.torch.plain.PlainTransformer in float64 with the simulation's initial parameters, the
+same batch and upstream sample, the loss (1 / (B seq_len)) sum <y, u>, one real torch.optim
+step (SGD, Adam, AdamW, with and without weight decay); the gradients, the new parameters and
+the outputs on the step's batch and on a fresh one must agree to float64 rounding.  Then the
+measurement's own bookkeeping: the trace points, an lr -> 0 limit, refusals."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import pytest
+
+from sigprop.errors import DomainError
+from sigprop.mc import step as st
+from sigprop.mc.sampling import correlated
+from sigprop.model.presets import resolve
+from sigprop.model.spec import Model
+
+B, L, D, H, DH, DFF = 2, 6, 32, 4, 8, 48
+
+
+def _torch():
+    try:
+        return importlib.import_module("torch")
+    except ImportError:
+        if os.environ.get("SIGPROP_REQUIRE_TORCH") == "1":
+            pytest.fail("torch is not installed but SIGPROP_REQUIRE_TORCH=1")
+        pytest.skip("torch not installed")
+
+
+def _sub(placement, a, b, n, names, std, bias_std):
+    return {"placement": placement, "skip_scale": a, "branch_scale": b, "norm_scale": n,
+            "init": {w: {"std": std, "bias_std": bias_std} for w in names}}
+
+
+def _mixed(**over):
+    """4 layers, one per placement (pre, post, peri, output), scales away from 1, biases
+    drawn non-zero, LayerNorm, SiLU MLP, causal, a final norm."""
+    places = ("pre", "post", "peri", "output")
+    layers = [{"attention": _sub(p, 0.9 + 0.1 * i, 1.2 - 0.1 * i, 1.3, "qkvo", 0.25, 0.1),
+               "ffn": _sub(places[(i + 1) % 4], 1.1, 0.7 + 0.1 * i, 0.8, ("in", "out"), 0.2, 0.05)}
+              for i, p in enumerate(places)]
+    obj = {"arch": "test", "n_layers": 4, "d_model": D, "n_heads": H, "d_head": DH, "d_ff": DFF, "seq_len": L,
+           "activation": "silu", "norm": "layernorm", "causal": True,
+           "dropout": {"attention": 0.1, "hidden": 0.1, "ffn_inner": 0.0},
+           "input": {"mean": 0.2, "var": 1.5, "corr": 0.3}, "grad": {"var": 2.0, "corr": 0.2},
+           "layers": layers, "final_norm": True}
+    obj.update(over)
+    return Model.from_json(obj)
+
+
+def _parallel_glu():
+    """3 parallel layers (pre), RMSNorm, SwiGLU, bidirectional, no final norm."""
+    layers = [{"attention": _sub("pre", 1.0, 0.9, 1.1, "qkvo", 0.3, 0.1),
+               "ffn": _sub("pre", 1.0, 0.6, 1.1, ("gate", "up", "down"), 0.2, 0.1)} for _ in range(3)]
+    return Model.from_json({
+        "arch": "test", "n_layers": 3, "d_model": D, "n_heads": H, "d_head": DH, "d_ff": DFF, "seq_len": L,
+        "activation": "silu", "norm": "rmsnorm", "causal": False,
+        "dropout": {"attention": 0.0, "hidden": 0.0, "ffn_inner": 0.0},
+        "input": {"mean": 0.0, "var": 1.0, "corr": 0.5}, "grad": {"var": 1.0, "corr": 0.0},
+        "layers": layers, "block": "parallel", "ffn_kind": "glu"})
+
+
+MODELS = {
+    "mixed": _mixed,
+    "mixed-gelu": lambda: _mixed(activation="gelu"),
+    "parallel-glu": _parallel_glu,
+    "sequential-glu-rms": lambda: _mixed(norm="rmsnorm", activation="relu", causal=False, final_norm=False,
+                                         ffn_kind="glu", layers=[
+                                             {"attention": _sub(p, 1.0, 1.0, 1.0, "qkvo", 0.2, 0.0),
+                                              "ffn": _sub(p, 1.0, 1.0, 1.0, ("gate", "up", "down"), 0.2, 0.0)}
+                                             for p in ("post", "pre")], n_layers=2),
+}
+
+
+def _torch_param(net, key):
+    """The torch parameter holding the simulation's parameter ``key``."""
+    parts = key.split(".")
+    if parts[0] == "norm":
+        return getattr(net.norm, parts[1])
+    blk = net.layers[int(parts[1])]
+    if parts[2] == "attn":
+        return getattr(getattr(blk.attn, parts[3]), parts[4])
+    if parts[2] == "ffn":
+        return getattr(blk.ffn[parts[3]], parts[4])
+    return getattr(blk.norms[parts[3]], parts[4])
+
+
+def _as_torch(key, a, torch):
+    t = torch.from_numpy(np.array(a, dtype=np.float64))
+    return t.T.contiguous() if key.endswith(".weight") and a.ndim == 2 else t
+
+
+OPTS = [("sgd", 0.0), ("sgd", 0.3), ("adam", 0.0), ("adam", 0.3), ("adamw", 0.0), ("adamw", 0.3)]
+
+
+@pytest.mark.parametrize("which", sorted(MODELS))
+@pytest.mark.parametrize("optimizer,wd", OPTS)
+def test_step_matches_torch(which, optimizer, wd):
+    torch = _torch()
+    from sigprop.torch.plain import PlainTransformer
+
+    torch.set_num_threads(1)
+    m = MODELS[which]()
+    # the simulation's GeLU evaluates Phi by an erfc approximation (relative error < 1.2e-7),
+    # torch's by erf: agreement to ~1e-6 there, to float64 rounding elsewhere
+    tol = 1e-10 if m.activation != "gelu" else 1e-5
+    rng = np.random.default_rng(7)
+    P = st.init_params(m, rng)
+    shape = (B, L, D)
+    X = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, np.float64)
+    U = correlated(rng, shape, 0.0, m.grad.var, m.grad.corr, np.float64)
+    Xf = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, np.float64)
+    lr = 0.05 if optimizer == "sgd" else 1e-3
+    betas, eps = (0.8, 0.95), 1e-8
+
+    net = PlainTransformer(m, seed=0).double().eval()
+    with torch.no_grad():
+        for k, v in P.items():
+            _torch_param(net, k).copy_(_as_torch(k, v, torch))
+    tX, tXf = torch.from_numpy(X), torch.from_numpy(Xf)
+    with torch.no_grad():
+        y0 = net(tX).numpy()
+    _, out = st.forward(m, P, X)
+    np.testing.assert_allclose(out, y0, rtol=tol, atol=tol)
+
+    loss = (net(tX) * torch.from_numpy(U)).sum() / (B * L)
+    loss.backward()
+    grads = st.gradients(m, P, X, U)
+    mapped = {id(_torch_param(net, k)) for k in P}
+    for name, p in net.named_parameters():
+        if id(p) not in mapped:             # a norm module this placement does not use
+            assert p.grad is None, name
+    scale = max(float(np.abs(g).max()) for g in grads.values())
+    for k, g in grads.items():
+        tg = _as_torch(k, g, torch).numpy()
+        np.testing.assert_allclose(tg, _torch_param(net, k).grad.numpy(), rtol=100 * tol, atol=0.1 * tol * scale,
+                                   err_msg=k)
+
+    kw = {"lr": lr, "weight_decay": wd}
+    opt = {"sgd": lambda: torch.optim.SGD(net.parameters(), **kw),
+           "adam": lambda: torch.optim.Adam(net.parameters(), betas=betas, eps=eps, **kw),
+           "adamw": lambda: torch.optim.AdamW(net.parameters(), betas=betas, eps=eps, **kw)}[optimizer]()
+    opt.step()
+    P2 = st.optimizer_step(P, grads, optimizer, lr, betas, eps, wd)
+    # the key bias's gradient is 0 in exact arithmetic (it shifts a query's logits by one
+    # constant), so both sides hold rounding noise there, which Adam divides by eps
+    atol = 0.01 * tol * lr if optimizer == "sgd" else 1e-6 * lr
+    for k, v in P2.items():
+        np.testing.assert_allclose(_as_torch(k, v, torch).numpy(), _torch_param(net, k).detach().numpy(),
+                                   rtol=10 * tol, atol=atol, err_msg=k)
+    moved = max(float(np.abs(P2[k] - P[k]).max()) for k in P)
+    assert moved > 0.1 * lr                      # the step did move the parameters
+    with torch.no_grad():
+        for batch, tb in ((X, tX), (Xf, tXf)):
+            y1 = net(tb).numpy()
+            _, o0 = st.forward(m, P, batch)
+            _, o1 = st.forward(m, P2, batch)
+            np.testing.assert_allclose(o1, y1, rtol=10 * tol, atol=10 * tol)
+            # the change itself, not only the outputs, agrees
+            dy = y1 - st.forward(m, P, batch)[1]
+            np.testing.assert_allclose(o1 - o0, dy, rtol=1e4 * tol, atol=10 * tol * float(np.abs(dy).max()))
+
+
+def test_adam_first_step_is_sign_descent():
+    """Where |g| >> eps, Adam's first step moves every entry by lr, against its gradient's sign
+    (whatever the betas); AdamW's decay shrinks by lr * wd on top."""
+    rng = np.random.default_rng(0)
+    P = {"w": rng.standard_normal(1000)}
+    g = {"w": rng.standard_normal(1000)}
+    for betas in ((0.9, 0.999), (0.5, 0.5)):
+        P2 = st.optimizer_step(P, g, "adam", 1e-3, betas, 1e-12)
+        np.testing.assert_allclose(P2["w"] - P["w"], -1e-3 * np.sign(g["w"]), rtol=1e-6)
+    P3 = st.optimizer_step(P, g, "adamw", 1e-3, (0.9, 0.999), 1e-12, weight_decay=0.1)
+    np.testing.assert_allclose(P3["w"], P["w"] * (1 - 1e-4) - 1e-3 * np.sign(g["w"]), rtol=1e-6)
+
+
+def test_simulate_step_points_and_small_lr():
+    """One entry per trace point plus the output; the input never changes; the change's
+    variance scales as lr^2 under SGD (a first-order change); fresh and own batch both
+    reported; the same seed gives the same numbers."""
+    m = resolve("preln", n_layers=2, d_model=32, n_heads=4, seq_len=8, final_norm=True)
+    r1 = st.simulate_step(m, "sgd", lr=1e-3, batch_size=2, trials=2, seed=3)
+    r2 = st.simulate_step(m, "sgd", lr=2e-3, batch_size=2, trials=2, seed=3)
+    assert [p for p in r1.points] == [(0, "input"), (1, "attention"), (1, "ffn"), (2, "attention"),
+                                      (2, "ffn"), (2, "output")]
+    assert r1.var[0] == 0.0 and r1.fresh_var[0] == 0.0
+    np.testing.assert_allclose(r2.var[1:] / r1.var[1:], 4.0, rtol=1e-2)
+    np.testing.assert_allclose(r2.fresh_var[1:] / r1.fresh_var[1:], 4.0, rtol=1e-2)
+    assert (r1.var[1:] > 0).all() and (r1.fresh_var[1:] > 0).all()
+    again = st.simulate_step(m, "sgd", lr=1e-3, batch_size=2, trials=2, seed=3)
+    np.testing.assert_array_equal(again.rel, r1.rel)
+    u = r1.update(-2)
+    assert u["rel"] == pytest.approx(r1.rel_top) and set(u) >= {"var", "rel", "fresh_var", "fresh_rel"}
+
+
+def test_refusals():
+    with pytest.raises(DomainError, match="rope"):
+        st.simulate_step(resolve("preln", n_layers=1, d_model=32, n_heads=4, seq_len=8, rope=True), trials=1)
+    m = resolve("preln", n_layers=1, d_model=32, n_heads=4, seq_len=8)
+    with pytest.raises(DomainError, match="optimizer"):
+        st.simulate_step(m, "lion", trials=1)
+    with pytest.raises(DomainError, match="lr"):
+        st.simulate_step(m, "sgd", lr=0.0, trials=1)
+    with pytest.raises(DomainError, match="batch_size"):
+        st.simulate_step(m, batch_size=0, trials=1)
