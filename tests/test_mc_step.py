@@ -2,8 +2,10 @@
 as sigprop.torch.plain.PlainTransformer in float64 with the simulation's initial parameters, the
 same batch and upstream sample, the loss (1 / (B seq_len)) sum <y, u>, one real torch.optim
 step (SGD, Adam, AdamW, with and without weight decay); the gradients, the new parameters and
-the outputs on the step's batch and on a fresh one must agree to float64 rounding.  Then the
-measurement's own bookkeeping: the trace points, an lr -> 0 limit, refusals."""
+the outputs on the step's batch and on a fresh one must agree to float64 rounding.  Grouped
+key/value heads, rotary positions and QK-norm: the gradients against central differences, and
+one step against the transformers LLaMA and Qwen3 models.  Then the measurement's own
+bookkeeping: the trace points, an lr -> 0 limit, refusals."""
 
 from __future__ import annotations
 
@@ -198,8 +200,6 @@ def test_simulate_step_points_and_small_lr():
 
 
 def test_refusals():
-    with pytest.raises(DomainError, match="rope"):
-        st.simulate_step(resolve("preln", n_layers=1, d_model=32, n_heads=4, seq_len=8, rope=True), trials=1)
     m = resolve("preln", n_layers=1, d_model=32, n_heads=4, seq_len=8)
     with pytest.raises(DomainError, match="optimizer"):
         st.simulate_step(m, "lion", trials=1)
@@ -207,3 +207,148 @@ def test_refusals():
         st.simulate_step(m, "sgd", lr=0.0, trials=1)
     with pytest.raises(DomainError, match="batch_size"):
         st.simulate_step(m, batch_size=0, trials=1)
+    with pytest.raises(DomainError, match="without biases"):
+        st.simulate_step(_mixed(), trials=1, bias=False)
+
+
+def _modern(qk_norm="layernorm", norm="layernorm", bias_std=0.1):
+    """GQA (4 query heads on 2 key/value heads), rotary positions, QK-norm, causal."""
+    layers = [{"attention": _sub(p, 1.0, 0.9, 1.2, "qkvo", 0.4, bias_std),
+               "ffn": _sub(p, 1.0, 0.8, 1.0, ("gate", "up", "down"), 0.2, bias_std)} for p in ("pre", "post")]
+    return Model.from_json({
+        "arch": "test", "n_layers": 2, "d_model": D, "n_heads": H, "d_head": DH, "d_ff": DFF, "seq_len": L,
+        "activation": "silu", "norm": norm, "causal": True,
+        "dropout": {"attention": 0.0, "hidden": 0.0, "ffn_inner": 0.0},
+        "input": {"mean": 0.1, "var": 1.0, "corr": 0.3}, "grad": {"var": 1.0, "corr": 0.2},
+        "layers": layers, "ffn_kind": "glu", "n_kv_heads": 2, "rope": {"base": 100.0}, "qk_norm": qk_norm,
+        "final_norm": True})
+
+
+@pytest.mark.parametrize("qk_norm", ["layernorm", "rmsnorm"])
+def test_modern_gradients_by_central_differences(qk_norm):
+    """The hand-written parameter backward through grouped key/value heads, rotary positions
+    and QK-norm (with its gain and, LayerNorm, bias) against central differences of the loss
+    in float64, on a sample of every parameter's entries."""
+    m = _modern(qk_norm)
+    rng = np.random.default_rng(3)
+    P = st.init_params(m, rng)
+    assert "layers.0.attn.q_norm.weight" in P and ("layers.0.attn.k_norm.bias" in P) == (qk_norm == "layernorm")
+    X = correlated(rng, (B, L, D), m.input.mean, m.input.var, m.input.corr, np.float64)
+    U = correlated(rng, (B, L, D), 0.0, m.grad.var, m.grad.corr, np.float64)
+    grads = st.gradients(m, P, X, U)
+
+    def loss(Q):
+        return float((st.forward(m, Q, X)[1] * U).sum()) / (B * L)
+
+    h = 1e-6
+    for k, v in P.items():
+        flat = v.reshape(-1)
+        for i in rng.choice(flat.size, size=min(3, flat.size), replace=False):
+            Q = {**P, k: v.copy()}
+            Q[k].reshape(-1)[i] += h
+            up = loss(Q)
+            Q[k].reshape(-1)[i] -= 2 * h
+            fd = (up - loss(Q)) / (2 * h)
+            assert grads[k].reshape(-1)[i] == pytest.approx(fd, rel=1e-5, abs=1e-9), (k, i)
+
+
+def _hf(family):
+    """(HF model in float64 built from a config of the test's sizes, the sigprop model,
+    sigprop parameter name -> HF parameter)."""
+    _torch()
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=16, hidden_size=D, intermediate_size=DFF, num_hidden_layers=2, num_attention_heads=H,
+                  num_key_value_heads=2, head_dim=DH, rms_norm_eps=1e-6, rope_theta=100.0, hidden_act="silu",
+                  max_position_embeddings=64, attention_bias=False, tie_word_embeddings=False)
+    cfg = {"llama": lambda: transformers.LlamaConfig(mlp_bias=False, **common),
+           "qwen3": lambda: transformers.Qwen3Config(use_sliding_window=False, **common)}[family]()
+    cfg._attn_implementation = "eager"
+    net = transformers.AutoModel.from_config(cfg).double().eval()
+    m = resolve("preln", n_layers=2, d_model=D, n_heads=H, n_kv_heads=2, d_head=DH, d_ff=DFF, seq_len=L,
+                ffn="swiglu", norm="rmsnorm", norm_eps=1e-6, rope_base=100.0, qk_norm=family == "qwen3",
+                final_norm=True, causal=True, bias=False, init="normal", init_std=0.2, input_corr=0.3)
+    names = {"attn.q": "self_attn.q_proj", "attn.k": "self_attn.k_proj", "attn.v": "self_attn.v_proj",
+             "attn.o": "self_attn.o_proj", "ffn.gate": "mlp.gate_proj", "ffn.up": "mlp.up_proj",
+             "ffn.down": "mlp.down_proj", "norms.attention_in": "input_layernorm",
+             "norms.ffn_in": "post_attention_layernorm", "attn.q_norm": "self_attn.q_norm",
+             "attn.k_norm": "self_attn.k_norm"}
+    params = dict(net.named_parameters())
+
+    def hf_name(key):
+        if key.startswith("norm."):
+            return key
+        _, l, a, b, what = key.split(".")
+        return f"layers.{l}.{names[a + '.' + b]}.{what}"
+    return net, m, lambda key: params[hf_name(key)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_modern_step_matches_transformers(family, optimizer):
+    """Grouped key/value heads and rotary positions (LLaMA), and QK-norm (Qwen3), against the
+    transformers model of that family in float64 with the simulation's parameters (no biases):
+    one torch.optim step changes the output as the simulation's does.  transformers computes
+    its RMSNorm and its rotary angles in float32: agreement to ~1e-6."""
+    torch = _torch()
+    torch.set_num_threads(1)
+    net, m, tp = _hf(family)
+    rng = np.random.default_rng(11)
+    P = st.init_params(m, rng, bias=False)
+    assert not any(k.endswith(".bias") for k in P)
+    X = correlated(rng, (B, L, D), m.input.mean, m.input.var, m.input.corr, np.float64)
+    U = correlated(rng, (B, L, D), 0.0, m.grad.var, m.grad.corr, np.float64)
+    with torch.no_grad():
+        for k, v in P.items():
+            tp(k).copy_(_as_torch(k, v, torch))
+    assert sum(p.numel() for n, p in net.named_parameters() if not n.startswith("embed")) == \
+        sum(v.size for v in P.values())
+    tX = torch.from_numpy(X)
+
+    def top(x):
+        return net(inputs_embeds=x).last_hidden_state
+
+    _, o0 = st.forward(m, P, X)
+    with torch.no_grad():
+        np.testing.assert_allclose(o0, top(tX).numpy(), rtol=1e-5, atol=1e-5)
+    ((top(tX) * torch.from_numpy(U)).sum() / (B * L)).backward()
+    grads = st.gradients(m, P, X, U)
+    for k, g in grads.items():
+        ref = tp(k).grad.numpy()
+        np.testing.assert_allclose(_as_torch(k, g, torch).numpy(), ref, rtol=1e-4,
+                                   atol=1e-5 * float(np.abs(ref).max()), err_msg=k)
+    lr = 0.5 if optimizer == "sgd" else 1e-2
+    params = [p for n, p in net.named_parameters() if not n.startswith("embed")]
+    (torch.optim.SGD(params, lr=lr, weight_decay=0.1) if optimizer == "sgd"
+     else torch.optim.AdamW(params, lr=lr, weight_decay=0.1)).step()
+    P2 = st.optimizer_step(P, grads, optimizer, lr, weight_decay=0.1)
+    _, o1 = st.forward(m, P2, X)
+    with torch.no_grad():
+        dy = top(tX).numpy() - o0
+    assert float(np.abs(dy).max()) > 1e-3                 # the step moved the output
+    np.testing.assert_allclose(o1 - o0, dy, rtol=1e-3, atol=1e-4 * float(np.abs(dy).max()))
+
+
+@pytest.mark.parametrize("qk_norm", [None, "layernorm", "rmsnorm"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_forward_matches_the_attention_component(qk_norm, causal):
+    """At the initial parameters (QK-norm gain 1, bias 0) one attention sublayer's branch is the
+    Monte Carlo attention component's (sigprop.mc.components.attention), with the same
+    weights: grouped key/value heads, rotary positions, QK-norm of either kind."""
+    from sigprop import registry
+    from sigprop.mc.components import get as component
+
+    m = _modern(qk_norm or "layernorm").replace(qk_norm=qk_norm, causal=causal)
+    rng = np.random.default_rng(5)
+    P = st.init_params(m, rng)
+    X = correlated(rng, (B, L, D), 0.0, 1.0, 0.3, np.float64)
+    Y, _ = st._Net(m, P, tape=False).attention(X, "layers.0.attn")
+    pre = "layers.0.attn"
+    W = {"qkv": np.concatenate([P[f"{pre}.{w}.weight"] for w in "qkv"], axis=1),
+         "bqkv": np.concatenate([P[f"{pre}.{w}.bias"] for w in "qkv"]),
+         "o": P[f"{pre}.o.weight"], "bo": P[f"{pre}.o.bias"]}
+    prm = dict(d=D, n_heads=H, d_head=DH, L=L, p=0.0, causal=int(causal), kv_heads=2, rope=100.0,
+               q_std=1.0, k_std=1.0, v_std=1.0, o_std=1.0)
+    if qk_norm:
+        prm.update(qk_norm=registry.norm(qk_norm).qk_code, qk_eps=m.norm_eps)
+    ref, _ = component("attention").forward(X, W, prm, np.random.default_rng(0))
+    np.testing.assert_allclose(Y, ref, rtol=1e-10, atol=1e-12)

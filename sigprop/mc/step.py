@@ -4,8 +4,9 @@ For each weight draw of the model (the same specified semantics as :mod:`sigprop
 dropout off, every scale a constant multiplier, not a parameter) this module
 
 1. draws every parameter explicitly: each linear map's weight (d_in, d_out) and bias (every
-   bias exists, initialised N(0, bias_std^2), 0 when bias_std is 0), each norm's gain
-   (initialised 1) and, for LayerNorm, its bias (initialised 0);
+   bias exists, initialised N(0, bias_std^2), 0 when bias_std is 0, unless ``bias`` is False:
+   then none does), each norm's gain (initialised 1) and, for LayerNorm, its bias (initialised
+   0), QK-norm's included (one gain and bias over d_head, shared by the heads);
 2. runs the forward pass on a batch x of ``batch_size`` sequences from the model's input law,
    keeping what a hand-written backward needs;
 3. takes the loss L = (1 / (B seq_len)) sum over the batch's tokens of <y_bt, u_bt>, y the
@@ -27,9 +28,10 @@ their spread.
 
 Covered: pre, post, peri and output placements (per layer), sequential and parallel blocks,
 MLP and gated FFNs with every registered activation, LayerNorm and RMSNorm, the final norm,
-causal and bidirectional multi-head attention (scale 1/sqrt(d_head)).  Not covered (refused):
-grouped-query attention, rotary positions, QK-norm; per-weight learning-rate or eps
-multipliers do not exist in the model object yet.
+causal and bidirectional multi-head attention (scale 1/sqrt(d_head)) with grouped key/value
+heads, rotary positions (a base or a :class:`sigprop.rope.RopeFreqs`) and QK-norm.  Not
+covered: per-weight learning-rate or eps multipliers and other attention scales (the model
+object has no such fields yet).
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ import numpy as np
 from sigprop import registry
 from sigprop.errors import DomainError
 from sigprop.mc.components import get as component
+from sigprop.mc.components.attention import _rotate_half, rope_tables
 from sigprop.mc.model import point_labels
 from sigprop.mc.sampling import correlated
 from sigprop.model.spec import PLACEMENTS, require
 
 #: the modern-block features this simulation implements (the others are refused)
 SUPPORTED_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
-                                "block parallel", "ffn_kind glu", "final_norm"})
+                                "block parallel", "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm"})
 OPTIMIZERS = ("sgd", "adam", "adamw")
 _NORM_COMPONENTS = ("layernorm", "rmsnorm")
 _PRE, _POST, _PERI, _OUTPUT = (PLACEMENTS.index(p) for p in ("pre", "post", "peri", "output"))
@@ -58,8 +61,9 @@ _SHORT = {"attention": "attn", "ffn": "ffn"}
 def check_supported(model) -> None:
     """DomainError for a model this simulation does not implement."""
     require(model, SUPPORTED_FEATURES, "the one-step Monte Carlo")
-    if registry.norm(model.norm).component not in _NORM_COMPONENTS:
-        raise DomainError(f"the one-step Monte Carlo implements LayerNorm and RMSNorm, not {model.norm}")
+    for kind in {model.norm, model.qk_norm} - {None}:
+        if registry.norm(kind).component not in _NORM_COMPONENTS:
+            raise DomainError(f"the one-step Monte Carlo implements LayerNorm and RMSNorm, not {kind}")
 
 
 # -- parameters ---------------------------------------------------------------------------
@@ -78,21 +82,23 @@ def _norm_slots(model, l: int) -> list[str]:
     return out
 
 
-def _has_norm_bias(model) -> bool:
-    return registry.norm(model.norm).component == "layernorm"
+def _has_norm_bias(kind: str) -> bool:
+    return registry.norm(kind).component == "layernorm"
 
 
-def init_params(model, rng: np.random.Generator, dtype=np.float64) -> dict[str, np.ndarray]:
+def init_params(model, rng: np.random.Generator, dtype=np.float64, bias: bool = True) -> dict[str, np.ndarray]:
     """Every parameter of one draw, by name: ``layers.{l}.attn.{q,k,v,o}.weight`` (d_in, d_out)
     and ``.bias``, ``layers.{l}.ffn.{in,out | gate,up,down}.weight`` and ``.bias``,
     ``layers.{l}.norms.{attention,ffn}_{in,out}.weight`` (and ``.bias`` for LayerNorm) for the
-    norms the layer uses, ``norm.weight`` (``.bias``) for a final norm.  Weights N(0, std^2),
-    biases N(0, bias_std^2), gains 1, norm biases 0."""
+    norms the layer uses, ``layers.{l}.attn.{q,k}_norm.weight`` (``.bias``) of QK-norm (over one
+    head's d_head features, shared by the heads), ``norm.weight`` (``.bias``) for a final norm.
+    Weights N(0, std^2), biases N(0, bias_std^2), gains 1, norm biases 0.  ``bias`` False: the
+    linear maps have no biases (their bias_std must then be 0)."""
     check_supported(model)
     dt = np.dtype(dtype)
     P: dict[str, np.ndarray] = {}
     d = model.d_model
-    nb = _has_norm_bias(model)
+    nb = _has_norm_bias(model.norm)
     for l in range(model.n_layers):
         for kind in ("attention", "ffn"):
             s = model.sublayers(kind)
@@ -101,8 +107,18 @@ def init_params(model, rng: np.random.Generator, dtype=np.float64) -> dict[str, 
                 key = f"layers.{l}.{_SHORT[kind]}.{w}"
                 P[key + ".weight"] = rng.standard_normal((fi, fo)).astype(dt) * dt.type(s.std[w][l])
                 bstd = float(s.bias_std[w][l])
+                if not bias:
+                    if bstd:
+                        raise DomainError(f"layers[{l}].{kind}.init.{w}.bias_std is {bstd:g} in a model "
+                                          "without biases")
+                    continue
                 P[key + ".bias"] = (rng.standard_normal(fo).astype(dt) * dt.type(bstd) if bstd
                                     else np.zeros(fo, dt))
+        if model.qk_norm is not None:
+            for w in ("q", "k"):
+                P[f"layers.{l}.attn.{w}_norm.weight"] = np.ones(model.d_head, dt)
+                if _has_norm_bias(model.qk_norm):
+                    P[f"layers.{l}.attn.{w}_norm.bias"] = np.zeros(model.d_head, dt)
         for slot in _norm_slots(model, l):
             P[f"layers.{l}.norms.{slot}.weight"] = np.ones(d, dt)
             if nb:
@@ -125,14 +141,18 @@ class _Net:
         self.m, self.P, self.tape = model, P, tape
         self.grads = {k: np.zeros_like(v) for k, v in P.items()} if tape else None
         self.act = component(registry.activation(model.activation).component)
-        self.centred = _has_norm_bias(model)
+        self.centred = _has_norm_bias(model.norm)
+        self.qk_centred = model.qk_norm is not None and _has_norm_bias(model.qk_norm)
 
     # primitives: each returns (output, backward or None)
     def linear(self, X, key):
-        W, b = self.P[key + ".weight"], self.P[key + ".bias"]
+        W, b = self.P[key + ".weight"], self.P.get(key + ".bias")
         B, L, d = X.shape
         X2 = X.reshape(B * L, d)
-        Y = (X2 @ W + b).reshape(B, L, W.shape[1])
+        Y = X2 @ W
+        if b is not None:
+            Y += b
+        Y = Y.reshape(B, L, W.shape[1])
         if not self.tape:
             return Y, None
         g = self.grads
@@ -140,15 +160,19 @@ class _Net:
         def back(G):
             G2 = G.reshape(B * L, G.shape[-1])
             g[key + ".weight"] += X2.T @ G2
-            g[key + ".bias"] += G2.sum(axis=0)
+            if b is not None:
+                g[key + ".bias"] += G2.sum(axis=0)
             return (G2 @ W.T).reshape(B, L, d)
         return Y, back
 
-    def norm(self, X, key):
+    def norm(self, X, key, centred=None):
+        """The norm over the last axis with its gain (and bias), parameters summed over every
+        other axis in the backward."""
         eps = self.m.norm_eps
+        centred = self.centred if centred is None else centred
         gain = self.P[key + ".weight"]
         bias = self.P.get(key + ".bias")
-        Z = X - X.mean(axis=-1, keepdims=True) if self.centred else X
+        Z = X - X.mean(axis=-1, keepdims=True) if centred else X
         inv = 1.0 / np.sqrt((Z * Z).mean(axis=-1, keepdims=True) + eps)
         Xh = Z * inv
         Y = Xh * gain
@@ -156,12 +180,13 @@ class _Net:
             Y = Y + bias
         if not self.tape:
             return Y, None
-        g, centred = self.grads, self.centred
+        g = self.grads
+        axes = tuple(range(X.ndim - 1))
 
         def back(G):
-            g[key + ".weight"] += (G * Xh).sum(axis=(0, 1))
+            g[key + ".weight"] += (G * Xh).sum(axis=axes)
             if bias is not None:
-                g[key + ".bias"] += G.sum(axis=(0, 1))
+                g[key + ".bias"] += G.sum(axis=axes)
             Gh = G * gain
             Gx = Gh - Xh * (Gh * Xh).mean(axis=-1, keepdims=True)
             if centred:
@@ -170,32 +195,56 @@ class _Net:
         return Y, back
 
     def attention(self, X, pre):
+        """Multi-head attention: Q, K, V projections (K and V with n_kv_heads heads, query head h
+        reading key/value head h // (n_heads / n_kv_heads)), QK-norm over each head's d_head
+        features (gain and bias shared by the heads), rotary positions after it (the
+        rotate-half convention, position = token index), scale 1/sqrt(d_head), the softmax (with
+        the causal mask), A V and W_o."""
         m = self.m
         B, L, _ = X.shape
-        H, dh = m.n_heads, m.d_head
+        H, kv, dh = m.n_heads, m.n_kv_heads, m.d_head
+        G = H // kv
         (Q, bq), (K, bk), (V, bv) = (self.linear(X, f"{pre}.{w}") for w in "qkv")
-        heads = [t.reshape(B, L, H, dh).transpose(0, 2, 1, 3) for t in (Q, K, V)]
-        Qh, Kh, Vh = heads
+        Qh = Q.reshape(B, L, H, dh).transpose(0, 2, 1, 3)
+        Kh, Vh = (t.reshape(B, L, kv, dh).transpose(0, 2, 1, 3) for t in (K, V))
+        nq = nk = None
+        if m.qk_norm is not None:
+            Qh, nq = self.norm(Qh, f"{pre}.q_norm", self.qk_centred)
+            Kh, nk = self.norm(Kh, f"{pre}.k_norm", self.qk_centred)
+        if m.rope is not None:
+            cos, sin = rope_tables(L, dh, m.rope)
+            Qh = Qh * cos + _rotate_half(np, Qh) * sin
+            Kh = Kh * cos + _rotate_half(np, Kh) * sin
+        Ke = np.repeat(Kh, G, axis=1) if G > 1 else Kh
+        Ve = np.repeat(Vh, G, axis=1) if G > 1 else Vh
         s = 1.0 / np.sqrt(dh)
-        S = (Qh @ Kh.transpose(0, 1, 3, 2)) * s
+        S = (Qh @ Ke.transpose(0, 1, 3, 2)) * s
         if m.causal:
             S = np.where(np.tril(np.ones((L, L), dtype=bool)), S, -np.inf)
         S = S - S.max(axis=-1, keepdims=True)
         Pm = np.exp(S)
         Pm /= Pm.sum(axis=-1, keepdims=True)
-        O = (Pm @ Vh).transpose(0, 2, 1, 3).reshape(B, L, H * dh)
+        O = (Pm @ Ve).transpose(0, 2, 1, 3).reshape(B, L, H * dh)
         Y, bo = self.linear(O, f"{pre}.o")
         if not self.tape:
             return Y, None
 
-        def back(G):
-            dO = bo(G).reshape(B, L, H, dh).transpose(0, 2, 1, 3)
-            dV = Pm.transpose(0, 1, 3, 2) @ dO
-            dP = dO @ Vh.transpose(0, 1, 3, 2)
+        def group(a):                                      # (B, H, L, dh) -> (B, kv, L, dh)
+            return a.reshape(B, kv, G, L, dh).sum(axis=2) if G > 1 else a
+
+        def back(Gy):
+            dO = bo(Gy).reshape(B, L, H, dh).transpose(0, 2, 1, 3)
+            dV = group(Pm.transpose(0, 1, 3, 2) @ dO)
+            dP = dO @ Ve.transpose(0, 1, 3, 2)
             dS = Pm * (dP - (dP * Pm).sum(axis=-1, keepdims=True))
-            dQ = (dS @ Kh) * s
-            dK = (dS.transpose(0, 1, 3, 2) @ Qh) * s
-            flat = [t.transpose(0, 2, 1, 3).reshape(B, L, H * dh) for t in (dQ, dK, dV)]
+            dQ = (dS @ Ke) * s
+            dK = group((dS.transpose(0, 1, 3, 2) @ Qh) * s)
+            if m.rope is not None:
+                dQ = dQ * cos + _rotate_half(np, dQ * sin, -1.0)
+                dK = dK * cos + _rotate_half(np, dK * sin, -1.0)
+            if nq is not None:
+                dQ, dK = nq(dQ), nk(dK)
+            flat = [t.transpose(0, 2, 1, 3).reshape(B, L, -1) for t in (dQ, dK, dV)]
             return bq(flat[0]) + bk(flat[1]) + bv(flat[2])
         return Y, back
 
@@ -355,12 +404,12 @@ def _var(x) -> float:
 
 
 def step_trial(model, rng: np.random.Generator, *, optimizer="adam", lr=1e-3, batch_size=8, betas=(0.9, 0.999),
-               eps=1e-8, weight_decay=0.0, dtype=np.float64) -> np.ndarray:
+               eps=1e-8, weight_decay=0.0, dtype=np.float64, bias: bool = True) -> np.ndarray:
     """One weight draw: array (n_points + 1, 4) of [var F, var dF, fresh var F, fresh var dF]
     at every trace point and, last, at the model's output."""
     m = model
     shape = (batch_size, m.seq_len, m.d_model)
-    P = init_params(m, rng, dtype)
+    P = init_params(m, rng, dtype, bias)
     X = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, dtype)
     U = correlated(rng, shape, 0.0, m.grad.var, m.grad.corr, dtype)
     Xf = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, dtype)
@@ -416,10 +465,11 @@ class StepMeasurement:
 
 def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: int = 8,
                   betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, trials: int = 4,
-                  seed: int = 0, dtype=np.float64) -> StepMeasurement:
+                  seed: int = 0, dtype=np.float64, bias: bool = True) -> StepMeasurement:
     """``trials`` independent draws of one optimizer step (:func:`step_trial`), trial t from
     the t-th child of ``SeedSequence(seed)``.  Dropout is off (the model in eval mode).  rel is
-    the mean over trials of each trial's var dF / var F (fresh_rel likewise on the fresh batch)."""
+    the mean over trials of each trial's var dF / var F (fresh_rel likewise on the fresh batch).
+    ``bias`` False: the linear maps have no biases (:func:`init_params`)."""
     check_supported(model)
     optimizer_step({}, {}, optimizer, lr, betas, eps, weight_decay)          # validates the settings
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -429,7 +479,7 @@ def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: 
     t0 = time.perf_counter()
     raw = np.stack([step_trial(model, np.random.default_rng(s), optimizer=optimizer, lr=lr,
                                batch_size=int(batch_size), betas=betas, eps=eps, weight_decay=weight_decay,
-                               dtype=dtype)
+                               dtype=dtype, bias=bias)
                     for s in np.random.SeedSequence(seed).spawn(trials)])       # (trials, points, 4)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.stack([raw[..., 1] / raw[..., 0], raw[..., 3] / raw[..., 2]], axis=-1)
@@ -441,7 +491,8 @@ def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: 
     (vf, vf_se), (vd, vd_se), (wd, wd_se) = mean_se(raw[..., 0]), mean_se(raw[..., 1]), mean_se(raw[..., 3])
     (rel, rel_se), (frel, frel_se) = mean_se(ratios[..., 0]), mean_se(ratios[..., 1])
     settings = {"optimizer": optimizer, "lr": lr, "batch_size": int(batch_size), "betas": tuple(betas),
-                "eps": eps, "weight_decay": weight_decay, "dtype": np.dtype(dtype).name, "dropout": "off"}
+                "eps": eps, "weight_decay": weight_decay, "dtype": np.dtype(dtype).name, "dropout": "off",
+                "bias": bool(bias)}
     return StepMeasurement(point_labels(model) + [(model.n_layers, "output")], vf, vd, rel, wd, frel,
                            vf_se, vd_se, rel_se, wd_se, frel_se, trials, seed, settings,
                            time.perf_counter() - t0)
