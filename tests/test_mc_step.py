@@ -352,3 +352,15 @@ def test_attention_forward_matches_the_attention_component(qk_norm, causal):
         prm.update(qk_norm=registry.norm(qk_norm).qk_code, qk_eps=m.norm_eps)
     ref, _ = component("attention").forward(X, W, prm, np.random.default_rng(0))
     np.testing.assert_allclose(Y, ref, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("arch,n_layers,quoted,trials", [
+    ("postln", 6, 0.053, 8), ("deepnorm", 6, 0.024, 8), ("postln", 24, 0.65, 4), ("deepnorm", 24, 0.108, 4)])
+def test_deepnet_model_update(arch, n_layers, quoted, trials):
+    """DeepNet's model-update figures (d_model 128, 32 tokens, batch 4, one Adam step at lr 1e-3,
+    the relative change of the top stream on the step's batch), quoted to two digits: within 10%
+    (or 4 standard errors).  The quoted figures are variance ratios."""
+    m = resolve(arch, n_layers=n_layers, d_model=128, seq_len=32)
+    r = st.simulate_step(m, "adam", lr=1e-3, batch_size=4, trials=trials, seed=1)
+    assert abs(r.rel_top - quoted) <= max(0.1 * quoted, 4 * r.rel_se[-2]), (r.rel_top, r.rel_se[-2])
+    assert r.fresh_rel_top < r.rel_top
