@@ -364,3 +364,16 @@ def test_deepnet_model_update(arch, n_layers, quoted, trials):
     r = st.simulate_step(m, "adam", lr=1e-3, batch_size=4, trials=trials, seed=1)
     assert abs(r.rel_top - quoted) <= max(0.1 * quoted, 4 * r.rel_se[-2]), (r.rel_top, r.rel_se[-2])
     assert r.fresh_rel_top < r.rel_top
+
+
+def test_select_steps_only_the_chosen_parameters():
+    """With ``select`` only the chosen parameters move: the change is zero below the first
+    chosen layer, and every chosen subset of all parameters together gives the full step."""
+    m = resolve("preln", n_layers=3, d_model=32, n_heads=4, seq_len=8)
+    kw = dict(optimizer="adam", lr=1e-3, batch_size=2, trials=1, seed=2)
+    full = st.simulate_step(m, **kw)
+    last = st.simulate_step(m, select=lambda k: k.startswith("layers.2."), **kw)
+    assert (last.var[:5] == 0).all() and (last.var[5:] > 0).all()          # points of layers 1, 2: no change
+    every = st.simulate_step(m, select=lambda k: True, **kw)
+    np.testing.assert_array_equal(every.var, full.var)
+    assert last.var[-1] < full.var[-1]

@@ -404,9 +404,11 @@ def _var(x) -> float:
 
 
 def step_trial(model, rng: np.random.Generator, *, optimizer="adam", lr=1e-3, batch_size=8, betas=(0.9, 0.999),
-               eps=1e-8, weight_decay=0.0, dtype=np.float64, bias: bool = True) -> np.ndarray:
+               eps=1e-8, weight_decay=0.0, dtype=np.float64, bias: bool = True, select=None) -> np.ndarray:
     """One weight draw: array (n_points + 1, 4) of [var F, var dF, fresh var F, fresh var dF]
-    at every trace point and, last, at the model's output."""
+    at every trace point and, last, at the model's output.  ``select``: a predicate on the
+    parameter names (:func:`init_params`); only those take the step, the others keep their
+    initial values (a diagnostic: which parameters the change comes from)."""
     m = model
     shape = (batch_size, m.seq_len, m.d_model)
     P = init_params(m, rng, dtype, bias)
@@ -414,6 +416,8 @@ def step_trial(model, rng: np.random.Generator, *, optimizer="adam", lr=1e-3, ba
     U = correlated(rng, shape, 0.0, m.grad.var, m.grad.corr, dtype)
     Xf = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, dtype)
     P2 = optimizer_step(P, gradients(m, P, X, U), optimizer, lr, betas, eps, weight_decay)
+    if select is not None:
+        P2 = {k: (v if select(k) else P[k]) for k, v in P2.items()}
     rows = []
     parts = []
     for batch in (X, Xf):
@@ -465,11 +469,12 @@ class StepMeasurement:
 
 def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: int = 8,
                   betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, trials: int = 4,
-                  seed: int = 0, dtype=np.float64, bias: bool = True) -> StepMeasurement:
+                  seed: int = 0, dtype=np.float64, bias: bool = True, select=None) -> StepMeasurement:
     """``trials`` independent draws of one optimizer step (:func:`step_trial`), trial t from
     the t-th child of ``SeedSequence(seed)``.  Dropout is off (the model in eval mode).  rel is
     the mean over trials of each trial's var dF / var F (fresh_rel likewise on the fresh batch).
-    ``bias`` False: the linear maps have no biases (:func:`init_params`)."""
+    ``bias`` False: the linear maps have no biases (:func:`init_params`); ``select``: only
+    the parameters whose names it accepts take the step (:func:`step_trial`)."""
     check_supported(model)
     optimizer_step({}, {}, optimizer, lr, betas, eps, weight_decay)          # validates the settings
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -479,7 +484,7 @@ def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: 
     t0 = time.perf_counter()
     raw = np.stack([step_trial(model, np.random.default_rng(s), optimizer=optimizer, lr=lr,
                                batch_size=int(batch_size), betas=betas, eps=eps, weight_decay=weight_decay,
-                               dtype=dtype, bias=bias)
+                               dtype=dtype, bias=bias, select=select)
                     for s in np.random.SeedSequence(seed).spawn(trials)])       # (trials, points, 4)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.stack([raw[..., 1] / raw[..., 0], raw[..., 3] / raw[..., 2]], axis=-1)
