@@ -74,7 +74,7 @@ def _norm_slots(model, l: int) -> list[str]:
         return ["attention_in"]
     out = []
     for kind in ("attention", "ffn"):
-        place = int(model.sublayers(kind).placement[l])
+        place = int(model.sublayer_columns(kind).placement[l])
         if place in (_PRE, _PERI):
             out.append(f"{kind}_in")
         if place in (_POST, _PERI, _OUTPUT):
@@ -101,7 +101,7 @@ def init_params(model, rng: np.random.Generator, dtype=np.float64, bias: bool = 
     nb = _has_norm_bias(model.norm)
     for l in range(model.n_layers):
         for kind in ("attention", "ffn"):
-            s = model.sublayers(kind)
+            s = model.sublayer_columns(kind)
             for w in s.names:
                 fi, fo = model.fans(kind, w)
                 key = f"layers.{l}.{_SHORT[kind]}.{w}"
@@ -274,7 +274,7 @@ class _Net:
 
     def sublayer(self, kind, l, X):
         """x' of one sublayer (the placements of sigprop.mc.model), and its backward."""
-        cols = self.m.sublayers(kind)
+        cols = self.m.sublayer_columns(kind)
         a, b, n = float(cols.skip_scale[l]), float(cols.branch_scale[l]), float(cols.norm_scale[l])
         place = int(cols.placement[l])
         nk = f"layers.{l}.norms.{kind}"
