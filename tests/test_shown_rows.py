@@ -219,3 +219,25 @@ def test_no_time_line_after_bad_input(capsys, monkeypatch):
     monkeypatch.setenv("SIGPROP_PROGRESS", "1")
     code, out, err = cli(capsys, "predict", "--layers", "0")
     assert (code, out) == (2, "") and err == "sigprop predict: error: --layers must be an integer in [1, 1000000], got 0\n"
+
+
+def test_check_table_keeps_the_first_failing_layers(capsys):
+    """Points outside tolerance off the ladder: the first three's layers are shown too (marked x)."""
+    import dataclasses
+
+    from sigprop.cli._render_model import render_check
+    from sigprop.model.checking import DEFAULT_TOL, check_model
+    from sigprop.model.presets import resolve
+
+    m = resolve("preln", "normal", n_layers=24, d_model=32, n_heads=2, d_ff=64, seq_len=8)
+    _, meas, res = check_model(m, dict(DEFAULT_TOL), trials=2, batch=1, seed=0)
+    failed = [p["layer"] in (9, 11, 13, 22) and p["sublayer"] == "ffn" for p in res.predicted]
+    res = dataclasses.replace(res, failed_points=failed, passed=False, failures=["layer 9 ffn: ..."])
+    render_check(m, res, meas)
+    out = capsys.readouterr().out
+    assert check_rows(out) == check_expected(GOLDEN[24, 2][0] | {9, 11, 13})
+    assert "showing 35 of 49 points (layers 1-14, 16, 20, 24); --full for all" in out.splitlines()
+    assert [ln.split()[:2] for ln in out.splitlines() if ln.rstrip().endswith(" x")] == [
+        ["9", "ffn"], ["11", "ffn"], ["13", "ffn"]]
+    render_check(m, res, meas, every=12)
+    assert check_rows(capsys.readouterr().out) == check_expected({9, 11, 12, 13, 24})

@@ -169,7 +169,8 @@ _ERRORS = (("forward_var_relerr", "forward var", True), ("grad_var_relerr", "gra
 def render_check(model, res, meas, every: int | None = None, full: bool = False, where: str | None = None) -> None:
     """The verdict and the errors first, then the model, ``where`` (what ran the model, one
     line) and the simulation, then predicted beside measured, one row per point shown (fits 80
-    columns; about 40 rows unless ``every`` or ``full`` choose, :mod:`sigprop.cli._render_rows`)."""
+    columns; about 40 rows unless ``every`` or ``full`` choose, :mod:`sigprop.cli._render_rows`,
+    and always the layers of the first three points outside tolerance)."""
     from rich import box
     from rich.console import Console
     from rich.markup import escape
@@ -207,13 +208,14 @@ def render_check(model, res, meas, every: int | None = None, full: bool = False,
         c.print(escape(where), highlight=False)
     c.print(f"Monte Carlo: {meas.trials} trials x batch {meas.batch}, seed {meas.seed}, {meas.dtype} "
             "(x: outside tolerance)", highlight=False)
-    rows = select([p["layer"] for p in res.predicted], every, full)
+    bad_layers = [p["layer"] for p, bad in zip(res.predicted, failed) if bad][:3]
+    rows = select([p["layer"] for p in res.predicted], every, full, also=bad_layers)
     if rows.line:
         c.print(escape(rows.line), highlight=False)
     c.print()
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
-    for col in ("layer", "var", "meas ± SE", "corr", "meas", "grad var", "meas ± SE", "gcorr", "meas", ""):
-        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=True)
+    for col in ("layer", "var", "meas ± SE", "corr", "meas", "gvar", "meas ± SE", "gcorr", "meas", ""):
+        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=True, min_width=1 if not col else None)
     for p, m, bad in zip(res.predicted, res.measured, failed):
         if not rows.keep(p["layer"]):
             continue

@@ -59,11 +59,13 @@ def ladder(top: int, level: int) -> list[int]:
     return sorted({v for v in out if v <= top} | {top})
 
 
-def select(layers: Sequence[int], every: int | None = None, full: bool = False, rows: int = ROWS) -> Selection:
+def select(layers: Sequence[int], every: int | None = None, full: bool = False, rows: int = ROWS,
+           also: Sequence[int] = ()) -> Selection:
     """The rows to show of a table whose points are at ``layers`` (one entry per point, in
     order; 0 the input): all with ``full``, the input, every ``every``-th layer and the top
     one with ``every``, else the input and the densest ladder within ``rows`` rows (module
-    docstring)."""
+    docstring); the layers ``also`` (check: those of the first points outside tolerance) are
+    shown in either thinning, beyond the ladder's rows."""
     conflict(every, full)
     per_layer: dict[int, int] = {}
     for v in layers:
@@ -81,7 +83,7 @@ def select(layers: Sequence[int], every: int | None = None, full: bool = False, 
             if n <= rows or chosen == [1, top] or chosen == [top]:
                 break
             level += 1
-    kept = frozenset([0, *chosen]) & frozenset(per_layer)
+    kept = frozenset([0, *chosen, *also]) & frozenset(per_layer)
     shown = sum(per_layer[v] for v in kept)
     if shown == len(layers):
         return Selection(kept, None)
