@@ -459,8 +459,8 @@ def predict(spec=None, **options) -> Prediction:
     Takes a model: the model options (``arch``, ``init``, ``layers`` (default 24), ``d_model``,
     ``heads``, ... as in :data:`KEYWORDS`; ``config``: a TOML file or dict of them), or
     ``spec`` (positional or keyword): a resolved model, see :func:`load_spec`.  ``every``:
-    keep every K-th layer in ``to_json()`` (default None: every layer, as ``--json``).  A model whose softmax saturates beyond the
-    attention rule's domain is predicted up to the layer before it (``summary["saturation_layer"]``,
+    keep every K-th layer in ``to_json()`` (default None: every layer, as ``--json``).  A
+    model whose softmax saturates beyond the attention rule's domain is predicted up to the layer before it (``summary["saturation_layer"]``,
     verdict "unstable"), as by the command.  Returns a :class:`Prediction`."""
     from sigprop.model.predict import predict as run
 

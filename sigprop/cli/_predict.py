@@ -82,7 +82,7 @@ def run(model_opts: dict, every: int | None = None, as_json: bool = False, symbo
     """Predict the model of ``model_opts`` (options as given, see
     :func:`sigprop.model.options.build_model`) and print its trace: text, or JSON with
     ``as_json``; ``symbolic`` adds the derived closed forms; ``every``: only every K-th layer
-    (and the first and last); text without ``every``: about 40 rows, or every row with
+    (and the input and the top layer); text without ``every``: about 40 rows, or every row with
     ``full`` (:mod:`sigprop.cli._render_rows`); the summary comes first.  Then the time it
     took, on stderr (:func:`sigprop.cli._report.done`)."""
     from sigprop.cli import _render_rows
