@@ -106,7 +106,7 @@ KEYWORDS: dict[str, Keyword] = {
     "spec": Keyword("spec", _MODEL),
     "hf_config": Keyword("hf_config", _MODEL),
     # predict (check's --every thins its table only: no keyword here)
-    "every": Keyword("every", (_P,), 1, int, 1),
+    "every": Keyword("every", (_P,), None, int, 1),
     # check (tolerance keys of sigprop.model.checking.DEFAULT_TOL)
     "trials": Keyword("trials", (_C,), 8, int, 2),
     "batch": Keyword("batch", (_C,), 8, int, 1),
@@ -284,9 +284,10 @@ class Prediction:
     ``logit_var``, and the natural logarithms ``log_var``, ``log_gvar``).  ``summary``: the
     trace's summary dict (final forward variance, growth laws, gradient ratio, correlation
     at the top, largest logit variance, ``verdict``).  ``every``: the thinning of
-    ``to_json()`` / ``to_dict()`` (the ``every`` keyword of :func:`predict`)."""
+    ``to_json()`` / ``to_dict()`` (the ``every`` keyword of :func:`predict`; None: every
+    layer)."""
 
-    def __init__(self, model, points: list, every: int = 1):
+    def __init__(self, model, points: list, every: int | None = None):
         self.model = model
         self.points = points
         self.every = every
@@ -309,14 +310,14 @@ class Prediction:
         """The trace object (schema ``sigprop.trace/1``)."""
         from sigprop.model.trace import trace
 
-        return trace(self.model, self.points, self.every if every is None else _check("every", every))
+        return trace(self.model, self.points, (self.every or 1) if every is None else _check("every", every))
 
     def to_json(self, every: int | None = None) -> str:
         """The trace as JSON text: ``print(p.to_json())`` writes what ``sigprop predict
         --json`` writes for the same options."""
         from sigprop.model.trace import trace_text
 
-        return trace_text(self.model, self.points, self.every if every is None else _check("every", every))
+        return trace_text(self.model, self.points, (self.every or 1) if every is None else _check("every", every))
 
     def __repr__(self) -> str:
         return f"<Prediction {self.model.arch}, {self.model.n_layers} layers: {self.verdict}>"
@@ -458,14 +459,14 @@ def predict(spec=None, **options) -> Prediction:
     Takes a model: the model options (``arch``, ``init``, ``layers`` (default 24), ``d_model``,
     ``heads``, ... as in :data:`KEYWORDS`; ``config``: a TOML file or dict of them), or
     ``spec`` (positional or keyword): a resolved model, see :func:`load_spec`.  ``every``:
-    keep every K-th layer in ``to_json()``.  A model whose softmax saturates beyond the
-    attention rule's domain is predicted up to the layer before it (``summary["saturation_layer"]``,
+    keep every K-th layer in ``to_json()`` (default None: every layer, as ``--json``).  A
+    model whose softmax saturates beyond the attention rule's domain is predicted up to the layer before it (``summary["saturation_layer"]``,
     verdict "unstable"), as by the command.  Returns a :class:`Prediction`."""
     from sigprop.model.predict import predict as run
 
     opts = _options(_P, spec, options)
     model = _model(opts, DEFAULT_LAYERS[_P])
-    return Prediction(model, run(model, stop_at_saturation=True), opts["every"])
+    return Prediction(model, run(model, stop_at_saturation=True), opts.get("every"))
 
 
 def check(spec=None, **options) -> CheckResult:

@@ -10,7 +10,8 @@ Shown when ``SIGPROP_PROGRESS`` is ``1`` (or ``on``, ``yes``, ``true``, ``always
 drawn with terminal control codes even where stderr is a file or pipe), never when it is
 ``0`` (or ``off``, ``no``, ``false``, ``never``), and otherwise only when stderr is a
 terminal, for tasks still running after DELAY seconds (a quick command never imports rich).
-Nested tasks share one display.
+Nested tasks share one display.  Where progress is shown, the whole-model commands also end
+with the time they took, one line on stderr (:func:`sigprop.cli._report.done`).
 """
 
 from __future__ import annotations

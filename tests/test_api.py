@@ -30,7 +30,8 @@ def _no_table_store(monkeypatch):
 #: API function -> the command it mirrors
 COMMANDS = {"predict": "predict", "check": "check", "solve_init": "solve-init", "compare": "compare"}
 #: command options that only choose how the command prints (no API keyword)
-RENDER_ONLY = {"as_json", "symbolic", "latex", "output", "emit", "layout"}   # emit, layout: solve-init --emit torch
+#: (full: predict's and check's text shows every row; the API's results hold every point anyway)
+RENDER_ONLY = {"as_json", "symbolic", "latex", "output", "emit", "layout", "full"}   # emit, layout: solve-init --emit torch
 
 
 

@@ -1,6 +1,7 @@
 """`sigprop predict` without typer (sigprop.cli._predict): the plain command lines it parses
 give exactly what typer's parsing gives (stdout, stderr, exit code), the others go to typer."""
 
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,11 @@ def _typer_path(monkeypatch, capsys, *args):
     ["--layers", "2", "--layers", "3", "--causal", "--no-causal", "--json"],
     ["--layers", " 3", "--d-model", "1_024", "--json"],
     ["--layers", "2"],                                          # the text trace
+    ["--layers", "30", "--d-model", "32", "--heads", "2", "--seq-len", "8"],   # thinned to about 40 rows
+    ["--layers", "30", "--d-model", "32", "--heads", "2", "--seq-len", "8", "--full"],
+    ["--layers", "30", "--d-model", "32", "--heads", "2", "--seq-len", "8", "--every", "7"],
+    ["--layers", "2", "--full", "--every", "2"],                # both choose the rows: exit 2
+    ["--layers", "2", "--full", "--json"],
     ["--layers", "0", "--json"],                                # the library's bad input: exit 2
     ["--arch", "nope", "--layers", "2", "--json"],
     ["--layers", "2", "--dropout", "1.5", "--json"],
@@ -38,7 +44,7 @@ def test_fast_path_matches_typer(monkeypatch, capsys, args):
 
 @pytest.mark.parametrize("args", [
     ["--help"], ["-h"], ["--version"], ["--layers"], ["--layers", "x"], ["--layers", "2.0"],
-    ["--every", "0"], ["--nope"], ["extra"], ["--json=1"], ["--causal=true"], ["--", "--json"],
+    ["--every", "0"], ["--nope"], ["extra"], ["--json=1"], ["--full=1"], ["--causal=true"], ["--", "--json"],
     ["--layers", "2", "--arch", "--json"], ["--arch="],
 ])
 def test_other_lines_go_to_typer(args):
@@ -48,7 +54,8 @@ def test_other_lines_go_to_typer(args):
 def test_parse_values():
     p = _predict.parse(["--layers", "768", "--arch=lns", "--causal", "--no-bias", "--every", "5",
                         "--dropout", "-0.0", "--json", "--config", "m.toml"])
-    assert p["every"] == 5 and p["as_json"] is True and p["symbolic"] is False
+    assert p["every"] == 5 and p["as_json"] is True and p["symbolic"] is False and p["full"] is False
+    assert _predict.parse(["--full"])["full"] is True and _predict.parse([])["every"] is None
     assert p["model_opts"] == {"layers": 768, "arch": "lns", "causal": True, "bias": False, "dropout": -0.0,
                                "config": __import__("pathlib").Path("m.toml")}
 
@@ -61,6 +68,16 @@ def test_predict_json_does_not_import_typer():
             "sys.stderr.write(' '.join(m for m in ('typer', 'click', 'rich', 'sympy') if m in sys.modules))\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_fast_path_matches_typer_with_the_time_line(monkeypatch, capsys):
+    """Where progress is shown, both paths end with the same time line (its number aside)."""
+    monkeypatch.setenv("SIGPROP_PROGRESS", "1")
+    args = ["predict", "--layers", "2", "--d-model", "32", "--heads", "2", "--seq-len", "8"]
+    fast, slow = cli(capsys, *args), _typer_path(monkeypatch, capsys, *args)
+    assert fast[:2] == slow[:2]
+    for r in (fast, slow):
+        assert re.search(r"sigprop predict: done in \d+\.\d\d s\n\Z", r[2]), r[2]
 
 
 def test_fast_path_matches_typer_with_a_config_file(monkeypatch, capsys, tmp_path):

@@ -6,7 +6,7 @@ Exit codes: 0 success, 1 negative verdict, 2 bad input, 3 numerical failure.
 Start-up: ``main()`` imports only the module of the command being run (``sigprop predict``
 does not import the Monte Carlo, plotting or LaTeX commands, and typer builds one command
 instead of eight); anything else (``sigprop --help``, an unknown name) loads every command.
-A plain ``sigprop predict`` line (model options, ``--every``, ``--json``, ``--symbolic``) does
+A plain ``sigprop predict`` line (model options, ``--every``, ``--full``, ``--json``, ``--symbolic``) does
 not import typer at all (:mod:`sigprop.cli._predict`).  ``sigprop.cli.app`` is the full
 application.
 """
@@ -77,6 +77,9 @@ def main(args: list[str] | None = None) -> None:
     the exit code.  Bad input, whether click rejects it while parsing or sigprop while running,
     is one line on stderr and exit 2.  Ctrl-C (KeyboardInterrupt), wherever it comes, is
     SystemExit(130) with nothing on stderr (its notes dropped)."""
+    import time
+
+    _report.START = time.perf_counter()
     try:
         _main(args)
     except KeyboardInterrupt:

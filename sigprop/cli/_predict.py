@@ -5,7 +5,7 @@ and command construction (a third of a `predict --json` run's start-up beyond Nu
 :func:`parse` takes only what typer would read the same way: the model options of
 :data:`sigprop.model.options.OPTIONS` (``--name VALUE``, ``--name=VALUE``; a switch as
 ``--name`` / ``--no-name``), ``--config``, ``--spec``, ``--hf-config``, ``--every``,
-``--json`` and ``--symbolic``, each value converted as typer converts it (``int()``,
+``--full``, ``--json`` and ``--symbolic``, each value converted as typer converts it (``int()``,
 ``float()``, a path).  Anything else (help, ``--version``, an unknown or misspelt option, a
 value that does not convert, a missing value, a positional argument, ``--``) returns None and
 the command line goes to typer, which parses it or reports the error.
@@ -30,6 +30,7 @@ def _flags() -> dict:
     for name in ("config", "spec", "hf_config"):
         out["--" + name.replace("_", "-")] = (name, Path, None)
     out["--every"] = ("every", int, None)
+    out["--full"] = ("full", bool, True)
     out["--json"] = ("as_json", bool, True)
     out["--symbolic"] = ("symbolic", bool, True)
     return out
@@ -67,28 +68,35 @@ def parse(args: list[str]) -> dict | None:
             given[name] = kind(value)
         except ValueError:
             return None
-    every = given.pop("every", 1)
-    if every < 1:
+    every = given.pop("every", None)
+    if every is not None and every < 1:
         return None
     as_json = given.pop("as_json", False)
     symbolic = given.pop("symbolic", False)
-    return {"model_opts": given, "every": every, "as_json": as_json, "symbolic": symbolic}
+    full = given.pop("full", False)
+    return {"model_opts": given, "every": every, "as_json": as_json, "symbolic": symbolic, "full": full}
 
 
-def run(model_opts: dict, every: int = 1, as_json: bool = False, symbolic: bool = False) -> None:
+def run(model_opts: dict, every: int | None = None, as_json: bool = False, symbolic: bool = False,
+        full: bool = False) -> None:
     """Predict the model of ``model_opts`` (options as given, see
     :func:`sigprop.model.options.build_model`) and print its trace: text, or JSON with
     ``as_json``; ``symbolic`` adds the derived closed forms; ``every``: only every K-th layer
-    (and the first and last)."""
+    (and the input and the top layer); text without ``every``: about 40 rows, or every row with
+    ``full`` (:mod:`sigprop.cli._render_rows`); the summary comes first.  Then the time it
+    took, on stderr (:func:`sigprop.cli._report.done`)."""
+    from sigprop.cli import _render_rows
+    from sigprop.cli._report import done
     from sigprop.model.options import build_model
 
+    _render_rows.conflict(every, full)
     model = build_model(model_opts, default_layers=24)
     if symbolic:
         from sigprop.model.symbolic import require_supported
 
         require_supported(model)
     from sigprop.model.predict import predict
-    from sigprop.model.trace import trace, trace_text
+    from sigprop.model.trace import trace_text
 
     points = predict(model, stop_at_saturation=True)
     # the derivation needs the whole model inside the rules' domain: a saturating softmax
@@ -98,6 +106,7 @@ def run(model_opts: dict, every: int = 1, as_json: bool = False, symbolic: bool 
         from sigprop.cli._render_model import render_symbolic
 
         render_symbolic(model)
+        done()
         return
     if as_json:
         extra = {"hf": model.notes["hf"]} if "hf" in model.notes else None
@@ -105,12 +114,16 @@ def run(model_opts: dict, every: int = 1, as_json: bool = False, symbolic: bool 
             from sigprop.model import symbolic as sym
 
             extra = {**(extra or {}), "symbolic": sym.to_json(sym.derive(model)) if derivable else None}
-        print(trace_text(model, points, every, extra))
+        print(trace_text(model, points, every or 1, extra))
+        done()
         return
-    tr = trace(model, points, every)
     from sigprop.cli._render_model import render_trace
+    from sigprop.model.trace import point_json, summary
 
+    rows = _render_rows.select([p.layer for p in points], every, full)
+    tr = {"points": [point_json(p, False) for p in points if rows.keep(p.layer)], "summary": summary(points)}
     if symbolic:
         print(f"no closed forms: the softmax saturates at layer {points.saturation_layer}, outside the rules' "
               "domain; the trace up to there:")
-    render_trace(model, tr)
+    render_trace(model, tr, rows.line)
+    done()

@@ -78,14 +78,21 @@ def model_header(model, arch: bool = True) -> list[str]:
     return [f"{k:<10}{v}" for k, v in header_items(model, arch)]
 
 
-def render_trace(model, tr: dict) -> None:
+def render_trace(model, tr: dict, shown: str | None = None) -> None:
+    """The summary (verdict, laws, notes), the model's description, then the table of the
+    trace's points (``tr``: a trace object, its points already the rows to show; ``shown``:
+    the line that says which, :mod:`sigprop.cli._render_rows`)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     c = Console()
+    _print_summary(c, tr["summary"])
+    c.print()
     for line in model_header(model):
         c.print(escape(line), highlight=False)
+    if shown:
+        c.print(escape(shown), highlight=False)
     t = Table()
     for col in ("layer", "sublayer", "mean", "var", "corr", "grad var", "grad corr", "logit var"):
         t.add_column(col, justify="left" if col == "sublayer" else "right")
@@ -94,7 +101,11 @@ def render_trace(model, tr: dict) -> None:
         t.add_row(str(p["layer"]), p["sublayer"], _f(f["mean"]), _f(f["var"]), _f(f["corr"], ".4f"),
                   _f(b["var"]), _f(b["corr"], ".4f"), _f(p["logit_var"]))
     c.print(t)
-    s = tr["summary"]
+
+
+def _print_summary(c, s: dict) -> None:
+    """The verdict first, then where the trace stops (if it does), the laws and the notes."""
+    c.print(f"[bold]verdict[/]: {s['verdict']}")
     sat = s.get("saturation_layer")
     if sat is not None:
         last, at = ("the input", "at the input") if sat == 1 else (f"layer {sat - 1}", f"at the output of layer {sat - 1}")
@@ -104,7 +115,6 @@ def render_trace(model, tr: dict) -> None:
     c.print(f"[bold]gradient[/]: input/output ratio {_f(s['grad_ratio_input_output'])} ({s['grad_law']})")
     c.print(f"[bold]token correlation at the top[/]: {_f(s['corr_top'], '.4f')}; "
             f"[bold]largest logit variance[/]: {_f(s['max_logit_var'])}")
-    c.print(f"[bold]verdict[/]: {s['verdict']}")
     _print_approximations(c, s.get("approximation_notes") or ())
 
 
@@ -158,47 +168,20 @@ _ERRORS = (("forward_var_relerr", "forward var", True), ("grad_var_relerr", "gra
            ("logit_var_relerr", "logit var", True))
 
 
-def render_check(model, res, meas, every: int) -> None:
-    """Predicted beside measured, one row per point (fits 80 columns), then the errors."""
+def render_check(model, res, meas, every: int | None = None, full: bool = False, where: str | None = None) -> None:
+    """The verdict and the errors first, then the model, ``where`` (what ran the model, one
+    line) and the simulation, then predicted beside measured, one row per point shown (fits 80
+    columns; about 40 rows unless ``every`` or ``full`` choose, :mod:`sigprop.cli._render_rows`,
+    and always the layers of the first three points outside tolerance)."""
     from rich import box
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
+    from sigprop.cli._render_rows import select
+
     c = Console()
-    for line in model_header(model):
-        c.print(escape(line), highlight=False)
-    c.print(f"Monte Carlo: {meas.trials} trials x batch {meas.batch}, seed {meas.seed}, {meas.dtype} "
-            "(x: outside tolerance)", highlight=False)
-    c.print()
-    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
-    for col in ("layer", "var", "meas ± SE", "corr", "meas", "grad var", "meas ± SE", "gcorr", "meas", ""):
-        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=True)
-    last = res.predicted[-1]["layer"]
     failed = res.failed_points or [False] * len(res.predicted)
-    for p, m, bad in zip(res.predicted, res.measured, failed):
-        if every > 1 and not (p["layer"] in (0, last) or p["layer"] % every == 0):
-            continue
-        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _c(p["forward"]["var"]),
-                  _pm(m["forward"]["var"], m["se"]["forward"]["var"]),
-                  _f(p["forward"]["corr"], ".3f"), _f(m["forward"]["corr"], ".3f"),
-                  _c(p["backward"]["var"]), _pm(m["backward"]["var"], m["se"]["backward"]["var"]),
-                  _f(p["backward"]["corr"], ".3f"), _f(m["backward"]["corr"], ".3f"),
-                  "[red]x[/]" if bad else "")
-    c.print(t)
-    c.print()
-    e = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, padding=(0, 1))
-    for col in ("error", "median", "p90", "max"):
-        e.add_column(col, justify="left" if col == "error" else "right")
-    for key, label, rel in _ERRORS:
-        v = res.errors.get(key, {})
-        if v.get("median") is not None:
-            e.add_row(label, *(f"{100 * v[q]:.2f}%" if rel else f"{v[q]:.4f}" for q in ("median", "p90", "max")))
-    c.print(e)
-    r2 = ", ".join(f"{'forward' if k == 'forward_var' else 'gradient'} {v:.4g}"
-                   for k, v in res.r2.items() if v is not None)
-    c.print(f"R^2 of log variance, predicted vs measured: {r2 or '-'}", highlight=False)
-    c.print(f"simulation {meas.simulate_s:.1f} s, {meas.gflop:.1f} GFLOP", highlight=False)
     n_bad = sum(failed)
     if res.passed:
         c.print("[green]pass[/]: every point within tolerance")
@@ -207,3 +190,41 @@ def render_check(model, res, meas, every: int) -> None:
         for f in res.failures[:3]:
             c.print("  " + escape(f), highlight=False)
     _print_approximations(c, res.approximation_notes)
+    e = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True, padding=(0, 1))
+    for col in ("error", "median", "p90", "max"):
+        e.add_column(col, justify="left" if col == "error" else "right")
+    for key, label, rel in _ERRORS:
+        v = res.errors.get(key, {})
+        if v.get("median") is not None:
+            e.add_row(label, *(f"{100 * v[q]:.2f}%" if rel else f"{v[q]:.4f}" for q in ("median", "p90", "max")))
+    c.print()
+    c.print(e)
+    r2 = ", ".join(f"{'forward' if k == 'forward_var' else 'gradient'} {v:.4g}"
+                   for k, v in res.r2.items() if v is not None)
+    c.print(f"R^2 of log variance, predicted vs measured: {r2 or '-'}", highlight=False)
+    c.print(f"simulation {meas.simulate_s:.1f} s, {meas.gflop:.1f} GFLOP", highlight=False)
+    c.print()
+    for line in model_header(model):
+        c.print(escape(line), highlight=False)
+    if where:
+        c.print(escape(where), highlight=False)
+    c.print(f"Monte Carlo: {meas.trials} trials x batch {meas.batch}, seed {meas.seed}, {meas.dtype} "
+            "(x: outside tolerance)", highlight=False)
+    bad_layers = [p["layer"] for p, bad in zip(res.predicted, failed) if bad][:3]
+    rows = select([p["layer"] for p in res.predicted], every, full, also=bad_layers)
+    if rows.line:
+        c.print(escape(rows.line), highlight=False)
+    c.print()
+    t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1, 0, 0))
+    for col in ("layer", "var", "meas ± SE", "corr", "meas", "gvar", "meas ± SE", "gcorr", "meas", ""):
+        t.add_column(col, justify="left" if col == "layer" else "right", no_wrap=True, min_width=1 if not col else None)
+    for p, m, bad in zip(res.predicted, res.measured, failed):
+        if not rows.keep(p["layer"]):
+            continue
+        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _c(p["forward"]["var"]),
+                  _pm(m["forward"]["var"], m["se"]["forward"]["var"]),
+                  _f(p["forward"]["corr"], ".3f"), _f(m["forward"]["corr"], ".3f"),
+                  _c(p["backward"]["var"]), _pm(m["backward"]["var"], m["se"]["backward"]["var"]),
+                  _f(p["backward"]["corr"], ".3f"), _f(m["backward"]["corr"], ".3f"),
+                  "[red]x[/]" if bad else "")
+    c.print(t)

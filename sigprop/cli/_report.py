@@ -3,7 +3,10 @@
 
 * bad input is one line on stderr, ``sigprop COMMAND: error: ...``, exit 2, nothing on stdout
   (:func:`fail`);
-* notes (:func:`note`) wait for the end of the command and are written then (:func:`flush_notes`).
+* notes (:func:`note`) wait for the end of the command and are written then (:func:`flush_notes`);
+* the whole-model commands end with the time they took (:func:`done`), on stderr where progress
+  is shown (:func:`sigprop.progress.enabled`: a terminal, or ``SIGPROP_PROGRESS=1``), so that
+  stdout stays the result alone.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import sys
 PROG = "sigprop"
 #: notes waiting for the end of the command (:func:`note`)
 NOTES: list[str] = []
+#: time.perf_counter() when the command line began to be run (set by sigprop.cli.main)
+START: float | None = None
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -34,3 +39,20 @@ def note(message: str) -> None:
 def flush_notes() -> None:
     while NOTES:
         sys.stderr.write(NOTES.pop(0))
+
+
+def seconds(s: float) -> str:
+    """A duration in a few characters: 0.31 s, 12.3 s, 754 s."""
+    return f"{s:.2f} s" if s < 10 else f"{s:.1f} s" if s < 100 else f"{s:.0f} s"
+
+
+def done() -> None:
+    """The command's last note: ``sigprop COMMAND: done in 0.31 s`` (since :data:`START`),
+    written with the notes where progress is shown (module docstring); nothing without a
+    start time (a command called as a function)."""
+    import time
+
+    from sigprop import progress
+
+    if START is not None and progress.enabled():
+        NOTES.append(f"{PROG}: done in {seconds(time.perf_counter() - START)}\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Optional
 
 import typer
 
@@ -30,13 +31,19 @@ def check_cmd(
     tol_corr: float = TOL_CORR,
     tol_logit: float = TOL_LOGIT,
     z: float = Z,
-    every: int = typer.Option(1, min=1, help="Show only every K-th layer in the table."),
+    every: Optional[int] = typer.Option(None, min=1, metavar="K", help="Show only every K-th layer (and the input "
+                                        "and the top layer) in the table (default: about 40 rows)."),
+    full: bool = typer.Option(False, "--full", help="Show every row of the table."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (schema sigprop.check/1)."),
     model_opts: dict = None,
 ) -> None:
     """Simulate the whole model (NumPy by default; PyTorch or CuPy on a CPU or GPU; trials on a Dask
     cluster with --dask) and compare every point with the prediction (exit 1 on failure)."""
+    from sigprop.cli._render_rows import conflict
+    from sigprop.cli._report import done
     from sigprop.model.checking import check_model, check_object, tolerances
+
+    conflict(every, full)
 
     tol = tolerances(tolerance_values(tol_var, tol_grad, tol_corr, tol_logit, z))
     model = build_model(model_opts, default_layers=12)
@@ -54,6 +61,6 @@ def check_cmd(
         where = f"{meas.backend} on {meas.device}, random numbers: {meas.rng}"
         if meas.workers is not None:
             where += f", trials on {meas.workers} Dask workers"
-        print(where)
-        render_check(model, res, meas, every)
+        render_check(model, res, meas, every, full, where)
+    done()
     raise typer.Exit(0 if res.passed else 1)

@@ -18,13 +18,15 @@ def compare_cmd(
     model_opts: dict = None,
 ) -> None:
     """Compare architectures side by side under the same model options (one prediction each)."""
+    from sigprop.cli._report import done
     from sigprop.compare import compare, to_json
 
     rows = compare(build_models(model_opts, default_layers=24))
     if as_json:
         print(json.dumps(to_json(rows)))
-        return
-    _render(rows)
+    else:
+        _render(rows)
+    done()
 
 
 def _f(v, fmt=".3g"):

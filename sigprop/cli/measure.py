@@ -51,7 +51,9 @@ def measure_cmd(
     tol_corr: float = TOL_CORR,
     tol_logit: float = TOL_LOGIT,
     z: float = Z,
-    every: int = typer.Option(1, min=1, help="Show only every K-th layer in the table."),
+    every: Optional[int] = typer.Option(None, min=1, metavar="K", help="Show only every K-th layer (and the input "
+                                        "and the top layer) in the table (default: about 40 rows)."),
+    full: bool = typer.Option(False, "--full", help="Show every row of the table."),
     as_json: bool = typer.Option(False, "--json",
                                  help="Print the result as JSON (schema sigprop.check/1, \"source\": \"torch\")."),
     model_opts: dict = None,
@@ -59,11 +61,13 @@ def measure_cmd(
     """Measure a real PyTorch model (a Hugging Face config built with its own random init, or your
     own module) with hooks, in training mode, and compare every point with the prediction (exit 1
     on failure).  Needs torch and transformers: pip install 'sigprop[torch]'."""
+    from sigprop.cli._render_rows import conflict
     from sigprop.errors import DomainError
     from sigprop.model.checking import tolerances
     from sigprop.torch import measure as tm
     from sigprop.interop.torch_names import layout as get_layout
 
+    conflict(every, full)
     tol = tolerances(tolerance_values(tol_var, tol_grad, tol_corr, tol_logit, z))
     opts = dict(model_opts or {})
     hf_path = opts.pop("hf_config", None)
@@ -109,7 +113,7 @@ def measure_cmd(
     else:
         from sigprop.cli._render_model import render_check
 
-        print(f"torch: {source.description} ({source.layout.name} layout), "
-              f"{'token ids through the embedding' if tokens else 'Gaussian stream at layer 1'}")
-        render_check(model, res, meas, every)
+        where = (f"torch: {source.description} ({source.layout.name} layout), "
+                 f"{'token ids through the embedding' if tokens else 'Gaussian stream at layer 1'}")
+        render_check(model, res, meas, every, full, where)
     raise typer.Exit(0 if res.passed else 1)
