@@ -171,3 +171,28 @@ def test_parallel_three_branches_against_monte_carlo():
 @pytest.mark.parametrize("causal", [False, True])
 def test_macaron_48_layers_matches_monte_carlo(place, causal):
     _check(macaron(48, place, causal), seed=1)
+
+
+def test_simulation_counts_every_sublayer():
+    """The Monte Carlo's work and memory estimates count the list's sublayers: the macaron
+    layer's two FFNs (its estimate bounds the measured peak as the ordinary layer's does,
+    tests/test_mc_model.py) and its floating-point work."""
+    import tracemalloc
+
+    from sigprop.mc.backend import Rng, numpy_backend
+    from sigprop.mc.model import _flops, run_trial, trial_memory
+
+    small = dict(d_model=64, n_heads=4, d_ff=128, seq_len=16, init="xavier")
+    mac, plain = Model.from_json(macaron(4, **small)), Model.from_json(_ordinary(4, **small))
+    assert _flops(mac, 8) > _flops(plain, 8)
+    # two FFNs and one attention against one of each: the difference is one FFN's work
+    one_ffn = 2 * (2.0 * 8 * 16 * 64 * 128) * 2 * 4
+    assert _flops(mac, 8) - _flops(plain, 8) == pytest.approx(one_ffn)
+    run_trial(plain, 1, Rng(np.random.SeedSequence(1), numpy_backend(), "host"))
+    tracemalloc.start()
+    try:
+        run_trial(mac, 8, Rng(np.random.SeedSequence(0), numpy_backend(), "host"), np.float32)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert 1.0 <= trial_memory(mac, 8, np.float32) / peak <= 1.7

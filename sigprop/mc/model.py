@@ -478,7 +478,9 @@ def trial_memory(model, batch: int, dtype=np.float32) -> float:
     # (the activation's derivative, or ReLU's output; a GLU's gate, up, act and derivative)
     ffn = (3.0 if glu else 2.0) * d * dff + T * (3.0 if glu else 1.0) * dff + (T * dff / item) * p_ffn
     norms = T * d                                     # a norm's output (its scales are T numbers)
-    layer = att + ffn + 2.0 * norms + (2.0 * T * d / item) * p_hid
+    kinds = [s.kind for s in m.slots()]
+    n_att, n_ffn, n_norm = kinds.count("attention"), kinds.count("ffn"), kinds.count("norm")
+    layer = n_att * att + n_ffn * ffn + (n_att + n_ffn + n_norm) * norms + (n_att + n_ffn) * (T * d / item) * p_hid
     # one layer's temporaries: the logits, their exponentials and the backward's dP and dS
     # (and a recomputed cache), the FFN's hidden activations, the stream and its gradient
     temp = 3.0 * LL + (0.0 if keeps else att_ll) + 2.0 * T * dff + 4.0 * T * d + weights
@@ -733,4 +735,5 @@ def _flops(m, batch: int) -> float:
     ll = 2.0 * B * H * L * L * dh            # one L x L x dh product of every head
     attn = (2 * proj + 2 * proj_kv + 2 * ll) + (2 * proj + 2 * proj_kv + 4 * ll)
     ffn = (3 if m.ffn_kind == "glu" else 2) * (2.0 * T * d * dff) * 2
-    return m.n_layers * (attn + ffn)
+    kinds = [s.kind for s in m.slots()]
+    return m.n_layers * (kinds.count("attention") * attn + kinds.count("ffn") * ffn)
