@@ -196,3 +196,10 @@ def test_simulation_counts_every_sublayer():
     finally:
         tracemalloc.stop()
     assert 1.0 <= trial_memory(mac, 8, np.float32) / peak <= 1.7
+
+
+def test_sublayer_counts_bounded():
+    obj = macaron(2)
+    obj["layers"][0]["sublayers"] = [{"kind": "norm"}] * 65
+    with pytest.raises(DomainError, match=r"layers\[0\]\.sublayers has 65 entries: sigprop takes at most 64"):
+        Model.from_json(obj)

@@ -870,6 +870,10 @@ _LAYER_KEYS = frozenset(KINDS)
 
 #: the sublayer kinds a layer's list may hold, and those sigprop does not implement yet
 SUBLAYER_KINDS = (*KINDS, "norm")
+#: the most sublayers a layer's list may hold, and in the whole model (the prediction keeps
+#: every sublayer's state: as many as the ordinary layer's MAX_LAYERS layers have)
+MAX_SUBLAYERS = 64
+MAX_MODEL_SUBLAYERS = 2 * MAX_LAYERS
 _PLANNED_KINDS = ("cross_attention",)
 _LIST_KEYS = ("sublayers", "parallel")
 
@@ -893,6 +897,9 @@ def _parse_sublayer_lists(layers: list, where: str, ffn_kind: str) -> tuple[list
                 raise DomainError(f"{w}.parallel must be true or false, got {_type_name(par)} {par!r}")
             if type(subs) is not list or not subs:
                 raise DomainError(f"{w}.sublayers must be a non-empty array, got {_type_name(subs)}")
+            if len(subs) > MAX_SUBLAYERS or len(subs) * len(layers) > MAX_MODEL_SUBLAYERS:
+                raise DomainError(f"{w}.sublayers has {len(subs):,} entries: sigprop takes at most {MAX_SUBLAYERS} "
+                                  f"per layer and {MAX_MODEL_SUBLAYERS:,} in the whole model")
         for j, sub in enumerate(subs):
             if type(sub) is not dict or "kind" not in sub:
                 raise DomainError(f"{w}.sublayers[{j}] must be an object with a \"kind\"")
