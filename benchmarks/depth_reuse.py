@@ -48,7 +48,7 @@ def _branch(self, br, unit, h, dev_in, tok, prof_in=None):
     tol = TOL["f"]
     if tol <= 0 or dev_in is None or prof_in is not None or unit.post_norm:
         return _BRANCH(self, br, unit, h, dev_in, tok, prof_in)
-    key = (id(self._chain(br.kind, br.layer, unit.in_norm, br.norm_scale)), br.kind, br.out_norm, unit.in_norm, tok)
+    key = (id(self._chain(br.slot, br.layer, unit.in_norm, br.norm_scale)), br.kind, br.out_norm, unit.in_norm, tok)
     cache = self.__dict__.setdefault("_reuse_f", {})
     hit = cache.get(key)
     if hit is not None:

@@ -56,7 +56,7 @@ def _olmo2_ffn_chain():
     m = resolve("olmo2", "normal", n_layers=2, d_model=256, n_heads=4, d_ff=1024, seq_len=16,
                 dropout=0.1, causal=True)
     pr = Predictor(m)
-    return pr._chain("ffn", 0, False, 1.0)
+    return pr._chain(1, 0, False, 1.0)      # (the ordinary layer's sublayer 1: its FFN)
 
 
 def _sampled_swiglu_cov_gain(r: float, rng, d=256, dff=1024, draws=24, tokens=64) -> float:

@@ -389,7 +389,7 @@ def test_postln_attention_euler_sums_match_direct_evaluation():
     W /= np.mean(np.diag(W))
     along, cross = pr._attention_euler(rec, 0.3, W)
     # direct: every term of the docstring as an explicit sum
-    op = pr._chain("attention", 0, True, 1.0)[0][1]
+    op = pr._chain(0, 0, False, 1.0)[0][1]      # (sublayer 0: the attention; Post-LN, no norm scale)
     pa = ph = 0.1
     gg, q = 1 / (1 - ph), pa / (1 - pa)
     A2, m1 = np.asarray(rec.att_rows)

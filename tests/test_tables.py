@@ -253,7 +253,7 @@ def test_rows_var_table_against_direct_rows():
 
     m = _lns(12, causal=True)
     pr = pred_mod.Predictor(m)
-    chain = pr._chain("attention", 3, True, float(m.attention.norm_scale[3]))
+    chain = pr._chain(0, 3, True, float(m.attention.norm_scale[3]))     # (sublayer 0: the attention)
     params = profile._canonical(next(p for r, p in chain if r == "attention"))
     t = profile.RowsVarTable(params, 0.0, 0.05, 1.0, 0.0)
     assert t.ok

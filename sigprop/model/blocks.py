@@ -1,16 +1,18 @@
 """The block description: what a model's layers compute, as data.
 
-A layer is a sequence of :class:`Residual` units (sequential blocks: one per sublayer; a
-parallel block: one unit whose branches are summed).  A unit is
+A layer is a sequence of :class:`Residual` units, one per sublayer of the model's list
+(``model.slots()``: attention then FFN for the ordinary layer), or for a parallel layer one
+unit whose branches are summed.  A unit is
 
     x' = Post( a x + sum_i b_i * Out_i(Dropout_hidden(F_i(n_i * In(x)))) )
 
 where ``In`` (``in_norm``), ``Out_i`` (``Branch.out_norm``) and ``Post`` (``post_norm``) are
 the model's norm (LayerNorm or RMSNorm, gain 1) where the flag is set and the identity
 elsewhere; ``n_i`` applies only after an input norm.  Every placement of the model object is
-one setting of the three flags (:data:`PLACEMENT_NORMS`), and a branch ``F_i`` is a chain of
-component rules (:func:`branch_chain`): a new norm, activation or FFN kind is a rule plus a
-line here, a new block layout a new way of filling these records.
+one setting of the three flags (:data:`PLACEMENT_NORMS`); a norm sublayer, x' = n N(x), is the
+unit with skip scale 0, an input norm and a branch that is its norm scale alone.  A branch
+``F_i`` is the chain of component rules its sublayer kind declares
+(:mod:`sigprop.model.sublayers`, :func:`branch_chain`).
 
 The predictor (:mod:`sigprop.model.predict`) interprets this description; nothing else in
 the model layer names a placement or an order of sublayers.
@@ -21,6 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from sigprop import registry
+from sigprop.model import sublayers
 from sigprop.model.spec import PLACEMENTS
 
 #: placement -> (norm before the branch, norm on the branch output, norm after the sum)
@@ -112,34 +115,18 @@ def point_kinds(model) -> tuple:
     return ("block",) if model.block == "parallel" else tuple(s.kind for s in model.slots())
 
 
-def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None) -> list:
-    """The FFN's rule chain for weight stds ``std`` and bias stds ``bias_std`` (by weight
-    name; numbers or sympy symbols), the model's widths and inner dropout unless given:
-    linear, activation, inner dropout, linear; a gated FFN: the GLU rule of its activation,
-    inner dropout, the down projection."""
-    m = model
-    d = m.d_model if d is None else d
-    d_ff = m.d_ff if d_ff is None else d_ff
-    p_inner = m.dropout.ffn_inner if p_inner is None else p_inner
-    if m.ffn_kind == "glu":
-        return [(registry.activation(m.activation).glu, dict(d_in=d, d_ff=d_ff, gate_std=std["gate"], up_std=std["up"],
-                                               gate_b_std=bias_std["gate"], up_b_std=bias_std["up"])),
-                ("dropout", dict(p=p_inner)),
-                ("linear", dict(d_in=d_ff, d_out=d, w_std=std["down"], b_std=bias_std["down"]))]
-    return [("linear", dict(d_in=d, d_out=d_ff, w_std=std["in"], b_std=bias_std["in"])),
-            (m.activation, {}),
-            ("dropout", dict(p=p_inner)),
-            ("linear", dict(d_in=d_ff, d_out=d, w_std=std["out"], b_std=bias_std["out"]))]
+#: the FFN's rule chain for given weight stds (sigprop.model.sublayers.ffn_chain)
+ffn_chain = sublayers.ffn_chain
 
 
 def unit_chain(model, slot: int, l: int, in_norm: bool, n: float) -> list:
     """The whole rule chain of the branch of sublayer ``slot`` (its position in the layer's
     list) in layer ``l``: after an input norm the norm scale n first; then
-    :func:`branch_chain`; then the hidden dropout on the branch output (not after a norm
-    sublayer, whose branch is its norm scale alone)."""
+    :func:`branch_chain`; then the hidden dropout on the branch output, where the sublayer
+    kind has one (sigprop.model.sublayers)."""
     s = model.slots()[slot]
     ops = branch_chain(model, s.kind, l, s)
-    if s.kind != "norm":
+    if sublayers.get(s.kind).hidden_dropout:
         ops.append(("dropout", dict(p=model.dropout.hidden)))
     if in_norm:
         ops.insert(0, ("residual", dict(a=n, b=0.0)))     # norm scale n
@@ -148,33 +135,10 @@ def unit_chain(model, slot: int, l: int, in_norm: bool, n: float) -> list:
 
 def branch_chain(model, kind: str, l: int, cols=None) -> list:
     """The rule chain of sublayer ``kind`` in layer ``l`` (0-based) without its norm scale and
-    hidden dropout, as (rule name, parameter dict) pairs: the attention rule, or
-    :func:`ffn_chain` (a norm sublayer: nothing).  ``cols``: the sublayer's columns (default:
-    the layer's first sublayer of that kind)."""
-    m = model
-    if kind == "norm":
-        return []
-    s = getattr(m, kind) if cols is None else cols
-
-    def w(name):
-        return float(s.std[name][l]), float(s.bias_std[name][l])
-
-    if kind == "attention":
-        params = dict(d=m.d_model, n_heads=m.n_heads, d_head=m.d_head, L=m.seq_len,
-                      p=m.dropout.attention, causal=int(bool(m.causal)))
-        for name in ("q", "k", "v", "o"):
-            params[f"{name}_std"], params[f"{name}_bias_std"] = w(name)
-        # the modern attention features, only where used (a plain model's parameters, and so
-        # its tables' keys, stay as they were)
-        if m.n_kv_heads != m.n_heads:
-            params["kv_heads"] = m.n_kv_heads
-        if m.qk_norm is not None:
-            params["qk_norm"] = registry.norm(m.qk_norm).qk_code
-            params["qk_eps"] = m.norm_eps
-        if m.rope is not None:
-            params["rope"] = m.rope
-        return [("attention", params)]
-    return ffn_chain(m, {n: float(s.std[n][l]) for n in s.names}, {n: float(s.bias_std[n][l]) for n in s.names})
+    hidden dropout, as (rule name, parameter dict) pairs: its kind's chain
+    (sigprop.model.sublayers).  ``cols``: the sublayer's columns (default: the layer's first
+    sublayer of that kind)."""
+    return sublayers.get(kind).chain(model, getattr(model, kind) if cols is None else cols, l)
 
 
 def layout(model) -> str:

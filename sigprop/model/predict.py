@@ -28,7 +28,7 @@ import numpy as np
 
 from sigprop import memo, progress, registry
 from sigprop.backend import numeric
-from sigprop.model import blocks, logit_law, positions, profile, store
+from sigprop.model import blocks, logit_law, positions, profile, store, sublayers
 from sigprop.errors import DomainError, float_range_failure
 from sigprop.model.growth import sci_exp
 from sigprop.model.spec import MAX_LAYERS, require
@@ -505,6 +505,9 @@ class Predictor:
         self.repeats, self.groups = {}, {}
         for j, cols in enumerate(m.slots()):
             self.repeats[j], self.groups[j] = _repeats(cols)
+        # what each sublayer's kind declares (sigprop.model.sublayers): the interpreter asks
+        # these, not the kind
+        self.kinds = [sublayers.get(cols.kind) for cols in m.slots()]
         self._att_slot = next(j for j, cols in enumerate(m.slots()) if cols is m.attention)
         self.var_ranges = self._var_ranges()
         # the interpolation tables of this prediction: a cache per run, so that which layers a
@@ -727,29 +730,32 @@ class Predictor:
         input norm, the stream's variance profile over positions (a position-wise branch with an
         output norm then carries it, :meth:`_chain_log_slopes`)."""
         m, G, npos = self.model, self.grid, self.npos
-        kind, l, n, slot = br.kind, br.layer, br.norm_scale, br.slot
+        l, n, slot = br.layer, br.norm_scale, br.slot
+        sub = self.kinds[slot]
         euler_var = att_rows = key_w = out_ops = out_prof = None
         out_ratio = 1.0
-        if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and self.activation.ffn_euler_var is not None:
-            s = m.slots()[slot]
-            euler_var = self.activation.ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
-                                               float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
+        if unit.post_norm and sub.euler_var is not None:
+            euler_var = sub.euler_var(m, m.slots()[slot], l, self.activation)
         chain = self._chain(slot, l, unit.in_norm, n)
         logit_var = None
-        if kind == "attention":
+        if sub.logit_rule is not None:
+            # (the chain: the norm scale after an input norm, the logit rule, the hidden dropout)
+            k_att = next(i for i, (rule, _) in enumerate(chain) if rule == sub.logit_rule)
+            att_params = chain[k_att][1]
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
             if self.stop_at_saturation:
-                rv = row_logit_var(chain[-2][1], h_att)
+                rv = row_logit_var(att_params, h_att)
                 if not rv <= ROW_LOGIT_VAR_MAX:
                     self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
                                               f"at layer {l + 1}")
                     return None
-            logit_var = attention_logit_var(chain[-2][1], h_att)
+            logit_var = attention_logit_var(att_params, h_att)
         h_in = h
         jac = None
-        if unit.post_norm and kind == "attention":
-            att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[slot][l]))
-        h, chain_table, chain_x, ops = self._branch_forward(slot, l, chain, h, dev_in is not None and kind == "attention")
+        if unit.post_norm and sub.post_norm_rows:
+            att_rows = self._row_moments(att_params, h, tables.worth_tabulating(chain[k_att:k_att + 1], h,
+                                                                                self.repeats[slot][l]))
+        h, chain_table, chain_x, ops = self._branch_forward(slot, l, chain, h, dev_in is not None and sub.mixes_tokens)
         bcov = None
         if dev_in is not None and not h.var > 0:
             # a branch that adds nothing (all-zero output weights and biases): no
@@ -1132,9 +1138,10 @@ class Predictor:
         if rec.in_norm:
             # (a plain pre-norm unit's norm is its input norm, pre_ops[0])
             op = rec.pre_ops[0]
-            if slope_norm and rec.kind == "ffn" and op.rule == self.norm_kind.rule:
-                # the FFN's norm sees the slope (attention mixes the tokens' gradients: its
-                # norm is left at 0)
+            if (slope_norm and rec.slot is not None and self.kinds[rec.slot].slope_to_norm
+                    and op.rule == self.norm_kind.rule):
+                # a position-wise branch's norm (the FFN's) sees the slope (attention mixes the
+                # tokens' gradients: its norm is left at 0)
                 norm_params = {**op.params, self.norm_kind.slope_key: slope_norm}
             elif rec.scale_only:
                 # a norm of the stream (its branch a scale): the gradient it receives is the
