@@ -48,15 +48,15 @@ def status(model_type: str) -> str:
     from sigprop.interop import hf
 
     planned = PLANNED.get(model_type)
-    if model_type == "gemma3":
-        return "predicted: Gemma 3 (its text_config, a gemma3_text model)"
-    if model_type in hf.FAMILIES:
-        return f"predicted: {hf.FAMILIES[model_type].title}"
-    if model_type in hf.REFUSED:
+    if model_type in hf.REFUSED:           # (resolve looks here first)
         reason = hf.REFUSED[model_type]
         if reason == hf._MOE and not planned:
             return f"refused: {reason} (planned)"
         return f"refused: {reason}" + (f" (planned: {planned})" if planned else "")
+    if model_type == "gemma3":
+        return "predicted: Gemma 3 (its text_config, a gemma3_text model)"
+    if model_type in hf.FAMILIES:
+        return f"predicted: {hf.FAMILIES[model_type].title}"
     return "not read" + (f" (planned: {planned})" if planned else "")
 
 

@@ -5,7 +5,8 @@ computed with the code under test); what sigprop cannot model exits 2 with one l
 it; and, where transformers is installed, the init stds are those its _init_weights draws.
 
 The measured comparison of each family against transformers' own model (hooks, sigprop
-measure) is in tests/test_torch_interop.py (tests/_torch_configs.py holds their configs)."""
+measure) is in tests/test_torch_interop.py (tests/_torch_configs.py holds their configs);
+Falcon's, whose logit variance the probe cannot read, is here (test_falcon_agrees_with_transformers)."""
 
 from __future__ import annotations
 
@@ -481,7 +482,7 @@ def test_roberta_positions_and_decoder():
 # against transformers' own model
 # ---------------------------------------------------------------------------------------
 
-#: Falcon-40B's published config.json (new_decoder_architecture: 8 kv groups, ln_attn and ln_mlp)
+#: shaped like Falcon-40B's published config.json (new_decoder_architecture: 8 kv groups, ln_attn and ln_mlp)
 FALCON_40B = dict(CONFIGS["falcon"], hidden_size=8192, num_attention_heads=128, num_hidden_layers=60,
                   num_kv_heads=8, new_decoder_architecture=True)
 
@@ -541,6 +542,14 @@ def test_falcon_7b_file_predicts(capsys):
     assert code == 0, err
     obj = json.loads(out)
     assert obj["hf"]["family"] == "falcon" and obj["model"]["n_kv_heads"] == 1
+
+
+def test_falcon_takes_no_sigprop_init():
+    """Its fused query_key_value's layout depends on the config: writing an init is refused."""
+    from sigprop.interop.torch_names import layout, require_init
+
+    with pytest.raises(DomainError, match="query_key_value"):
+        require_init(layout("hf:falcon"))
 
 
 _FALCON_SMALL = dict(vocab_size=256, max_position_embeddings=64, hidden_size=128, num_hidden_layers=4,
