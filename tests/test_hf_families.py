@@ -5,12 +5,14 @@ computed with the code under test); what sigprop cannot model exits 2 with one l
 it; and, where transformers is installed, the init stds are those its _init_weights draws.
 
 The measured comparison of each family against transformers' own model (hooks, sigprop
-measure) is in tests/test_torch_interop.py (tests/_torch_configs.py holds their configs)."""
+measure) is in tests/test_torch_interop.py (tests/_torch_configs.py holds their configs);
+Falcon's, whose logit variance the probe cannot read, is here (test_falcon_agrees_with_transformers)."""
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,10 +23,12 @@ from sigprop.interop.hf import SEQ_LEN_FROM_CONFIG, read_config, resolve
 
 R0 = 0.221          # sigprop's token-collision probability of the embedding rule
 
+DATA = Path(__file__).parent / "data" / "hf"
+
 #: config.json files shaped like published ones (Qwen3-0.6B, roberta-base, distilbert-base with
 #: its dropout off, starcoder2-3b, Phi-3-mini-4k, gemma-2b, a small Command R, granite-3.0-2b,
 #: OLMo 3 7B, SmolLM3-3B with every layer rotary, StableLM with full rotary and QK-norm, Phi with
-#: full rotary), fewer layers where the layer count does not matter
+#: full rotary, Falcon-7B), fewer layers where the layer count does not matter
 CONFIGS = {
     "qwen3": dict(model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
                   num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
@@ -80,6 +84,7 @@ CONFIGS = {
                 num_attention_heads=32, layer_norm_eps=1e-5, max_position_embeddings=2048, rope_theta=10000.0,
                 partial_rotary_factor=1.0, qk_layernorm=False, resid_pdrop=0.1, embd_pdrop=0.0,
                 attention_dropout=0.0, hidden_act="gelu_new", initializer_range=0.02, vocab_size=51200),
+    "falcon": json.loads((DATA / "falcon-7b.json").read_text()),
 }
 
 _GLU = ("gate", "up", "down")
@@ -153,6 +158,13 @@ EXPECTED = {
                 activation="gelu", norm="layernorm", norm_eps=1e-5, ffn_kind="mlp", block="parallel", rope=10000.0,
                 qk_norm=None, final_norm=True, causal=True, dropout=(0.0, 0.1, 0.0), placement="pre",
                 att=dict.fromkeys("qkvo", _R), ffn={"in": _R, "out": _R}, branch=1.0, input=(_R ** 2, R0)),
+    # Falcon-7B: multi-query (one kv head), parallel_attn with one LayerNorm, MLP 4 x 4544,
+    # rotary base 10000 (the class's default), max_position_embeddings 2048 (its default)
+    "falcon": dict(n_layers=32, d_model=4544, n_heads=71, n_kv_heads=1, d_head=64, d_ff=18176, seq_len=2048,
+                   activation="gelu", norm="layernorm", norm_eps=1e-5, ffn_kind="mlp", block="parallel",
+                   rope=10000.0, qk_norm=None, final_norm=True, causal=True, dropout=(0.0, 0.0, 0.0),
+                   placement="pre", att=dict.fromkeys("qkvo", _R), ffn={"in": _R, "out": _R}, branch=1.0,
+                   input=(_R ** 2, R0)),
 }
 # (Phi-3's sliding_window 2047 is shorter than 2048: the default sequence is refused, so its
 # expected fields are those at --seq-len 2047)
@@ -281,7 +293,15 @@ REFUSED = [
     ({"model_type": "qwen2_moe"}, "mixture of experts is not modelled yet"),
     ({"model_type": "t5"}, "encoder-decoder"),
     ({"model_type": "bart"}, "encoder-decoder"),
-    ({"model_type": "falcon"}, "falcon"),
+    (dict(CONFIGS["falcon"], alibi=True), "alibi true"),
+    (dict(CONFIGS["falcon"], new_decoder_architecture=True, parallel_attn=False), "parallel_attn false"),
+    (dict(CONFIGS["falcon"], num_ln_in_parallel_attn=2), "num_ln_in_parallel_attn 2"),
+    (dict(CONFIGS["falcon"], new_decoder_architecture=True, num_ln_in_parallel_attn=3), "num_ln_in_parallel_attn"),
+    (dict(CONFIGS["falcon"], multi_query=False, num_kv_heads=8), "num_kv_heads 8"),
+    (dict(CONFIGS["falcon"], new_decoder_architecture=True, num_kv_heads=8), "must divide"),
+    (dict(CONFIGS["falcon"], parallel_attn=False, attention_dropout=0.1), "attention_dropout 0.1"),
+    (dict(CONFIGS["falcon"], n_head=32), "n_head"),
+    (dict(CONFIGS["falcon"], apply_residual_connection_post_layernorm=True), "apply_residual_connection"),
     ({"model_type": "modernbert"}, "modernbert"),
 ]
 
@@ -310,7 +330,7 @@ def test_every_family_predicts(capsys, tmp_path, family):
 CLASSES = {"qwen3": "Qwen3Config", "roberta": "RobertaConfig", "distilbert": "DistilBertConfig",
            "starcoder2": "Starcoder2Config", "phi3": "Phi3Config", "gemma": "GemmaConfig", "cohere": "CohereConfig",
            "granite": "GraniteConfig", "olmo3": "Olmo3Config", "smollm3": "SmolLM3Config",
-           "stablelm": "StableLmConfig", "phi": "PhiConfig"}
+           "stablelm": "StableLmConfig", "phi": "PhiConfig", "falcon": "FalconConfig"}
 
 
 def test_defaults_match_transformers():
@@ -327,14 +347,15 @@ def test_defaults_match_transformers():
             if key.startswith("__"):
                 continue                                  # (DistilBERT's fixed eps)
             if (fam, key) in {("qwen3", "sliding_window"), ("smollm3", "no_rope_layers"),
-                              ("roberta", "position_embedding_type")}:
-                continue    # (the class's post-init rewrites the first two from other keys; RoBERTa
-                            # in transformers 5 has absolute positions only)
+                              ("roberta", "position_embedding_type"), ("falcon", "ffn_hidden_size")}:
+                continue    # (the class's post-init rewrites the first two from other keys, and
+                            # Falcon's ffn_hidden_size None to 4 hidden_size; RoBERTa in
+                            # transformers 5 has absolute positions only)
             if key in ("rope_theta", "partial_rotary_factor"):
                 assert rp[key] == v, (fam, key, rp, v)
                 continue
             got = getattr(c, key, None)
-            if key in ("num_key_value_heads", "head_dim") and v is None:
+            if key in ("num_key_value_heads", "head_dim", "num_kv_heads") and v is None:
                 continue                                  # transformers fills these in from the heads
             assert got == v, (fam, key, got, v)
 
@@ -349,6 +370,8 @@ def _tiny(family: str) -> dict:
         cfg["num_key_value_heads"] = 2
     if "head_dim" in cfg:
         cfg["head_dim"] = 32
+    if family == "falcon":
+        cfg["ffn_hidden_size"] = 256
     if family == "smollm3":
         cfg["no_rope_layers"] = [1, 1, 1]
     if family in ("phi3", "cohere", "olmo3", "smollm3", "granite", "qwen3", "gemma", "stablelm", "phi", "starcoder2"):
@@ -376,6 +399,8 @@ MODULES = {
     "phi": {"self_attn.q_proj": ("attention", "q"), "self_attn.k_proj": ("attention", "k"),
             "self_attn.v_proj": ("attention", "v"), "self_attn.dense": ("attention", "o"),
             "mlp.fc1": ("ffn", "in"), "mlp.fc2": ("ffn", "out")},
+    "falcon": {"self_attention.query_key_value": ("attention", "qkv"), "self_attention.dense": ("attention", "o"),
+               "mlp.dense_h_to_4h": ("ffn", "in"), "mlp.dense_4h_to_h": ("ffn", "out")},
 }
 #: the std transformers' init gives each module's weight (typed: initializer_range everywhere;
 #: Granite's q_proj too, the attention multiplier acting in its forward pass)
@@ -450,3 +475,127 @@ def test_roberta_positions_and_decoder():
     assert resolve(CONFIGS["roberta"], seq_len=512).model.seq_len == 512
     assert resolve(dict(CONFIGS["roberta"], pad_token_id=0), seq_len=513).model.seq_len == 513
     assert resolve(dict(CONFIGS["roberta"], is_decoder=True), seq_len=16).model.causal is True
+
+
+# ---------------------------------------------------------------------------------------
+# Falcon: its layouts (old and new decoder architecture, parallel_attn), and measured
+# against transformers' own model
+# ---------------------------------------------------------------------------------------
+
+#: shaped like Falcon-40B's published config.json (new_decoder_architecture: 8 kv groups, ln_attn and ln_mlp)
+FALCON_40B = dict(CONFIGS["falcon"], hidden_size=8192, num_attention_heads=128, num_hidden_layers=60,
+                  num_kv_heads=8, new_decoder_architecture=True)
+
+
+@pytest.mark.parametrize("cfg, kv, block, d_ff", [
+    (FALCON_40B, 8, "parallel", 4 * 8192),
+    (dict(FALCON_40B, num_ln_in_parallel_attn=1, ffn_hidden_size=16384), 8, "parallel", 16384),
+    (dict(FALCON_40B, num_kv_heads=None), 128, "parallel", 4 * 8192),     # (num_kv_heads null: every head)
+    (dict(FALCON_40B, multi_query=False, parallel_attn=True), 8, "parallel", 4 * 8192),  # (both not read)
+    (dict(CONFIGS["falcon"], multi_query=False), 71, "parallel", 4 * 4544),
+    (dict(CONFIGS["falcon"], num_kv_heads=8), 1, "parallel", 4 * 4544),  # (multi_query: num_kv_heads not read)
+    (dict(CONFIGS["falcon"], parallel_attn=False), 1, "sequential", 4 * 4544),
+    (dict(CONFIGS["falcon"], parallel_attn=None, multi_query=None), 71, "sequential", 4 * 4544),  # (null: false)
+])
+def test_falcon_layouts(cfg, kv, block, d_ff):
+    """Falcon's kv heads and block from new_decoder_architecture, multi_query, num_kv_heads and
+    parallel_attn, as transformers' FalconAttention and FalconDecoderLayer read them."""
+    h = resolve(cfg, seq_len=64)
+    m = h.model
+    assert (m.n_kv_heads, m.block, m.d_ff, m.d_head) == (kv, block, d_ff, 64)
+    assert m.norm == "layernorm" and m.attention.placements() == {"pre"} and m.rope == 10000.0 and m.final_norm
+    t = " ".join(h.notes)
+    if cfg.get("new_decoder_architecture") and cfg.get("num_ln_in_parallel_attn") != 1:
+        assert "ln_attn" in t and "ln_mlp" in t and "one norm" in t
+
+
+def test_falcon_fields_and_aliases():
+    """n_embed (the original configs' key, read by FalconConfig's post-init) is hidden_size; a
+    rotary base and rope scaling go through the shared rotary code; bias true names the biases;
+    the two dropouts of the sequential layout."""
+    cfg = {k: v for k, v in CONFIGS["falcon"].items() if k != "hidden_size"}
+    assert resolve(dict(cfg, n_embed=4544), seq_len=64).model.d_model == 4544
+    with pytest.raises(DomainError, match="n_embed"):
+        resolve(dict(CONFIGS["falcon"], n_embed=4096), seq_len=64)
+    assert resolve(dict(CONFIGS["falcon"], rope_theta=500000.0), seq_len=64).model.rope == 500000.0
+    rope = resolve(dict(CONFIGS["falcon"], rope_scaling={"rope_type": "linear", "factor": 2.0}), seq_len=64).model.rope
+    f = np.asarray(rope.inv_freq)
+    assert f.size == 32 and f[1] == pytest.approx(1e4 ** (-2 / 64) / 2, rel=1e-12)
+    h = resolve(dict(CONFIGS["falcon"], bias=True), seq_len=64)
+    assert "query_key_value" in " ".join(h.notes)
+    seq = dict(CONFIGS["falcon"], parallel_attn=False, attention_dropout=0.1, hidden_dropout=0.1)
+    m = resolve(seq, seq_len=64).model
+    assert (m.dropout.attention, m.dropout.hidden, m.dropout.ffn_inner) == (0.0, 0.1, 0.0)
+    # unequal dropouts: --hidden-dropout replaces both, and the transformers config says so
+    h = resolve(dict(seq, hidden_dropout=0.2), seq_len=64, hidden_dropout=0.05)
+    assert h.model.dropout.hidden == 0.05
+    tc = h.transformers_config()
+    assert tc["attention_dropout"] == 0.05 and tc["hidden_dropout"] == 0.05 and None not in tc
+    # parallel: attention_dropout is not used (rotary: no dropout on the probabilities)
+    m = resolve(dict(CONFIGS["falcon"], attention_dropout=0.1, hidden_dropout=0.1), seq_len=64).model
+    assert (m.dropout.attention, m.dropout.hidden) == (0.0, 0.1)
+
+
+def test_falcon_7b_file_predicts(capsys):
+    code, out, err = cli(capsys, "predict", "--hf-config", str(DATA / "falcon-7b.json"), "--layers", "2",
+                         "--seq-len", "32", "--json")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["hf"]["family"] == "falcon" and obj["model"]["n_kv_heads"] == 1
+
+
+def test_falcon_takes_no_sigprop_init():
+    """Its fused query_key_value's layout depends on the config: writing an init is refused."""
+    from sigprop.interop.torch_names import layout, require_init
+
+    with pytest.raises(DomainError, match="query_key_value"):
+        require_init(layout("hf:falcon"))
+
+
+_FALCON_SMALL = dict(vocab_size=256, max_position_embeddings=64, hidden_size=128, num_hidden_layers=4,
+                     num_attention_heads=4, pad_token_id=0)
+#: small Falcon-7B-like (multi-query, parallel), Falcon-40B-like (new_decoder_architecture, 2 kv
+#: groups, ln_attn and ln_mlp), and sequential (parallel_attn false, biases, both dropouts) models
+FALCON_MEASURED = {
+    "7b": dict(CONFIGS["falcon"], **_FALCON_SMALL, hidden_dropout=0.1),
+    "40b": dict(FALCON_40B, **_FALCON_SMALL, num_kv_heads=2),
+    "sequential": dict(CONFIGS["falcon"], **_FALCON_SMALL, multi_query=False, parallel_attn=False, bias=True,
+                       attention_dropout=0.1, hidden_dropout=0.1),
+}
+
+
+def _falcon_measured(cfg, model=None):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import torch
+
+    from sigprop.interop.torch_names import layout
+    from sigprop.torch.measure import compare_measured, hf_source, measure
+
+    h = resolve(cfg, seq_len=32)
+    model = h.model if model is None else model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        meas = measure(model, hf_source(h.config, "falcon", layout=layout("hf:falcon")), trials=8, batch=4, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    return model, meas, compare_measured(model, meas)[1]
+
+
+@pytest.mark.parametrize("name", sorted(FALCON_MEASURED))
+def test_falcon_agrees_with_transformers(name):
+    """A 4-layer width-128 Falcon built by transformers from the config with its own random init,
+    measured at every sublayer in training mode (sigprop measure): within check's tolerance."""
+    model, meas, res = _falcon_measured(FALCON_MEASURED[name])
+    assert res.passed, res.failures
+    assert len(res.measured) == 1 + (1 if model.block == "parallel" else 2) * model.n_layers
+
+
+def test_falcon_measurement_sees_the_dropout():
+    """The comparison can fail: the small Falcon-7B with hidden_dropout 0.1 against the model
+    resolved without it."""
+    cfg = FALCON_MEASURED["7b"]
+    wrong = resolve(cfg, seq_len=32, hidden_dropout=0.0).model
+    _, _, res = _falcon_measured(cfg, wrong)
+    assert not res.passed

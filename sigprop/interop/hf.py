@@ -9,7 +9,7 @@ made, in words (``notes``).  No network access, no torch or transformers import.
 
 Families (``model_type``): gpt2, bert, llama, mistral, qwen2, gpt_neox, gptj, olmo2, gemma2,
 gemma3_text (and gemma3, whose ``text_config`` is read); qwen3, roberta, distilbert, starcoder2,
-phi3, gemma, cohere, granite, olmo3, smollm3, stablelm, phi (:data:`REFUSED`: the model_types
+phi3, gemma, cohere, granite, olmo3, smollm3, stablelm, phi, falcon (:data:`REFUSED`: the model_types
 refused by name: mixture of experts, encoder-decoder, recurrent, ...).  Every field that changes signal
 propagation at initialisation is mapped, or refused with a :class:`sigprop.errors.DomainError`
 naming it when sigprop cannot model it (a sliding window shorter than the sequence, mixture of
@@ -230,6 +230,20 @@ FAMILIES.update({f.name: f for f in (
            norm="layernorm", placement="pre", ffn="mlp", rope=True, positions=False,
            dropout=("attention_dropout", "resid_pdrop", "embd_pdrop"), init="normal", embedding="token table",
            **_DECODER),
+    # (Falcon's kv heads follow multi_query / new_decoder_architecture: _falcon_kv_heads; with
+    # rotary positions it drops no attention probabilities: its attention_dropout drops the
+    # attention output of the sequential layout only: _falcon_checks)
+    Family("falcon", "Falcon",
+           dict(n_layers="num_hidden_layers", d_model="hidden_size", n_heads="num_attention_heads",
+                d_ff="ffn_hidden_size", activation="activation", norm_eps="layer_norm_epsilon",
+                max_positions="max_position_embeddings"),
+           dict(num_hidden_layers=32, hidden_size=4544, num_attention_heads=71, num_kv_heads=None,
+                ffn_hidden_size=None, activation="gelu", layer_norm_epsilon=1e-5, max_position_embeddings=2048,
+                initializer_range=0.02, hidden_dropout=0.0, attention_dropout=0.0, alibi=False,
+                new_decoder_architecture=False, multi_query=True, parallel_attn=True, bias=False,
+                num_ln_in_parallel_attn=None, rope_theta=10000.0, tie_word_embeddings=True),
+           norm="layernorm", placement="pre", ffn="mlp", rope=True, positions=False,
+           dropout=(None, "hidden_dropout", None), init="normal", embedding="token table", **_DECODER),
 )})
 #: model_type -> why it is refused (exit 2): text families transformers ships that sigprop
 #: does not read (docs/hf.md lists every text model_type and its status)
@@ -256,8 +270,6 @@ REFUSED = {
     **dict.fromkeys(("bamba", "falcon_h1", "falcon_mamba", "lfm2", "mamba", "mamba2", "olmo_hybrid",
                      "recurrent_gemma", "rwkv", "xlstm", "zamba", "zamba2"),
                     "recurrent or state-space (Mamba-style) layers are not modelled; sigprop's layers are attention"),
-    "falcon": "Falcon's blocks (multi-query attention shared across the parallel norms, "
-              "new_decoder_architecture, ALiBi variants) are not mapped yet",
     "modernbert": "ModernBERT's alternating local (sliding-window) attention, norm-free first layer and "
                   "GeGLU with bias-free LayerNorms are not mapped yet",
 }
@@ -272,6 +284,7 @@ _GPT_ALIASES = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions
 #: models), the same value is fine, and an alias alone is read as its key.
 ATTRIBUTE_MAPS = {
     "gpt2": _GPT_ALIASES, "gptj": _GPT_ALIASES,
+    "falcon": {"n_embed": "hidden_size"},      # (FalconConfig.__post_init__: n_embed replaces hidden_size)
     "gemma3": {"image_token_id": "image_token_index", "boi_token_id": "boi_token_index",
                "eoi_token_id": "eoi_token_index"},
 }
@@ -324,7 +337,10 @@ class HFModel:
             cfg["layer_types"] = cfg["layer_types"][:m.n_layers]
         cfg["initializer_range"] = self.init_std
         att, hid, emb = fam.dropout
-        cfg[att] = m.dropout.attention
+        if att is not None:
+            cfg[att] = m.dropout.attention
+        if fam.name == "falcon":          # (its attention-output dropout: hidden dropout's, _falcon_checks)
+            cfg["attention_dropout"] = m.dropout.hidden
         if hid is not None:
             cfg[hid] = m.dropout.hidden
         if emb is not None and emb != hid:
@@ -513,10 +529,10 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
                      f"q, k, v map {d} -> heads x {d_head}, o maps back")
     d_ff = r.int(k["d_ff"], allow_none=True)
     if d_ff is None:
-        if fam.name not in ("gpt2", "gptj"):
+        if fam.name not in ("gpt2", "gptj", "falcon"):
             r.fail(f"{k['d_ff']} must be a positive integer, got None")
         d_ff = 4 * d
-        notes.append(f"n_inner null: the MLP width is 4 n_embd = {d_ff}")
+        notes.append(f"{k['d_ff']} null: the MLP width is 4 {k['d_model']} = {d_ff}")
 
     # activation
     act_key = k["activation"]
@@ -607,7 +623,7 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
 
     # dropout
     p_att, p_hid, p_emb = (r.prob(key) for key in fam.dropout)
-    drop_names = [f"attention probabilities {p_att:g} ({fam.dropout[0]})"]
+    drop_names = [f"attention probabilities {p_att:g}" + (f" ({fam.dropout[0]})" if fam.dropout[0] else " (none)")]
     drop_names.append(f"branch outputs {p_hid:g}" + (f" ({fam.dropout[1]})" if fam.dropout[1] else " (none)"))
     drop_names.append(f"embedding {p_emb:g}" + (f" ({fam.dropout[2]})" if fam.dropout[2] else " (none)"))
     notes.append("dropout (training mode): " + ", ".join(drop_names) + ", none inside the FFN")
@@ -1107,7 +1123,7 @@ def _embedding_words(emb: dict, fam: Family) -> str:
 # ---------------------------------------------------------------------------------------
 
 #: families whose biases _family_biases names
-_BIAS_WORDS = frozenset(("qwen3", "starcoder2", "phi3", "stablelm", "phi"))
+_BIAS_WORDS = frozenset(("qwen3", "starcoder2", "phi3", "stablelm", "phi", "falcon"))
 #: families whose default partial_rotary_factor (configuration class) is below 1
 _PARTIAL_ROTARY_DEFAULT = frozenset(("stablelm", "phi"))
 #: families that drop one branch output and not the other (the branch whose output is dropped)
@@ -1119,6 +1135,8 @@ def _refuse_family(fam: Family, r: _Reader, opts: dict, notes: list) -> None:
     """A new family's fields that sigprop cannot model (DomainError naming them), and its notes
     on fields that do not change the stream."""
     name = fam.name
+    if name == "falcon":
+        _falcon_checks(r, opts, notes)
     if name == "distilbert" and r.bool("sinusoidal_pos_embds", False):
         r.fail("sinusoidal_pos_embds true: a fixed sinusoidal position table (its rows correlated between "
                "positions) is not modelled; only the learned table is")
@@ -1187,6 +1205,8 @@ def _family_block(fam: Family, r: _Reader, notes: list) -> str:
     if fam.name in ("cohere", "phi"):
         notes.append(f"{fam.title} blocks: x' = x + Att(LN x) + MLP(LN x), one LayerNorm")
         return "parallel"
+    if fam.name == "falcon":
+        return _falcon_block(r, notes)
     if fam.name == "stablelm":
         if r.bool("use_parallel_residual", False):
             notes.append("use_parallel_residual true: x' = x + Att(LN x) + MLP(LN x), one LayerNorm (input_layernorm)")
@@ -1234,12 +1254,22 @@ def _family_biases(fam: Family, r: _Reader, notes: list) -> bool:
     if fam.name == "phi":
         notes.append("biases on q, k, v, dense, fc1, fc2 and the LayerNorms: zero at init")
         return True
+    if fam.name == "falcon":
+        if r.bool("bias", False):
+            notes.append("bias true: biases on query_key_value, dense, dense_h_to_4h, dense_4h_to_h and the "
+                         "LayerNorms: zero at init")
+            return True
+        notes.append("bias false: no projection biases (the LayerNorms keep theirs, zero at init)")
+        return False
     notes.append("no biases")
     return False
 
 
 def _family_options(fam: Family, r: _Reader, opts: dict, notes: list) -> dict:
-    """presets.resolve options a new family sets (Granite: its residual multiplier as the branch scale)."""
+    """presets.resolve options a new family sets (Granite: its residual multiplier as the branch
+    scale; Falcon: its kv heads)."""
+    if fam.name == "falcon":
+        return {"n_kv_heads": _falcon_kv_heads(r, notes)}
     if fam.name != "granite":
         return {}
     m = r.float("residual_multiplier")
@@ -1272,3 +1302,115 @@ def _family_model(fam: Family, r: _Reader, model, notes: list):
     notes.append(f"attention_multiplier {m:g}: the logits are q.k x {m:g} instead of q.k / sqrt({model.d_head}); "
                  f"modelled as W_q's init std times {m:g} x sqrt({model.d_head}) = {f:.6g} (the same logits at init)")
     return model
+
+
+# -- Falcon (transformers' modeling_falcon) ---------------------------------------
+
+#: the keys of the original (RefinedWeb) Falcon configs that transformers' FalconConfig does not
+#: read -> the key it reads instead
+_FALCON_LEGACY = {"n_head": "num_attention_heads", "n_layer": "num_hidden_layers", "n_head_kv": "num_kv_heads"}
+
+
+def _falcon_flag(r: _Reader, key: str) -> bool:
+    """A Falcon switch as its modeling code tests it (``if config.key``): null is false."""
+    v = r.raw(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        r.fail(f"{key} must be true, false or null, got {v!r}")
+    return v
+
+
+def _falcon_new(r: _Reader) -> bool:
+    return _falcon_flag(r, "new_decoder_architecture")
+
+
+def _falcon_checks(r: _Reader, opts: dict, notes: list) -> None:
+    """What transformers' Falcon cannot build or sigprop cannot model (DomainError naming the
+    field), and its dropout: with rotary positions no attention probability is dropped;
+    ``attention_dropout`` drops the attention output of the sequential layout (parallel_attn
+    false) and ``hidden_dropout`` the MLP output there, the sum of both branches' outputs in
+    the parallel layouts."""
+    for old, key in _FALCON_LEGACY.items():
+        if old in r.cfg and r.cfg.get(key, object()) != r.cfg[old]:
+            r.fail(f"{old} {r.cfg[old]!r}: transformers' Falcon does not read {old} (a key of the original "
+                   f"Falcon code) but {key}{f' {r.cfg[key]!r}' if key in r.cfg else ' (absent: its default)'}; "
+                   f"give {key}")
+    if r.bool("apply_residual_connection_post_layernorm", False):
+        r.fail("apply_residual_connection_post_layernorm true: transformers' Falcon does not read it (it builds "
+               "the pre-LN residual); sigprop models what transformers builds: set it false")
+    new, parallel = _falcon_new(r), _falcon_flag(r, "parallel_attn")
+    n_ln = r.raw("num_ln_in_parallel_attn")
+    if n_ln is not None and (isinstance(n_ln, bool) or n_ln not in (1, 2)):
+        r.fail(f"num_ln_in_parallel_attn must be 1, 2 or null, got {n_ln!r}")
+    if new and not parallel:
+        r.fail("new_decoder_architecture true with parallel_attn false: transformers' Falcon layer then builds "
+               "input_layernorm and post_attention_layernorm but its forward calls ln_attn (or no MLP norm): it "
+               "cannot run")
+    if not new and parallel and n_ln == 2:
+        r.fail("num_ln_in_parallel_attn 2 without new_decoder_architecture: transformers' Falcon layer then builds "
+               "ln_attn and ln_mlp but its forward calls input_layernorm: it cannot run")
+    att = r.prob("attention_dropout")
+    if new or parallel:
+        if att:
+            notes.append(f"attention_dropout {att:g}: unused (with rotary positions Falcon drops no attention "
+                         "probabilities, and its parallel layout has no separate attention-output dropout)")
+        p = r.prob("hidden_dropout")
+        if p:
+            notes.append(f"hidden_dropout {p:g}: one dropout on the sum of the two branch outputs; the two are "
+                         "uncorrelated at init (independent zero-mean output weights), so the stream's second "
+                         "moments are those of sigprop's hidden dropout on each branch")
+        return
+    hid = r.prob("hidden_dropout")
+    if att != hid and not ({"dropout", "hidden_dropout"} & set(opts)):
+        r.fail(f"attention_dropout {att:g} and hidden_dropout {hid:g}: with parallel_attn false Falcon drops "
+               "the attention output with attention_dropout and the MLP output with hidden_dropout; sigprop's "
+               "hidden dropout is one for both branches (give them equal, or --hidden-dropout)")
+    if att:
+        notes.append(f"attention_dropout {att:g}: with rotary positions Falcon drops no attention probabilities; "
+                     "it drops the attention output (as hidden_dropout the MLP output): sigprop's hidden dropout")
+
+
+def _falcon_block(r: _Reader, notes: list) -> str:
+    """Falcon's layer: parallel (one norm, or ln_attn and ln_mlp: the same function of the same
+    stream at init) or, with parallel_attn false, sequential pre-LN."""
+    if _falcon_new(r):
+        if r.raw("num_ln_in_parallel_attn") == 1:
+            notes.append("new_decoder_architecture true, num_ln_in_parallel_attn 1: x' = x + Att(LN x) + "
+                         "MLP(LN x), one LayerNorm (input_layernorm)")
+        else:
+            notes.append("new_decoder_architecture true: x' = x + Att(ln_attn x) + MLP(ln_mlp x); the two "
+                         "LayerNorms of the same x are equal at init (gain 1, bias 0), so this is sigprop's "
+                         "parallel block with one norm feeding both branches")
+        return "parallel"
+    if _falcon_flag(r, "parallel_attn"):
+        notes.append("parallel_attn true: x' = x + Att(LN x) + MLP(LN x), one LayerNorm (input_layernorm)")
+        return "parallel"
+    notes.append("parallel_attn false: attention, then MLP, each pre-LN (input_layernorm, "
+                 "post_attention_layernorm)")
+    return "sequential"
+
+
+def _falcon_kv_heads(r: _Reader, notes: list) -> int:
+    """Falcon's key/value heads: num_kv_heads groups with new_decoder_architecture (grouped-query
+    attention; its query_key_value holds each group's query heads, then its key and value);
+    else 1 with multi_query (multi-query attention), or one per head."""
+    h = r.int("num_attention_heads")
+    kv = r.int("num_kv_heads", allow_none=True)
+    if _falcon_new(r):
+        kv = h if kv is None else kv
+        if h % kv:
+            r.fail(f"num_kv_heads {kv} must divide num_attention_heads {h}")
+        notes.append(f"new_decoder_architecture true: {kv} key/value heads (num_kv_heads) shared by groups of "
+                     f"{h // kv} query heads; multi_query and parallel_attn are not read")
+        return kv
+    if _falcon_flag(r, "multi_query"):
+        notes.append("multi_query true: multi-query attention, one key/value head for all "
+                     f"{h} query heads" + ("" if kv is None else f" (num_kv_heads {kv} is not read)"))
+        return 1
+    if kv is not None and kv != h:
+        r.fail(f"num_kv_heads {kv} with multi_query false and no new_decoder_architecture: every head has its own "
+               f"keys and values there, and transformers' Falcon fails (a shape error) unless num_kv_heads is "
+               f"num_attention_heads {h}")
+    notes.append("multi_query false: every head has its own keys and values")
+    return h

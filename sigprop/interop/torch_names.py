@@ -163,6 +163,17 @@ HF["granite"] = Layout(
     init_refused=("Granite multiplies its branches by residual_multiplier and its logits by attention_multiplier "
                   "in the forward pass; sigprop's model of it holds them as the branch scale and W_q's std, so its "
                   "stds are not the module weights' (writing a sigprop init into Granite is not supported)"))
+HF["falcon"] = Layout(
+    "hf:falcon", "h.{}",
+    {"attention": {"o": _w("self_attention.dense")},
+     "ffn": {"in": _w("mlp.dense_h_to_4h"), "out": _w("mlp.dense_4h_to_h")}},
+    {"attention": ("post_attention_layernorm", "in"), "ffn": ("", "out"), "block": ("", "out")},
+    attention=None,
+    notes=("Falcon computes its attention logits inline (no eager_attention_forward to probe): the measured "
+           "logit variance is not read; its query_key_value fuses q, k and v in a layout that depends on the "
+           "config (multi_query, new_decoder_architecture)",),
+    init_refused=("Falcon's query_key_value holds q, k and v in a layout that depends on multi_query and "
+                  "new_decoder_architecture; writing a sigprop init into Falcon is not supported"))
 
 #: the plain PyTorch layout (docs/torch.md): blocks ``layers.{i}`` with ``attn.{q,k,v,o}``,
 #: ``ffn.{in,out}`` or ``ffn.{gate,up,down}`` (nn.Linear, weight (out, in)), a ``mid``
