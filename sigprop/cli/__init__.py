@@ -31,6 +31,7 @@ COMMANDS = {
     "export": "export",
     "solve-init": "solve_init",
     "measure": "measure",
+    "audit": "audit",
 }
 
 
