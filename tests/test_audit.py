@@ -180,7 +180,7 @@ def test_module_clean_and_planted(torch, factories, capsys, tmp_path):
 def test_bad_input_is_one_line(torch, factories, capsys, tmp_path, monkeypatch):
     spec = _spec(tmp_path, factories)
     for args, what in ((["--layers", "2"], "--hf-config FILE or --module"),
-                       (["--hf-config", str(GPT2), "--d-model", "64"], "drop --d-model"),
+                       (["--hf-config", str(GPT2), "--d-model", "64"], "drop --d-model (what applies: --init-std, --layers, --seq-len)"),
                        (["--hf-config", str(GPT2), "--module", "a:b"], "exclusive")):
         code, out, err = cli(capsys, "audit", *args)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and what in err, (args, err)
@@ -193,3 +193,14 @@ def test_bad_input_is_one_line(torch, factories, capsys, tmp_path, monkeypatch):
     need("transformers")
     code, out, err = cli(capsys, "audit", "--hf-config", str(GPT2))
     assert code == 2 and out == "" and "--layers N" in err
+
+
+def test_without_torch_the_command_names_the_extra(capsys, monkeypatch):
+    """(Runs with or without torch: the import check is made to see no torch.)"""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name in ("torch", "transformers") else real(name, *a, **k))
+    code, out, err = cli(capsys, "audit", "--module", "x:y", "--layers", "2")
+    assert code == 2 and out == "" and err.strip().endswith("sigprop audit needs PyTorch: pip install 'sigprop[torch]'")

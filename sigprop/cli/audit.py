@@ -13,8 +13,9 @@ from sigprop.cli._app import app
 from sigprop.cli._model_options import build_model, model_options
 
 #: the model options that may go with --hf-config here: the depth and the init std, which the
-#: config transformers builds from says (the sizes are the config's own)
-AUDIT_OVERRIDES = frozenset(("layers", "init_std"))
+#: config transformers builds from says (the sizes are the config's own), and the sequence
+#: length (no weight depends on it; a shorter one lets a config with local attention resolve)
+AUDIT_OVERRIDES = frozenset(("layers", "init_std", "seq_len"))
 
 
 @app.command("audit")
@@ -63,7 +64,7 @@ def audit_cmd(
                           if isinstance(cfg.get(k), int)), None)
         ta.check_size(model, vocab, positions, "audit fewer layers (--layers N: the size a Hugging Face config "
                                                "lets the command change)")
-        tm.require_libraries(transformers=True)
+        ta.require_libraries(transformers=True)
         source = tm.hf_source(cfg, res.family, layout=lay)
         init_std = res.init_std
         extra["hf"] = {"family": res.family, "notes": list(res.notes)}
@@ -71,7 +72,7 @@ def audit_cmd(
         model = build_model(opts, default_layers=12)
         lay = get_layout(layout or "plain")
         ta.check_size(model, None, None, "describe a smaller model (--layers, --d-model, --d-ff, --heads)")
-        tm.require_libraries()
+        ta.require_libraries()
         source = tm.module_source(tm.load_factory(module), layout=lay, description=module)
     else:
         raise DomainError("give the model to audit: --hf-config FILE or --module PACKAGE.MODULE:FACTORY")
@@ -116,7 +117,8 @@ def _render(result, source) -> None:
         print("  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in enumerate(zip(line, widths))).rstrip())
     if result.not_compared:
         shown = ", ".join(result.not_compared[:4]) + (", ..." if len(result.not_compared) > 4 else "")
-        print(f"not compared (sigprop assumes nothing for them here): {len(result.not_compared)} tensors: {shown}")
+        print(f"not compared (sigprop assumes nothing for them here): {len(result.not_compared)} tensor"
+              f"{'' if len(result.not_compared) == 1 else 's'}: {shown}")
     print(f"tolerance: std within {ta_z()} standard errors (relative 1/sqrt(2n) for n entries) plus 1% of the "
           f"assumed std, mean within {ta_z()} standard errors (std/sqrt(n)) plus 1%; zeros and norm gains exact")
 

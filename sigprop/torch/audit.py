@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from sigprop.errors import DomainError
-from sigprop.interop.torch_names import OUTPUT_WEIGHTS, init_plan, require_init
+from sigprop.interop.torch_names import OUTPUT_WEIGHTS, init_plan
 
 #: standard errors allowed, and the relative slack on top
 Z = 5.0
@@ -92,6 +92,16 @@ class AuditResult:
                                       "an assumed 0 or norm gain: max |x - assumed| <= exact"},
                 "mismatches": len(self.mismatches), "tensors": [r.to_json() for r in self.rows],
                 "summary": self.summary(), "not_compared": self.not_compared}
+
+
+def require_libraries(transformers: bool = False) -> None:
+    """The one-line DomainError naming the extra when torch (or transformers) is missing."""
+    import importlib.util
+
+    for name, needed in (("torch", True), ("transformers", transformers)):
+        if needed and importlib.util.find_spec(name) is None:
+            raise DomainError(f"sigprop audit needs {'PyTorch' if name == 'torch' else 'transformers'}: "
+                              "pip install 'sigprop[torch]'")
 
 
 def parameter_estimate(model, vocab: int | None = None, positions: int | None = None) -> int:
@@ -161,7 +171,9 @@ def audit(model, source, *, seed: int = 0, init_std: float | None = None) -> Aud
 
     torch, _ = require_libraries()
     lay = source.layout
-    require_init(lay)
+    if lay.init_refused:
+        raise DomainError(f"layout {lay.name} cannot be audited (its modules do not hold sigprop's stds one to "
+                          f"one): {lay.init_refused}")
     plan = init_plan(model, scales=lay.scales is not None)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(seed))
