@@ -115,6 +115,7 @@ def test_gpt2_audits_clean_with_its_scaled_output_init(transformers, capsys, tmp
         assert r["assumed_std"] == pytest.approx(0.02) and r["n"] == 768 * 768
     assert rows["h.0.attn.c_attn.bias[q]"]["assumed_std"] == 0.0 and rows["h.0.attn.c_attn.bias[q]"]["ok"]
     assert rows["ln_f.weight"]["assumed_mean"] == 1.0 and rows["ln_f.bias"]["assumed_mean"] == 0.0
+    assert rows["ln_f.weight"]["layer"] is None and rows["h.1.ln_2.weight"]["layer"] == 2
     assert len([r for r in obj["tensors"] if r["group"] == "norm gain"]) == 5     # 2 x (ln_1, ln_2) + ln_f
     assert set(obj["not_compared"]) == {"wte.weight", "wpe.weight"}
     # the text: the verdict first, then the table

@@ -214,9 +214,11 @@ def audit(model, source, *, seed: int = 0, init_std: float | None = None) -> Aud
             rows.append(Row(f"{base}.bias{part}", f"{kind}.{name} bias", 0, 0.0, 0.0, step["bias_std"], 0.0, False,
                             math.inf, "the module has no bias", i))
     g = float(lay.norm_gain_weight)
+    block_names = [f"{prefix}{lay.block.format(i)}." for i in range(len(blocks))]
     for mname, mod in net.named_modules():
         if not is_norm(mod):
             continue
+        layer = next((i for i, b in enumerate(block_names) if mname.startswith(b)), None)
         for attr, target, group in (("weight", g, "norm gain"), ("bias", 0.0, "norm bias")):
             p = getattr(mod, attr, None)
             if p is None or not torch.is_tensor(p):
@@ -228,6 +230,6 @@ def audit(model, source, *, seed: int = 0, init_std: float | None = None) -> Aud
             rows.append(Row(f"{mname}.{attr}", group, n, float(x.std(unbiased=False)) if n else 0.0,
                             float(x.mean()) if n else 0.0, 0.0, target, dev <= EXACT, dev,
                             "gain 1 (x_hat * (1 + w): w = 0)" if group == "norm gain" and g == 0.0 else
-                            ("gain 1" if group == "norm gain" else "bias 0")))
+                            ("gain 1" if group == "norm gain" else "bias 0"), layer))
     not_compared = [n for pid, n in param_names.items() if pid not in seen]
     return AuditResult(rows, int(seed), not_compared)
