@@ -197,9 +197,34 @@ def elementwise(name: str, f, df, *, title: str | None = None, kinks=(0.0,)) -> 
     comp, sweep = _component(name, f, df)
     mc.register(comp, sweep)
     mc.register(mc.glu_component(glu, name))
+    digest = _code_digest(f, df) + repr(kinks)
+    registry.register(pointwise_norm_entry(name, title, rule.name, comp.name, digest))
     return registry.register(registry.Activation(
         name, title, rule=rule.name, component=comp.name, torch=None, glu=glu, glu_title=f"{title}-GLU",
-        digest=_code_digest(f, df) + repr(kinks)))
+        digest=digest))
+
+
+def _pointwise_branch_output_stats(t, width, d, x, x_kappa, in_norm):
+    """A pointwise norm on a branch output F = W h: (1, 1), no kappa and no factor.  Its
+    forward and backward are entry by entry (E[f(F)^2], E[f'(F)^2] at F's variance); what this
+    leaves out is F's per-token scale fluctuating with |h|^2 (relative variance k_b/width) and
+    its covariance with the hidden layer's Jacobian (k_ab/width): terms of order 1/width, which
+    a LayerNorm's 1/rms(F) turns into its kappa and factor (rules.layernorm.branch_output_terms)
+    and which here enter only through the curvature of E[f^2] and E[f'^2] in the variance."""
+    return 1.0, 1.0
+
+
+def pointwise_norm_entry(name: str, title: str, rule: str, component: str, digest: str = "") -> registry.Norm:
+    """The norm kind ``name`` of a pointwise function (``"norm": name``, ``--norm name``): f applied
+    entry by entry in place of each norm, as DyT replaces LayerNorm.  Its rule is the activation's
+    (no parameters); its Jacobian diag(f'(x)) removes no direction (no generic share); a gradient
+    independent of the input keeps its share along the all-ones vector below it, and along the
+    input's direction gets E[x^2 f'^2]/(E[x^2] E[f'^2]), which no term reads (shares_below (1, 1));
+    it does not divide by the token's scale (no per-token slope); it is no QK-norm."""
+    return registry.Norm(
+        name, title, short=title, tag=name, rule=rule, component=component, torch=None, qk_code=None,
+        params=lambda d, eps, tok, g_generic: {}, generic_key=None, generic_share=None, shares_below=(1.0, 1.0),
+        slope_key=None, branch_output_stats=_pointwise_branch_output_stats, digest=digest, pointwise=True)
 
 
 def load_plugins(paths) -> list[str]:

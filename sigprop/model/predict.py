@@ -31,7 +31,7 @@ from sigprop.backend import numeric
 from sigprop.model import blocks, logit_law, positions, profile, store
 from sigprop.errors import DomainError, float_range_failure
 from sigprop.model.growth import sci_exp
-from sigprop.model.spec import MAX_LAYERS, require
+from sigprop.model.spec import MAX_LAYERS, pointwise_norm, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
@@ -487,7 +487,7 @@ class Predictor:
     """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
 
     def __init__(self, model, stop_at_saturation: bool = False, tables: TableCache | None = None):
-        require(model, SUPPORTED, "predict")
+        require(model, SUPPORTED | pointwise_norm(model), "predict")
         self.model = model
         self.stop_at_saturation = stop_at_saturation
         self.saturation: tuple[int, str] | None = None
@@ -496,6 +496,9 @@ class Predictor:
         self.d = m.d_model
         # the model's norm kind and activation: what the predictor asks of them (sigprop.registry)
         self.norm_kind = registry.norm(m.norm)
+        if self.norm_kind.pointwise and m.causal:
+            raise DomainError(f"norm {m.norm!r} is a pointwise function: sigprop predicts it in bidirectional models "
+                              "only (the causal position model assumes each norm normalises per position)")
         self.activation = registry.activation(m.activation)
         self.width = m.n_heads * m.d_head
         # how many layers share each layer's branch parameters: a chain used by at least
@@ -557,6 +560,9 @@ class Predictor:
         op = self._norm_ops.get(tok)
         if op is None:
             op = self._norm_ops[tok] = blocks.norm_params(self.model, tok)
+        if self.norm_kind.pointwise and x is not None and abs(x.mean) > 1e-12 * math.sqrt(x.var):
+            raise DomainError(f"the pointwise norm {self.model.norm!r} meets an input of mean {x.mean:.3g} (variance "
+                              f"{x.var:.3g}): its rule takes a zero-mean input (an input mean of 0, or an odd f)")
         return _tuple_new(Op, (op[0], op[1], x, None, None, False, None))
 
     def _log_sq(self, w: float) -> float:
@@ -612,6 +618,14 @@ class Predictor:
         (:func:`_real`), as if the norm were scale-invariant, which holds for a huge variance
         (eps negligible) and fails for a tiny one (eps dominates: an input variance of 1e-300
         was predicted with an input gradient of 2.4e39 where Monte Carlo measures 2.5)."""
+        if self.norm_kind.pointwise:
+            # not scale-invariant: the stream must reach the rule as it is (no clipping)
+            if abs(log_var) > _LOG_VAR_LIMIT:
+                raise DomainError(
+                    f"the residual stream's variance is {sci_exp(log_var)} at the norm of layer {layer}'s {where}, "
+                    f"beyond e^+-{_LOG_VAR_LIMIT:g}, where sigprop does not evaluate the pointwise norm "
+                    f"{self.model.norm!r} (not scale-invariant): smaller or larger weight scales")
+            return
         if log_var < -_LOG_VAR_LIMIT and self.model.norm_eps > 0:
             raise DomainError(
                 f"the residual stream's variance is {sci_exp(log_var)} at the norm of layer {layer}'s "
@@ -1108,7 +1122,7 @@ class Predictor:
             zlv = rec.s_sum.log_var
             ln = rec.pre_ops[0]
             nk = self.norm_kind
-            lp = norm_params = {**ln.params, nk.generic_key: nk.generic_share(gen)}
+            lp = norm_params = {**ln.params, nk.generic_key: nk.generic_share(gen)} if nk.generic_key else None
             gb = _bwd(ln, Backward(1.0, gc), lp)
             kw = 1.0
             if w is not None:
@@ -1132,11 +1146,11 @@ class Predictor:
         if rec.in_norm:
             # (a plain pre-norm unit's norm is its input norm, pre_ops[0])
             op = rec.pre_ops[0]
-            if slope_norm and rec.kind == "ffn" and op.rule == self.norm_kind.rule:
+            if slope_norm and rec.kind == "ffn" and op.rule == self.norm_kind.rule and self.norm_kind.slope_key:
                 # the FFN's norm sees the slope (attention mixes the tokens' gradients: its
                 # norm is left at 0)
                 norm_params = {**op.params, self.norm_kind.slope_key: slope_norm}
-            elif rec.scale_only:
+            elif rec.scale_only and self.norm_kind.generic_key:
                 # a norm of the stream (its branch a scale): the gradient it receives is the
                 # stream's, with its shares along the directions the norm's Jacobian removes
                 nk = self.norm_kind
