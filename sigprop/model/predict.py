@@ -744,7 +744,10 @@ class Predictor:
         kind, l, n, slot = br.kind, br.layer, br.norm_scale, br.slot
         euler_var = att_rows = key_w = out_ops = out_prof = None
         out_ratio = 1.0
-        if unit.post_norm and kind == "ffn" and m.ffn_kind == "mlp" and self.activation.ffn_euler_var is not None:
+        # the Post-LN Euler terms (the norm's Jacobian removes the stream's direction): none
+        # after a pointwise norm, whose diag(f'(z)) removes no direction
+        euler = unit.post_norm and not self.norm_kind.pointwise
+        if euler and kind == "ffn" and m.ffn_kind == "mlp" and self.activation.ffn_euler_var is not None:
             s = m.slots()[slot]
             euler_var = self.activation.ffn_euler_var(m.d_ff, float(s.std["out"][l]), float(s.bias_std["in"][l]),
                                                float(s.bias_std["out"][l]), m.dropout.ffn_inner, m.dropout.hidden)
@@ -761,7 +764,7 @@ class Predictor:
             logit_var = attention_logit_var(chain[-2][1], h_att)
         h_in = h
         jac = None
-        if unit.post_norm and kind == "attention":
+        if euler and kind == "attention":
             att_rows = self._row_moments(chain[-2][1], h, tables.worth_tabulating(chain[-2:-1], h, self.repeats[slot][l]))
         h, chain_table, chain_x, ops = self._branch_forward(slot, l, chain, h, dev_in is not None and kind == "attention")
         bcov = None
