@@ -15,8 +15,12 @@ sampled arrays; ``sigprop rules relu2`` lists it.  ``--plugin FILE.py`` (and
 ``SIGPROP_PLUGINS``) imports such a file before the model is read: the file is your own code,
 and it runs (docs/security.md).
 
-Not yet: a pointwise function as a norm kind (DyT) and components that are not pointwise
-(their rules are tied to the predictor's fixed block; a model graph of components would free them).
+The same name is also a norm kind (``--norm relu2``, ``"norm": "relu2"``): f applied entry by
+entry in place of each norm of the model, as DyT replaces LayerNorm (:func:`pointwise_norm_entry`;
+bidirectional models only).
+
+Not yet: components that are not pointwise (their rules are tied to the predictor's fixed
+block; a model graph of components would free them).
 """
 
 from __future__ import annotations
@@ -161,7 +165,8 @@ def _code_digest(*fns) -> str:
 def elementwise(name: str, f, df, *, title: str | None = None, kinks=(0.0,)) -> registry.Activation:
     """Register the pointwise function ``f`` (with derivative ``df``; both map a NumPy array to
     one of the same shape) as the activation ``name`` (lower case, letters, digits and ``_``),
-    and its gated FFN core ``{name}glu``.  ``kinks``: the points where f or its derivative is
+    its gated FFN core ``{name}glu``, and the norm kind ``name`` (f entry by entry in place of
+    each norm: :func:`pointwise_norm_entry`).  ``kinks``: the points where f or its derivative is
     not smooth (default 0, where ReLU-like functions bend; () for an analytic f).  Returns the
     registry entry."""
     from sigprop.mc import components as mc
@@ -220,7 +225,10 @@ def pointwise_norm_entry(name: str, title: str, rule: str, component: str, diges
     (no parameters); its Jacobian diag(f'(x)) removes no direction (no generic share); a gradient
     independent of the input keeps its share along the all-ones vector below it, and along the
     input's direction gets E[x^2 f'^2]/(E[x^2] E[f'^2]), which no term reads (shares_below (1, 1));
-    it does not divide by the token's scale (no per-token slope); it is no QK-norm."""
+    it does not divide by the token's scale (no per-token slope); it is no QK-norm.  Measured
+    (10^4 draws, d 128, tanh(0.5 x)): the share along 1 below it is 1.00 within 1.3% at input
+    variances 0.03, 1 and 4; along the input's direction 0.97, 0.54 and 0.23, as
+    E[x^2 f'^2]/(E[x^2] E[f'^2]) gives (0.97, 0.53, 0.23)."""
     return registry.Norm(
         name, title, short=title, tag=name, rule=rule, component=component, torch=None, qk_code=None,
         params=lambda d, eps, tok, g_generic: {}, generic_key=None, generic_share=None, shares_below=(1.0, 1.0),

@@ -211,7 +211,7 @@ def test_an_elementwise_function_is_also_a_norm_kind(scratch_registry):
     assert p.model.norm == "dyt" and isinstance(p.model, Model)
 
 
-def test_the_pointwise_norm_in_every_placement_is_f_entry_by_entry(scratch_registry):
+def test_a_norm_sublayer_of_dyt_is_f_entry_by_entry(scratch_registry):
     """A norm sublayer x' = N(x) of DyT, on a stream of variance v, is the rule's forward at v:
     the stream after it has variance E[tanh(0.5 x)^2] by quadrature (here checked against a
     plain 20,000-node trapezoid of the Gaussian integral, independent of the panels)."""
