@@ -273,3 +273,21 @@ def test_dyt_as_the_norm_passes_check(scratch_registry, capsys, arch):
                          "--layers", "6", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--seq-len", "16",
                          "--trials", "8", "--batch", "4")
     assert code == 0, out + err
+
+
+def test_the_dyt_norm_rule_against_its_monte_carlo_over_the_stream_range(scratch_registry):
+    """A few points of a grid over the stream variances a norm meets (input std 0.01 to 10,
+    d 128): the norm's rule against the simulation of its component (the full grids:
+    docs/extending.md)."""
+    from sigprop.mc import components as C
+    from sigprop.mc.sweep import run_sweep
+    from sigprop.rules import get
+
+    _dyt()
+    n = registry.norm("dyt")
+    grid = {"x_std": (0.01, 0.1, 1.0, 10.0), "x_corr": (0.0, 0.8, 0.95), "g_corr": (0.0, 0.9), "g_std": (1.0,),
+            "d": (128,)}
+    res = run_sweep(C.SWEEPS[n.component], get(n.rule), n=8, seed=5, grid=grid)
+    for row in res.rows:
+        for k, e in row["errors"].items():
+            assert e < 0.03, (row["point"], k, e)
