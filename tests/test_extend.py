@@ -264,15 +264,18 @@ def test_the_pointwise_norm_in_the_monte_carlo_is_f_and_its_backward_df(scratch_
     np.testing.assert_allclose(comp.backward(G, cache), G * 0.5 / np.cosh(0.5 * X) ** 2, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["preln", "postln"])
+@pytest.mark.parametrize("arch", [["--arch", "preln"], ["--arch", "postln"],
+                                  ["--arch", "preln", "--placement", "peri", "--final-norm"]])
 def test_dyt_as_the_norm_passes_check(scratch_registry, capsys, arch):
-    """DyT in place of LayerNorm, init xavier, 6 layers, d_model 128: every point of `check`
-    within its default tolerance (registered as the plugin file tests/data/dyt.py does)."""
+    """DyT in place of LayerNorm (before the branch, after the sum; on both sides of the branch and
+    after the last layer), init xavier, 6 layers, d_model 128: every point of `check` within its
+    default tolerance (registered as the plugin file tests/data/dyt.py does)."""
     _dyt()
-    code, out, err = cli(capsys, "check", "--norm", "dyt", "--arch", arch, "--init", "xavier",
+    code, out, err = cli(capsys, "check", "--norm", "dyt", *arch, "--init", "xavier",
                          "--layers", "6", "--d-model", "128", "--heads", "4", "--d-ff", "512", "--seq-len", "16",
                          "--trials", "8", "--batch", "4")
     assert code == 0, out + err
+    assert "DyT (pointwise)" in out
 
 
 def test_the_dyt_norm_rule_against_its_monte_carlo_over_the_stream_range(scratch_registry):
@@ -291,3 +294,15 @@ def test_the_dyt_norm_rule_against_its_monte_carlo_over_the_stream_range(scratch
     for row in res.rows:
         for k, e in row["errors"].items():
             assert e < 0.03, (row["point"], k, e)
+
+
+def test_the_dyt_plugin_file_names_a_norm_on_the_command_line():
+    """tests/data/dyt.py (the file docs/extending.md shows): --norm dyt predicts; as QK-norm
+    and in a causal model it is one line, exit 2, nothing on stdout."""
+    p = _run(["predict", "--plugin", DYT, "--norm", "dyt", *M, "--json"])
+    assert p.returncode == 0, p.stderr
+    assert '"norm": "dyt"' in p.stdout
+    for extra in (["--qk-norm"], ["--causal"]):
+        p = _run(["predict", "--plugin", DYT, "--norm", "dyt", *M, *extra])
+        assert p.returncode == 2, (extra, p.stderr)
+        assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "pointwise" in p.stderr, p.stderr
