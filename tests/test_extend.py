@@ -306,3 +306,15 @@ def test_the_dyt_plugin_file_names_a_norm_on_the_command_line():
         p = _run(["predict", "--plugin", DYT, "--norm", "dyt", *M, *extra])
         assert p.returncode == 2, (extra, p.stderr)
         assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1 and "pointwise" in p.stderr, p.stderr
+
+
+def test_a_pointwise_norm_on_an_attention_output_without_an_input_norm_is_noted(scratch_registry):
+    """The output placement, measured outside tolerance with DyT (docs/extending.md), carries an
+    approximation note; pre and peri, measured within it, do not."""
+    import sigprop
+
+    _dyt()
+    notes = {pl: sigprop.predict(norm="dyt", placement=pl, **SMALL).points.approximation_notes
+             for pl in ("pre", "peri", "output")}
+    assert notes["pre"] == () and notes["peri"] == ()
+    assert len(notes["output"]) == 1 and "measured 9% high" in notes["output"][0]
