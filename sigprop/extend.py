@@ -203,7 +203,8 @@ def elementwise(name: str, f, df, *, title: str | None = None, kinks=(0.0,)) -> 
     mc.register(comp, sweep)
     mc.register(mc.glu_component(glu, name))
     digest = _code_digest(f, df) + repr(kinks)
-    registry.register(pointwise_norm_entry(name, title, rule.name, comp.name, digest))
+    registry.register(pointwise_norm_entry(name, title, rule.name, comp.name, digest,
+                                           float(np.asarray(f(np.zeros(1)), dtype=float)[0])))
     return registry.register(registry.Activation(
         name, title, rule=rule.name, component=comp.name, torch=None, glu=glu, glu_title=f"{title}-GLU",
         digest=digest))
@@ -219,7 +220,8 @@ def _pointwise_branch_output_stats(t, width, d, x, x_kappa, in_norm):
     return 1.0, 1.0
 
 
-def pointwise_norm_entry(name: str, title: str, rule: str, component: str, digest: str = "") -> registry.Norm:
+def pointwise_norm_entry(name: str, title: str, rule: str, component: str, digest: str = "",
+                         f_zero: float = 0.0) -> registry.Norm:
     """The norm kind ``name`` of a pointwise function (``"norm": name``, ``--norm name``): f applied
     entry by entry in place of each norm, as DyT replaces LayerNorm.  Its rule is the activation's
     (no parameters); its Jacobian diag(f'(x)) removes no direction (no generic share); a gradient
@@ -232,7 +234,8 @@ def pointwise_norm_entry(name: str, title: str, rule: str, component: str, diges
     return registry.Norm(
         name, title, short=title, tag=name, rule=rule, component=component, torch=None, qk_code=None,
         params=lambda d, eps, tok, g_generic: {}, generic_key=None, generic_share=None, shares_below=(1.0, 1.0),
-        slope_key=None, branch_output_stats=_pointwise_branch_output_stats, digest=digest, pointwise=True)
+        slope_key=None, branch_output_stats=_pointwise_branch_output_stats, digest=digest, pointwise=True,
+        f_zero=f_zero)
 
 
 def load_plugins(paths) -> list[str]:

@@ -51,6 +51,8 @@ class Norm(NamedTuple):
     #: a pointwise function applied entry by entry (sigprop.extend.elementwise): not
     #: scale-invariant, no per-position normalisation
     pointwise: bool = False
+    #: a pointwise norm's f(0) (the value of an entry the dropout before it zeroes)
+    f_zero: float = 0.0
 
 
 class Activation(NamedTuple):

@@ -810,8 +810,14 @@ class Predictor:
             # signal (its output has a fixed norm); backward: with the per-token statistics
             # of the branch's hidden layer (_out_norm_stats)
             kappa, out_ratio = self._out_norm_stats(chain, h_in, unit.in_norm, tok)
-            on = on0 = self._norm(blocks.GAUSSIAN_TOKENS, h if h.var > 0 else None)
-            y = _fwd(on) if h.var > 0 else h
+            p_drop = chain[-1][1]["p"] if self.norm_kind.pointwise and chain[-1][0] == "dropout" else 0.0
+            if p_drop > 0 and h.var > 0 and bcov is None:
+                # a pointwise norm after the hidden dropout (_pointwise_after_dropout)
+                on, y = self._pointwise_after_dropout(h, p_drop)
+                on0 = on
+            else:
+                on = on0 = self._norm(blocks.GAUSSIAN_TOKENS, h if h.var > 0 else None)
+                y = _fwd(on) if h.var > 0 else h
             if kappa != 1.0:
                 on = self._norm((0.0, kappa), h)
             out_ops = (on,)
@@ -833,6 +839,26 @@ class Predictor:
         # the branch fields, in BranchRecord's order (_BRANCH_FIELDS)
         return ((ops, chain_table, chain_x, out_ops, out_prof, out_ratio, euler_var, att_rows, key_w, slot,
                  br.scale_only), h, bcov, logit_var)
+
+    def _pointwise_after_dropout(self, h: Forward, p: float) -> tuple[Op, Forward]:
+        """A pointwise norm f on y = m F/(1 - p), the hidden dropout's output (state ``h``; m a
+        0/1 mask per entry, independent over tokens, P(m = 1) = 1 - p): entry by entry y is 0 or
+        F' = F/(1 - p), a Gaussian of variance v' = h.var/(1 - p) and token correlation
+        c' = h.corr/(1 - p), not the Gaussian of y's own variance.  Forward: E f(y) = (1-p) mu + p f0,
+        E f(y)^2 = (1-p) E f(F')^2 + p f0^2, E f(y_t) f(y_s) = (1-p)^2 E f(F'_t) f(F'_s) +
+        2 p (1-p) f0 mu + p^2 f0^2 (mu = E f(F'), f0 = f(0)); backward: the op's input is F''s
+        state, so that the rule's gradient, E f'(F')^2 and E f'(F'_t) f'(F'_s), and then the
+        dropout's backward (1/(1-p) on the variance, the covariance kept) give
+        E[m^2 f'(F')^2]/(1-p)^2 and E[m_t m_s f'(F'_t) f'(F'_s)]/(1-p)^2.  (The op, y.)"""
+        x = Forward(h.mean, h.var / (1 - p), _clip_corr(h.corr / (1 - p)))
+        op = self._norm(blocks.GAUSSIAN_TOKENS, x)
+        e = _fwd(op)
+        f0, q = self.norm_kind.f_zero, 1 - p
+        mu, second, cross = float(e.mean), float(e.var) + float(e.mean) ** 2, float(e.var * e.corr) + float(e.mean) ** 2
+        mean = q * mu + p * f0
+        var = q * second + p * f0 * f0 - mean * mean
+        cov = q * q * cross + 2 * p * q * f0 * mu + p * p * f0 * f0 - mean * mean
+        return op, Forward(mean, var, _clip_corr(cov / var) if var > 0 else 0.0)
 
     def _out_norm_stats(self, chain: tuple, h: Forward, in_norm: bool, tok: tuple) -> tuple[float, float]:
         """A norm on the output of branch ``chain`` at input ``h`` (``tok``: the stream's
@@ -1425,17 +1451,20 @@ def predict(model, stop_at_saturation: bool = False, tables: TableCache | None =
 
 
 def _pointwise_norm_notes(model) -> tuple[str, ...]:
-    """The note for a pointwise norm (sigprop.extend) in a model with hidden dropout: the norm's
-    rule takes its input's entries as Gaussian, which the dropout's masks make a mixture of
-    Gaussians (right after it, on a branch output, zero or a Gaussian scaled by 1/(1 - p); in
-    the stream, the sum of such terms): measured with DyT (docs/extending.md)."""
+    """The note for a pointwise norm (sigprop.extend) of the stream (before a branch, after the
+    sum, a norm sublayer, the final norm) in a model with hidden dropout: its rule takes the
+    stream's entries as Gaussian, which the dropout's masks on the branch outputs added to it
+    make a mixture of Gaussians (measured with DyT, docs/extending.md; a norm right after the
+    dropout, on a branch output, takes the mixture: Predictor._pointwise_after_dropout)."""
     if not registry.norm(model.norm).pointwise or not model.dropout.hidden > 0:
         return ()
-    return (f"the pointwise norm {model.norm} takes its input's entries as Gaussian, which the hidden dropout "
-            "makes a mixture of Gaussians: measured with DyT (init xavier, d_model 128) against Monte Carlo at "
-            "hidden dropout 0.1, the forward variance up to 5.1% high at 12 Pre-LN layers (2.2% at dropout 0) "
-            "and, on the branch output (placement output, 6 layers), the gradient variance up to 6.8% and the "
-            "forward variance up to 6.3% high (2.8% and 1.5% at dropout 0); docs/extending.md",)
+    if not (model.final_norm or any(s.kind == "norm" or any(blocks.norm_flags(int(c))[0] or blocks.norm_flags(int(c))[2]
+                                                            for c in s.placement) for s in model.slots())):
+        return ()
+    return (f"the pointwise norm {model.norm} of the residual stream takes the stream's entries as Gaussian, "
+            "which the hidden dropout on the branch outputs makes a mixture of Gaussians: measured with DyT "
+            "(Pre-LN, 12 layers, init xavier, d_model 128) against Monte Carlo, the forward variance up to 5.1% "
+            "high at hidden dropout 0.1 and 2.2% at 0 (docs/extending.md)",)
 
 
 def _points(model, records, grads, top=None) -> list[StreamPoint]:
