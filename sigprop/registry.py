@@ -30,22 +30,29 @@ class Norm(NamedTuple):
     rule: str                      #: its moment rule
     component: str                 #: its Monte Carlo component
     torch: str                     #: its ``torch.nn`` class name
-    qk_code: int                   #: the attention rule's ``qk_norm`` code when used as QK-norm
+    qk_code: int | None            #: the attention rule's ``qk_norm`` code when used as QK-norm (None: not one)
     #: (d, eps, per-token statistics (centred share, kappa), gradient share) -> the rule's params
     params: Callable
     #: the rule's parameter for the upstream gradient's share along what its Jacobian removes
-    generic_key: str
+    #: (None: its Jacobian removes no direction, a pointwise norm's diag(f'(x)))
+    generic_key: str | None
     #: (share along 1, share along the stream's direction) -> that share
     generic_share: Callable
     #: the gradient's shares (along 1, along the stream's direction) below it, relative to isotropic
     shares_below: tuple
-    #: the rule's parameter for the per-token gradient slope (rules.layernorm.token_slope_below)
-    slope_key: str
+    #: the rule's parameter for the per-token gradient slope (rules.layernorm.token_slope_below;
+    #: None: the norm does not divide by the token's scale)
+    slope_key: str | None
     #: (hidden-layer token moments, width, d, input, its kappa, input norm) -> (kappa of a
     #: normalised branch output, factor on the branch's gradient variance)
     branch_output_stats: Callable
     #: a digest of its code where it is not sigprop's own (Activation.digest)
     digest: str = ""
+    #: a pointwise function applied entry by entry (sigprop.extend.elementwise): not
+    #: scale-invariant, no per-position normalisation
+    pointwise: bool = False
+    #: a pointwise norm's f(0) (the value of an entry the dropout before it zeroes)
+    f_zero: float = 0.0
 
 
 class Activation(NamedTuple):

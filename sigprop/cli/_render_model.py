@@ -48,7 +48,9 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     items = [("model", (f"{m.arch}, " if arch else "") + f"{m.n_layers} layers, d_model {m.d_model}, "
                        f"d_ff {m.d_ff}, {ffn}"),
              ("attention", ", ".join(att))]
-    norm = [f"{registry.norm(m.norm).title} eps {m.norm_eps:g}"]
+    nk = registry.norm(m.norm)
+    # (a pointwise norm, sigprop.extend, has no eps)
+    norm = [f"{nk.title} (pointwise)" if nk.pointwise else f"{nk.title} eps {m.norm_eps:g}"]
     if arch:
         norm.append("placement " + " and ".join(sorted(set().union(*(s.placements() for s in subs)))))
     norm.append(f"{m.block} blocks")

@@ -40,7 +40,7 @@ from sigprop.mc.backend import Backend, Rng, as_rng, backend_of, get_backend, np
 from sigprop.mc.components import get as component
 from sigprop.mc.sampling import correlated, keep_mask
 from sigprop.mc.stats import Moments, pool, raw_moments
-from sigprop.model.spec import PLACEMENTS, require
+from sigprop.model.spec import PLACEMENTS, pointwise_norm, require
 from sigprop.rope import RopeFreqs
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) simulated here
@@ -58,7 +58,7 @@ _PRE, _POST, _PERI, _OUTPUT = (PLACEMENTS.index(p) for p in ("pre", "post", "per
 def check_supported(model, backend: Backend | None = None) -> None:
     """Refuse (DomainError) a model with a feature this simulation does not implement, or one
     whose components have no array-API simulation when ``backend`` is not NumPy."""
-    require(model, SUPPORTED_FEATURES, "the Monte Carlo")
+    require(model, SUPPORTED_FEATURES | pointwise_norm(model), "the Monte Carlo")
     bk = backend or numpy_backend()
     if bk.is_numpy:
         return

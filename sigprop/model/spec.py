@@ -489,6 +489,9 @@ class Model(_Frozen):
         if self.qk_norm is not None and self.qk_norm not in registry.norms():
             raise DomainError(f"qk_norm must be null or one of {', '.join(map(repr, registry.norms()))}, "
                               f"got {self.qk_norm!r}")
+        if self.qk_norm is not None and registry.norm(self.qk_norm).pointwise:
+            raise DomainError(f"qk_norm {self.qk_norm!r} is a pointwise function, not a norm of the queries and keys: "
+                              f"a QK-norm is one of {', '.join(n for n in registry.norms() if not registry.norm(n).pointwise)}")
         if not isinstance(self.final_norm, (bool, np.bool_)):
             raise DomainError(f"final_norm must be true or false, got {self.final_norm!r}")
         self._set("final_norm", bool(self.final_norm))
@@ -1016,6 +1019,13 @@ def require_ordinary_layers(model: Model, who: str) -> None:
     if model.sublayers is not None:
         kinds = ", ".join(s.kind for s in model.sublayers)
         raise DomainError(f"{who} does not implement layers given as lists of sublayers ([{kinds}]) (yet)")
+
+
+def pointwise_norm(model: Model) -> frozenset:
+    """The feature "norm NAME" of a model whose norm is a pointwise function
+    (sigprop.extend.elementwise), as a set to add to a consumer's supported features; empty
+    otherwise."""
+    return frozenset({f"norm {model.norm}"}) if registry.norm(model.norm).pointwise else frozenset()
 
 
 def require(model: Model, supported, who: str) -> None:
