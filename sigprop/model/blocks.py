@@ -137,6 +137,8 @@ def branch_chain(model, kind: str, l: int) -> list:
             params["qk_eps"] = m.norm_eps
         if m.rope is not None:
             params["rope"] = m.rope
+        if m.attn_softcap is not None:
+            params["softcap"] = m.attn_softcap
         return [("attention", params)]
     return ffn_chain(m, {n: float(s.std[n][l]) for n in s.names}, {n: float(s.bias_std[n][l]) for n in s.names})
 

@@ -97,8 +97,9 @@ def _const(col: np.ndarray) -> float | None:
 
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation
-#: implements: the block layouts, norms and FFN kinds of the predictor, which it runs
-SUPPORTED = _PREDICT_SUPPORTED
+#: implements: the block layouts, norms and FFN kinds of the predictor, which it runs (not the
+#: attention logits' soft cap: the rule's capped statistics are numeric only)
+SUPPORTED = _PREDICT_SUPPORTED - {"attn_softcap"}
 
 
 def require_supported(model) -> None:
