@@ -408,7 +408,7 @@ def _with(name: str, **changes) -> dict:
 
 
 REFUSED = [
-    (load("gemma2-2b.json"), (), "attn_logit_softcapping"),
+    (_with("gemma2-2b.json", attn_logit_softcapping=0.0), (), "attn_logit_softcapping"),
     (load("gemma3-1b.json"), (), "sliding_window"),
     (load("gemma3-1b.json"), ("--seq-len", "512"), "rope_local_base_freq"),
     (_with("gemma2-2b-uncapped.json", query_pre_attn_scalar=144), (), "query_pre_attn_scalar"),

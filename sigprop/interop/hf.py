@@ -583,7 +583,14 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     if fam.name in ("gemma", "gemma2", "gemma3_text") and r.bool("use_bidirectional_attention"):
         causal = False
         notes.append("use_bidirectional_attention true: bidirectional attention")
-    _attention_checks(fam, r, d_head)
+    softcap = _attention_checks(fam, r, d_head)
+    if softcap is not None:
+        notes.append(f"attn_logit_softcapping {softcap:g}: every attention logit s (after the 1/sqrt(head_dim) "
+                     f"scaling) becomes {softcap:g} tanh(s / {softcap:g}) before the mask and the softmax "
+                     "(attn_softcap)")
+    if fam.name in ("gemma2", "gemma3_text") and r.float("final_logit_softcapping", allow_none=True) is not None:
+        notes.append("final_logit_softcapping caps the output head's logits, outside the stack: "
+                     "it does not change the stream or the gradient given at the top")
     layer_types = _layer_types(fam, r, n_layers, seq_len, notes)
     rope_base = _rope(fam, r, d_head, seq_len, max_pos, layer_types, notes) if fam.rope else None
     if fam.name in ("bert", "roberta"):
@@ -705,6 +712,8 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     if rope_base is not None and not isinstance(rope_base, float):
         model = model.replace(rope=rope_base)
     model = _family_model(fam, r, model, notes)
+    if softcap is not None:
+        model = model.replace(attn_softcap=softcap)
     hfm_fields = dict(family=fam.name, config=config, seq_len=seq_len, seq_len_source=source, notes=notes,
                       init_std=init_std, embedding=emb, overrides={k: v for k, v in options.items() if v is not None})
     hf_json = {"family": fam.name, "seq_len_source": source, "notes": list(notes)}
@@ -731,8 +740,10 @@ def _refuse_common(r: _Reader) -> None:
             r.fail(f"{key} true: cross-attention (encoder-decoder) is not modelled")
 
 
-def _attention_checks(fam: Family, r: _Reader, d_head: int) -> None:
-    """The logit scale and soft-capping: sigprop's logits are q.k / sqrt(d_head), uncapped."""
+def _attention_checks(fam: Family, r: _Reader, d_head: int) -> float | None:
+    """The logit scale (sigprop's logits are q.k / sqrt(d_head)) and the soft cap: Gemma 2's
+    attn_logit_softcapping (None: uncapped), which transformers applies after the scaling and
+    before the mask (eager_attention_forward)."""
     if fam.name == "gpt2":
         if not r.bool("scale_attn_weights", True):
             r.fail("scale_attn_weights false: logits without the 1/sqrt(head_dim) scale are not modelled")
@@ -744,9 +755,10 @@ def _attention_checks(fam: Family, r: _Reader, d_head: int) -> None:
             r.fail(f"query_pre_attn_scalar {q:g} differs from head_dim {d_head}: logits scaled by "
                    "query_pre_attn_scalar^-1/2 instead of head_dim^-1/2 are not modelled")
         cap = r.float("attn_logit_softcapping", allow_none=True)
-        if cap is not None:
-            r.fail(f"attn_logit_softcapping {cap:g}: soft-capped attention logits (cap tanh(x / cap)) are not "
-                   "modelled; set it to null to predict the uncapped model")
+        if cap is not None and not cap > 0:
+            r.fail(f"attn_logit_softcapping must be null or > 0, got {cap:g}")
+        return cap
+    return None
 
 
 def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> list:

@@ -47,8 +47,8 @@ from sigprop.rope import RopeFreqs
 BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
                             "block parallel", "ffn_kind glu", "final_norm", "sublayers"})
 #: attention features, passed to the attention component as its parameters kv_heads, rope,
-#: qk_norm and qk_eps (:func:`_attention_params`); simulated where that component has them
-ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm"})
+#: qk_norm and qk_eps, softcap (:func:`_attention_params`); simulated where that component has them
+ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm", "attn_softcap"})
 #: what a model may use: the others are refused (DomainError), never ignored
 SUPPORTED_FEATURES = BLOCK_FEATURES | ATTENTION_FEATURES
 
@@ -134,6 +134,8 @@ def _attention_params(m, l, s=None):
     if m.qk_norm is not None:
         p["qk_norm"] = registry.norm(m.qk_norm).qk_code
         p["qk_eps"] = m.norm_eps
+    if m.attn_softcap is not None:
+        p["softcap"] = m.attn_softcap
     return p
 
 
@@ -465,13 +467,15 @@ def trial_memory(model, batch: int, dtype=np.float32) -> float:
     B, L, d, H, kv, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.n_kv_heads, m.d_head, m.d_ff
     T, hd = float(B) * L, float(H) * dh
     qkv = (H + 2.0 * kv) * dh
-    modern = kv != H or m.rope is not None or m.qk_norm is not None
+    modern = kv != H or m.rope is not None or m.qk_norm is not None or m.attn_softcap is not None
     if modern:                                   # (keys and values expanded to every head, normed copies)
         qkv += 2.0 * H * dh + (2.0 * hd if m.qk_norm is not None else 0.0)
     LL = float(B) * H * L * L
     p_att, p_hid, p_ffn = m.dropout.attention > 0, m.dropout.hidden > 0, m.dropout.ffn_inner > 0
     weights = 2.0 * d * qkv + 2.0 * hd * d           # (the scaled copies)
     att_ll = (1.0 + (1.0 + 1.0 / item) * p_att) * LL  # P, and with dropout A and the 0/1 mask
+    if m.attn_softcap is not None:                   # the soft cap's slopes, kept for the backward
+        att_ll += LL
     keeps = 3.0 * LL * item <= RECOMPUTE_BYTES
     att = weights + T * (qkv + hd) + (att_ll if keeps else 0.0)
     glu = m.ffn_kind == "glu"

@@ -62,7 +62,7 @@ _LOG_VAR_LIMIT = 600.0
 
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap"})
 
 
 # (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:

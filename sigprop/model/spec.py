@@ -62,7 +62,7 @@ FFN_KINDS = ("mlp", "glu")
 DEFAULT_NORM_EPS = 1e-5
 OPTIONAL_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "norm_eps": DEFAULT_NORM_EPS, "block": "sequential", "ffn_kind": "mlp", "n_kv_heads": None,
-    "rope": None, "qk_norm": None, "final_norm": False})
+    "rope": None, "qk_norm": None, "final_norm": False, "attn_softcap": None})
 
 
 def weight_names(kind: str, ffn_kind: str = "mlp") -> tuple[str, ...]:
@@ -386,14 +386,15 @@ class Model(_Frozen):
                  grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None, *,
                  norm_eps: float = DEFAULT_NORM_EPS, block: str = "sequential", ffn_kind: str = "mlp",
                  n_kv_heads: int | None = None, rope: float | RopeFreqs | None = None, qk_norm: str | None = None,
-                 final_norm: bool = False, sublayers: tuple | None = None):
+                 final_norm: bool = False, attn_softcap: float | None = None, sublayers: tuple | None = None):
         # ``notes``: extra information (not part of the model object, not written by
         # to_json, not compared).  The keyword-only fields are the modern blocks' (docs/formats.md):
-        # ``rope`` is the rotary base or a sigprop.rope.RopeFreqs (None: no rotation); ``n_kv_heads`` None means n_heads.
+        # ``rope`` is the rotary base or a sigprop.rope.RopeFreqs (None: no rotation); ``n_kv_heads`` None means n_heads;
+        # ``attn_softcap`` the attention logits' soft cap c (s -> c tanh(s / c); None: none).
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
                                              {} if notes is None else notes, norm_eps, block, ffn_kind,
-                                             n_kv_heads, rope, qk_norm, final_norm, sublayers), strict=True):
+                                             n_kv_heads, rope, qk_norm, final_norm, attn_softcap, sublayers), strict=True):
             self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")
@@ -495,6 +496,11 @@ class Model(_Frozen):
         if not isinstance(self.final_norm, (bool, np.bool_)):
             raise DomainError(f"final_norm must be true or false, got {self.final_norm!r}")
         self._set("final_norm", bool(self.final_norm))
+        if self.attn_softcap is not None:
+            c = self.attn_softcap
+            if not _is_number(c) or not (math.isfinite(float(c)) and float(c) > 0):
+                raise DomainError(f"attn_softcap must be null or a finite number > 0, got {c!r}")
+            self._set("attn_softcap", float(c))
         if self.block == "parallel":
             slots = self.slots()
             if any(s.kind == "norm" for s in slots):
@@ -538,6 +544,8 @@ class Model(_Frozen):
                 out.append(name)
         if self.final_norm:
             out.append("final_norm")
+        if self.attn_softcap is not None:
+            out.append("attn_softcap")
         return out
 
     def replace(self, **changes) -> "Model":
@@ -861,6 +869,10 @@ def _parse_modern(obj: dict, where: str) -> dict:
                 raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
     if obj.get("qk_norm") is not None:
         out["qk_norm"] = _choice(obj, "qk_norm", registry.norms(), where)
+    if obj.get("attn_softcap") is not None:
+        out["attn_softcap"] = _num(obj, "attn_softcap", where)
+        if not out["attn_softcap"] > 0:
+            raise DomainError(f"{where}.attn_softcap must be > 0, got {_fmt(out['attn_softcap'])}")
     if "final_norm" in obj:
         if not isinstance(obj["final_norm"], bool):
             raise DomainError(f"{where}.final_norm must be true or false, got {obj['final_norm']!r}")

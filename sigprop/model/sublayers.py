@@ -77,6 +77,8 @@ def attention_chain(model, cols, l: int) -> list:
         params["qk_eps"] = m.norm_eps
     if m.rope is not None:
         params["rope"] = m.rope
+    if m.attn_softcap is not None:
+        params["softcap"] = m.attn_softcap
     return [("attention", params)]
 
 

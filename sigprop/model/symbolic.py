@@ -99,7 +99,8 @@ def _const(col: np.ndarray) -> float | None:
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) the derivation
 #: implements: the block layouts, norms and FFN kinds of the predictor, which it runs, but for
 #: layers given as other lists of sublayers (its per-sublayer maps are those of attention then FFN)
-SUPPORTED = _PREDICT_SUPPORTED - {"sublayers"}
+#: and the attention logits' soft cap (the rule's capped statistics are numeric only)
+SUPPORTED = _PREDICT_SUPPORTED - {"sublayers", "attn_softcap"}
 
 
 def require_supported(model) -> None:

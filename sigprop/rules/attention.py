@@ -119,6 +119,22 @@ key kc (a generic query-path term with weight (1 - kbar) T2), and the key and qu
 of two tokens are rotated against each other (their covariances times kbar(L)); the key
 path's cross-row weight (the cosine of the two rows' rotated queries) is regressed on the
 pair correlation.  Causal rows: the same at each row length n.
+
+Soft-capped logits (``softcap`` c > 0, Gemma 2's attn_logit_softcapping)
+--------------------------------------------------------------------------
+Every logit s becomes f(s) = c tanh(s / c) before the mask and the softmax.  The row's shared
+logit part o (a_i . c, variance vsh) no longer cancels: given the row's variance v it is taken
+as N(0, (vsh / vbar) v), and a row's keys see f(o + z_j), z_j iid N(0, v).  The identity of
+:mod:`sigprop.rules.softmax_moments` holds for any iid key law, so every one-row statistic is an
+exact integral with the factors E[z^b f'(o + z)^k G_a(u + f(o + z))] (_ROW_CAP; the backward's
+logit gradients carry f' = 1 - tanh^2), averaged over o.  The forward's z statistics (Bz, Cz, m1)
+are in the pre-cap logit, which is what the value vector's component along a_i follows.  Two
+changes to the backward: a row's gradient sum sum_j dS_ij = sum_l delta_l P_l (f'_l - sum_j P_j f'_j)
+no longer vanishes, so the query path meets the keys' shared part (weight Sc, as the rotary
+key-shared term) and the key gradients' column sum is no longer 0 (its row-diagonal part v Sc);
+the two-row statistics are taken at the Gaussian row with the capped row's E sum P^2
+(``_Ctx._cap_pair``).  Checked against direct sampling of capped rows and against the component
+(tests/test_softcap.py; attention grid ``softcap``).
 """
 
 from __future__ import annotations
@@ -463,6 +479,17 @@ def _branch(m, flag, f0, f1, defaults=None):
     return type(a)(*out) if hasattr(a, "_fields") else out      # keep Forward / Backward
 
 
+def _cap_flag(m, p):
+    """The softcap flag for ``_branch``; the symbolic namespace refuses a cap (its statistics
+    are numeric only) before building anything."""
+    cap = getattr(p, "softcap", 0.0)
+    if getattr(m, "SYMBOLIC", False):
+        if not (isinstance(cap, (int, float)) and cap == 0):
+            raise DomainError("attention: soft-capped logits (softcap) have no symbolic form")
+        return 0
+    return _flag(m, cap)
+
+
 def _num(m, guard, x):
     """A purely numerical guard (a floor against 0/0, a clip against rounding): applied by
     the numeric backend, the identity in the symbolic one (where it would only add Max/Min
@@ -490,9 +517,17 @@ class _Ctx:
     """Derived quantities shared by forward and backward (works for any namespace).
     ``rope``: build the rotary-position quantities (the caller branches on the rope flag)."""
 
-    def __init__(self, m, x, p, rope=False, check=True):
+    def __init__(self, m, x, p, rope=False, check=True, cap=False):
         self.m = m
         self.rope = rope
+        # soft-capped logits (numeric only; the caller branches on the softcap flag): the cap,
+        # 0 entries (other configurations of a mixed array, discarded) replaced by a harmless one
+        self.capped = cap
+        if cap:
+            if getattr(m, "SYMBOLIC", False):
+                raise DomainError("attention: soft-capped logits (softcap) have no symbolic form")
+            sc = np.asarray(p.softcap, dtype=float)
+            self.cap = np.where(sc > 0, sc, 1e6)
         self.norm = _flag(m, getattr(p, "qk_norm", 0))
         self.S2 = x.var + x.mean**2                    # uncentred second moment
         self.c2 = x.corr * x.var + x.mean**2           # shared (token-constant) part
@@ -548,6 +583,9 @@ class _Ctx:
                         f"attention: row logit variance {worst:.4g} (rotary positions: the key-shared "
                         f"part that varies over positions included) is beyond the {ROW_LOGIT_VAR_MAX:g} "
                         "this rule evaluates: smaller Q/K weight stds or input variance")
+        if cap:
+            # the row offset's variance over the token-varying logit variance (see _ROW_CAP)
+            self.ro = self.vsh / _floor(m, self.s_mean)
 
     def _normed(self, m, p):
         """QK-norm: per head q -> q / sqrt(mean(q^2) + eps) (LayerNorm: centred first, in
@@ -693,6 +731,8 @@ class _Ctx:
         def r4(nm, v, n, k4):       # with the first-order (Edgeworth) fourth-cumulant term
             return rv(nm, v, n) + k4 * v**2 / 24 * _row_value(m, nm, v, n, k4=True)
 
+        if self.capped:
+            return self._cap_stat(name)
         if not self.rope:
             if not self.has_k4():
                 rq = rv
@@ -719,6 +759,44 @@ class _Ctx:
         }
         return rope.get(name, lambda v, n, b, kb, k4: r4(name, v, n, k4))
 
+    def _cap_stat(self, name):
+        """``stat`` with soft-capped logits: the capped one-row statistics (_ROW_CAP, exact
+        integrals over the row offset and the token-varying logit, the QK-norm and rotary fourth
+        cumulants as Edgeworth weights), and with rotary positions the same transformations of
+        the token-varying part as the uncapped ``stat``.  Further names: Sckc (the square of
+        the row's gradient sum, which meets the key-shared part of the keys: the shared part of
+        a rotary row, kbar, of it) and vSc = v Sc (its key-path share)."""
+        cap, names = self.cap, tuple(_ROW_CAP)
+
+        if not self.rope:
+            def cv(nm, v, n):
+                return _cap_row_stats(v, self.ro, n, cap, self.k4n, names)[nm]
+            plain = {"m1sq": lambda v, n: cv("m1", v, n) ** 2 / _floor(self.m, v),
+                     "vT2": lambda v, n: v * cv("T2", v, n),
+                     "vT2e2": lambda v, n: v * cv("T2e2", v, n),
+                     "Sckc": lambda v, n: cv("Sc", v, n),
+                     "vSc": lambda v, n: v * cv("Sc", v, n)}
+            return plain.get(name, lambda v, n: cv(name, v, n))
+
+        def rc(nm, v, n, b, kb, k4):     # the offset: the key-shared part constant over the row
+            return _cap_row_stats(v, self.vsh * kb * b / _floor(self.m, self.s_mean), n, cap, k4, names)[nm]
+
+        rope = {
+            "Bz": lambda v, n, b, kb, k4: (b * (kb * rc("Bz", v, n, b, kb, k4) + (1 - kb) * rc("Cz", v, n, b, kb, k4))
+                                           + (1 - b) * rc("A2", v, n, b, kb, k4)),
+            "Cz": lambda v, n, b, kb, k4: b * rc("Cz", v, n, b, kb, k4) + (1 - b) * rc("A2", v, n, b, kb, k4),
+            "m1sq": lambda v, n, b, kb, k4: self.kbL * b * rc("m1", v, n, b, kb, k4) ** 2 / _floor(self.m, v),
+            "Ra": lambda v, n, b, kb, k4: rc("Ra", v, n, b, kb, k4) / _floor(self.m, b),
+            "vT2": lambda v, n, b, kb, k4: b * v * rc("T2", v, n, b, kb, k4),
+            "vT2e2": lambda v, n, b, kb, k4: v * rc("T2e2", v, n, b, kb, k4),
+            "trA2": lambda v, n, b, kb, k4: kb * rc("trA2", v, n, b, kb, k4) + (1 - kb) * rc("Ajj2", v, n, b, kb, k4),
+            "T2kc": lambda v, n, b, kb, k4: (1 - kb) * rc("T2", v, n, b, kb, k4),
+            "m1": lambda v, n, b, kb, k4: b * rc("m1", v, n, b, kb, k4),
+            "Sckc": lambda v, n, b, kb, k4: kb * rc("Sc", v, n, b, kb, k4),
+            "vSc": lambda v, n, b, kb, k4: b * v * rc("Sc", v, n, b, kb, k4),
+        }
+        return rope.get(name, lambda v, n, b, kb, k4: rc(name, v, n, b, kb, k4))
+
     def has_k4(self) -> bool:
         """Whether some configuration carries QK-norm's fourth cumulant (``k4n`` not
         identically 0; the symbolic namespace: not the literal 0 of a model without QK-norm)."""
@@ -742,12 +820,15 @@ class _Ctx:
         key-path weight r_a kq on rho (r_a kbar at the mean of rho, slope cov(r_a kq, rho)/var(rho))."""
         if not self.rope:
             ve = self.s_mean
+            if self.capped:
+                return self._cap_pair(ve, self.ro, self.k4n, self.relvar, self.ra, self.rho_var)
             if newton and self.has_k4():        # QK-norm: the Gaussian row with its E sum P^2
                 ve = self.pair_variance(ve, self.k4n)
             return ve, self.relvar, self.ra, self.rho_var
         m = self.m
         ve, beta, kb, relvar, k4 = self.shifted(self.L)
-        if newton:
+        ve_pre = ve
+        if newton and not self.capped:
             ve = self.pair_variance(ve, k4)
         kf, ef2, eqf = self.fieldL
         kk = self.dh / 2
@@ -761,7 +842,41 @@ class _Ctx:
         var = _num(m, lambda t: np.maximum(t, 0.0), var)
         cov_w = beta * (plain + ra2 * var_q) + g * ra2 * cov_qf
         self.pair_dir = (self.ra * kb, cov_w / _floor(m, var), mean)
+        if self.capped:
+            return self._cap_pair(ve_pre, self.vsh * kb / _floor(m, ve_pre), k4, relvar, mean, var)
         return ve, relvar, mean, var
+
+    def _cap_pair(self, ve, ro, k4, relvar, mean, var):
+        """The two-row law with soft-capped logits: the Gaussian row variance vg with the capped
+        row's E sum_j P_j^2 at L keys (three Newton steps in log v from ve), the pair correlation
+        times bc = v (E f')^2 / Var f (the capped logits' correlation to first order in rho, a
+        Hermite coefficient's share); sets ``cap_pair`` = (rT2, ve / vg, bc), rT2 the capped
+        row's T2 over the Gaussian row's at vg (the f'^2 on the key-path pair terms)."""
+        m, L = self.m, self.L
+        names = tuple(_ROW_CAP)
+        st = _cap_row_stats(ve, ro, L, self.cap, k4, names)
+        target = st["A2"]
+        vg = np.asarray(ve, dtype=float) + 0 * target
+        for _ in range(3):
+            a0 = _row_value(m, "A2", vg, L + 0 * vg)
+            ap = _row_value(m, "A2", vg * 1.05, L + 0 * vg)
+            am = _row_value(m, "A2", vg / 1.05, L + 0 * vg)
+            slope = (ap - am) / (2 * math.log(1.05))
+            step = np.clip((target - a0) / np.where(np.abs(slope) > 1e-300, slope, 1e-300), -3.0, 3.0)
+            vg = np.clip(vg * np.exp(step), 1e-8 * np.maximum(ve, 1e-30), np.maximum(ve, 1e-30))
+        t2g = _row_value(m, "T2", vg, L + 0 * vg)
+        rT2 = st["T2"] / np.where(t2g > 0, t2g, 1.0)
+        shape = np.shape(vg)
+        flat = [np.broadcast_to(np.asarray(a, dtype=float), shape).ravel() for a in (ve, ro, self.cap, k4)]
+        bc = np.array([(lambda ef, vy: vv * ef * ef / max(vy, 1e-300))(*cap_law_moments(vv, rr, cc, kk))
+                       for vv, rr, cc, kk in zip(*flat)])
+        bc = np.minimum(bc, 1.0).reshape(shape)
+        # two rows' slopes at one key are correlated, not equal: E f'_i f'_k / E f'^2 over their
+        # total logits (offset and token part, variance (1 + ro) v, correlation the pair's rho)
+        rho = np.broadcast_to(np.asarray(mean, dtype=float), shape).ravel()
+        fpair = np.array([cap_pair_slope(vv, rr, cc, qq) for vv, rr, cc, qq in zip(flat[0], flat[1], flat[2], rho)])
+        self.cap_pair = (rT2 * fpair.reshape(shape), np.asarray(ve, dtype=float) / vg, bc)
+        return vg, relvar, mean * bc, var * bc**2
 
     def pair_variance(self, ve, k4):
         """The Gaussian logit variance at which a row of L keys has the E sum P^2 of the
@@ -954,6 +1069,210 @@ def _row_stats(m, v, n, names, k4=False):
     return {name: val / vv if _ROW[name][1] else val for name, val in out.items()}
 
 
+# -- soft-capped logits ----------------------------------------------------------------------
+#
+# ``softcap`` c > 0 (Gemma 2's attn_logit_softcapping): every logit s (after the 1/sqrt(dh)
+# scaling) becomes c tanh(s / c) before the mask and the softmax.  The part of s shared by a
+# row's keys (the offset o = a_i . c, which cancels in an uncapped softmax) no longer cancels:
+# a row's keys see y_j = f(o + z_j), f(s) = c tanh(s / c), z_j iid N(0, v) the token-varying
+# logits and o ~ N(0, ro v) over the rows (given the row's a_i, o = a_i . c has variance
+# |a_i|^2 c2 while v = |a_i|^2 tau: ro = vsh / v, the key-shared to token-varying ratio).  The
+# identity of sigprop.rules.softmax_moments holds for any iid law of a row's logits, so the
+# one-row statistics stay exact integrals: the smoothed factors become
+# chi_{a,b,k}(u) = E[z^b f'(o + z)^k G_a(u + f(o + z))] (f' = 1 - tanh^2 the cap's slope, which
+# multiplies every logit gradient), by quadrature over z (Gauss-Hermite for narrow laws, else
+# the trapezoid rule) and then over o (Gauss-Hermite); a fourth cumulant of z (QK-norm, rotary
+# positions) enters as the Edgeworth factor 1 + k4/24 He_4 on the z nodes.
+
+#: Gauss-Hermite nodes over the row offset o; the z law's nodes: Gauss-Hermite below a standard
+#: deviation _CAP_SD_GH (_CAP_NGH nodes), else the trapezoid rule at step _CAP_H
+_CAP_NO, _CAP_SD_GH, _CAP_NGH, _CAP_H = 16, 0.45, 24, 0.3
+#: offsets wider than _CAP_SO_GH caps: the trapezoid rule in o at step _CAP_HO caps
+_CAP_SO_GH, _CAP_HO = 0.5, 0.4
+
+#: the capped one-row statistics: monomials of (a, b, k) = P_j^a z_j^b f'_j^k over distinct
+#: keys, (name: ([(c, monomial), ...], divide by v)).  The forward ones are those of _ROW
+#: (k = 0, z the pre-cap logit); every logit gradient carries f' of its key:
+#: T2 = E sum_j f'_j^2 sum_l A_jl^2, Ajj2 = E sum_j f'_j^2 A_jj^2, trA2 = E (sum_j f'_j A_jj)^2,
+#: Ra = E sum_l P_l^2 (w_l - sum_j P_j w_j)^2 / v with w = f' z, T2e2 = E sum_j f'^2 z^2 sum_l A_jl^2 / v,
+#: and Sc = E sum_l P_l^2 (f'_l - sum_j P_j f'_j)^2, the square of a row's gradient sum
+#: (sum_j dS_ij, 0 without a cap) per unit upstream variance.
+_ROW_CAP = {
+    "A2": ([(1, ((2, 0, 0),))], False),
+    "m1": ([(1, ((1, 1, 0),))], False),
+    "Bz": ([(1, ((2, 2, 0),)), (1, ((1, 1, 0), (1, 1, 0)))], True),
+    "Cz": ([(1, ((2, 2, 0),))], True),
+    "T2": ([(1, ((2, 0, 2),)), (-2, ((3, 0, 2),)), (1, ((4, 0, 2),)), (1, ((2, 0, 2), (2, 0, 0)))], False),
+    "trA2": ([(1, ((2, 0, 2),)), (-2, ((3, 0, 2),)), (1, ((4, 0, 2),)), (1, ((1, 0, 1), (1, 0, 1))),
+              (-2, ((2, 0, 1), (1, 0, 1))), (1, ((2, 0, 1), (2, 0, 1)))], False),
+    "Ajj2": ([(1, ((2, 0, 2),)), (-2, ((3, 0, 2),)), (1, ((4, 0, 2),))], False),
+    "Ra": ([(1, ((2, 2, 2),)), (-2, ((3, 2, 2),)), (-2, ((2, 1, 1), (1, 1, 1))), (1, ((4, 2, 2),)),
+            (1, ((2, 2, 2), (2, 0, 0))), (2, ((3, 1, 1), (1, 1, 1))), (1, ((1, 1, 1), (1, 1, 1), (2, 0, 0)))], True),
+    "T2e2": ([(1, ((2, 2, 2),)), (-2, ((3, 2, 2),)), (1, ((4, 2, 2),)), (1, ((2, 2, 2), (2, 0, 0)))], True),
+    "Sc": ([(1, ((2, 0, 2),)), (-2, ((3, 0, 2),)), (-2, ((2, 0, 1), (1, 0, 1))), (1, ((4, 0, 2),)),
+            (1, ((2, 0, 2), (2, 0, 0))), (2, ((3, 0, 1), (1, 0, 1))), (1, ((1, 0, 1), (1, 0, 1), (2, 0, 0)))], False),
+}
+
+
+def softcap(s, cap):
+    """The soft cap cap * tanh(s / cap) (Gemma 2's attention logits); ``cap`` 0: s itself."""
+    s = np.asarray(s, dtype=float)
+    return s if not cap else cap * np.tanh(s / cap)
+
+
+def _cap_nodes(v, ro, k4, cap):
+    """(o nodes, o weights, z nodes, z weights) of one logit law: o ~ N(0, ro v), z ~ N(0, v)
+    with relative fourth cumulant k4 (Edgeworth weights, floored at 0)."""
+    sd = math.sqrt(max(v, 0.0))
+    so = math.sqrt(max(ro * v, 0.0))
+    if so <= 0:
+        o, wo = np.zeros(1), np.ones(1)
+    elif so <= _CAP_SO_GH * cap:
+        xo, wo = np.polynomial.hermite_e.hermegauss(_CAP_NO)
+        o, wo = xo * so, wo / math.sqrt(2 * math.pi)
+    else:       # wide offsets: the statistics vary with o on the cap's scale (trapezoid)
+        h = _CAP_HO * cap / so
+        xo = np.arange(-math.ceil(8.5 / h), math.ceil(8.5 / h) + 1) * h
+        o, wo = xo * so, h * np.exp(-0.5 * xo * xo) / math.sqrt(2 * math.pi)
+    if sd < _CAP_SD_GH:
+        x, wz = np.polynomial.hermite_e.hermegauss(_CAP_NGH)
+        wz = wz / math.sqrt(2 * math.pi)
+    else:
+        h = _CAP_H / sd
+        x = np.arange(-math.ceil(8.5 / h), math.ceil(8.5 / h) + 1) * h
+        wz = h * np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    if k4:
+        wz = wz * np.maximum(1 + k4 / 24 * (x**4 - 6 * x**2 + 3), 0.0)
+    return o, wo, sd * x, wz
+
+
+def _cap_plan(names):
+    """The fixed structure of the capped integrals of ``names``: the smoothed factors' keys
+    (a, b, k), each term's factor indices (padded with the constant factor 1, index len(keys)),
+    and per number of distinct keys kk the coefficient matrix (terms, names) of
+    c / (sum a - 1)! (memoised)."""
+    return _CAP_PLANS.get(tuple(names), lambda: _cap_plan_build(names))
+
+
+def _cap_plan_build(names):
+    terms = [(i, c, t) for i, name in enumerate(names) for c, t in _ROW_CAP[name][0]]
+    keys = sorted({ab for _, _, t in terms for ab in t} | {(0, 0, 0)})
+    pos = {k: i for i, k in enumerate(keys)}
+    width = max(len(t) for _, _, t in terms)
+    idx = np.full((len(terms), width), len(keys))
+    coef = {}
+    for j, (i, c, t) in enumerate(terms):
+        idx[j, :len(t)] = [pos[ab] for ab in t]
+        m = coef.setdefault(len(t), np.zeros((len(terms), len(names))))
+        m[j, i] += c / math.factorial(sum(a for a, _, _ in t) - 1)
+    by_a = {}
+    for i, (a, b, k) in enumerate(keys):
+        by_a.setdefault(a, []).append((i, b, k))
+    return keys, idx, sorted(coef.items()), by_a, pos[(0, 0, 0)]
+
+
+_CAP_PLANS = memo.Kind("attention.cap_plans", 8, "the capped integrals' structure per tuple of names")
+
+
+def _cap_law(v, ro, cap, k4, ns, names):
+    """The capped one-row statistics ``names`` (of _ROW_CAP) of one logit law at the row lengths
+    ``ns`` (an array): dict of arrays.  One array computation over the offset nodes o, the u
+    grid and the z nodes."""
+    o, wo, z, wz = _cap_nodes(v, ro, k4, cap)
+    keys, idx, coefs, by_a, i_phi = _cap_plan(names)
+    nmax = float(np.max(ns))
+    h = SMOOTHED_H_CAP
+    t = np.tanh((o[:, None] + z[None, :]) / cap)                      # (o, z)
+    y, fp = cap * t, 1 - t * t
+    lo = -math.log(max(nmax, 1.0)) - float(y.max()) - 40.0
+    hi = 4.5 - float(y.min())
+    u = np.arange(lo, hi + h, h)
+    out = np.zeros((len(names), len(ns)))
+    # chunks of offset nodes: (o, u, z) arrays of at most ~2e6 entries
+    step = max(1, int(2e6 // (len(u) * len(z))))
+    for s0 in range(0, len(o), step):
+        yy, ff, ww = y[s0:s0 + step], fp[s0:s0 + step], wo[s0:s0 + step]
+        with np.errstate(over="ignore", under="ignore"):
+            ew = np.exp(np.minimum(u[None, :, None] + yy[:, None, :], 700.0))      # (o, u, z)
+            g = np.exp(-ew)
+        chi = np.empty((len(yy), len(u), len(keys) + 1))
+        chi[..., -1] = 1.0
+        a_max = max(by_a)
+        for a in range(a_max + 1):
+            if a:
+                g = g * ew
+            if a not in by_a:
+                continue
+            cols = by_a[a]
+            wk = np.stack([np.broadcast_to(wz[None, :] * (z**b if b else 1.0) * (ff**k if k else 1.0), ff.shape)
+                           for _, b, k in cols], axis=-1)                # (o, z, keys)
+            chi[..., [i for i, _, _ in cols]] = np.matmul(g, wk)
+        lphi = np.log(np.maximum(chi[..., i_phi], 1e-300))             # (o, u)
+        prods = np.prod(chi[..., idx], axis=-1)                        # (o, u, terms)
+        for kk, cm in coefs:
+            q = prods @ cm                                              # (o, u, names)
+            with np.errstate(under="ignore"):
+                pw = np.exp(np.maximum(ns - kk, 0.0)[None, None, :] * lphi[..., None])   # (o, u, ns)
+            out += _ff(ns, kk)[None, :] * np.einsum("oum,oun,o->mn", q, pw, ww) * h
+    res = {}
+    for i, name in enumerate(names):
+        res[name] = out[i] / max(v, _VMIN) if _ROW_CAP[name][1] else out[i]
+    return res
+
+
+SMOOTHED_H_CAP = 0.3     # u step of the capped integrals (the integrands are analytic in a strip)
+_CAP_STATS = memo.Kind("attention.cap_stats", 512, "capped one-row statistics per (law, row lengths)")
+
+
+def _cap_row_stats(v, ro, n, cap, k4, names):
+    """The capped one-row statistics ``names`` at (broadcast) row logit variances ``v``, offset
+    ratios ``ro``, row lengths ``n``, caps and relative fourth cumulants ``k4``: dict of arrays
+    of the broadcast shape (numeric only)."""
+    arrs = np.broadcast_arrays(*(np.asarray(a, dtype=float) for a in (v, ro, n, cap, k4)))
+    shape = arrs[0].shape
+    v, ro, n, cap, k4 = (a.ravel() for a in arrs)
+    laws = np.stack([v, ro, cap, k4], axis=1)
+    uniq, inv = np.unique(laws, axis=0, return_inverse=True)
+    inv = inv.ravel()
+    out = {name: np.empty(v.size) for name in names}
+    for i, law in enumerate(uniq):
+        sel = np.nonzero(inv == i)[0]
+        ns = n[sel]
+        key = (tuple(float(t) for t in law), ns.tobytes(), tuple(names))
+        vals = _CAP_STATS.get(key, lambda: _cap_law(float(law[0]), float(law[1]), float(law[2]),
+                                                     float(law[3]), ns, names))
+        for name in names:
+            out[name][sel] = vals[name]
+    return {name: val.reshape(shape) for name, val in out.items()}
+
+
+def cap_pair_slope(v, ro, cap, rho):
+    """E[f'(s1) f'(s2)] / E[f'(s)^2], (s1, s2) Gaussian of variance (1 + ro) v and correlation
+    rho: how much less two rows' cap slopes at one key multiply than one row's squared slope."""
+    x, w = np.polynomial.hermite_e.hermegauss(40)
+    w = w / w.sum()
+    sd = math.sqrt(max((1 + ro) * v, 0.0))
+    rho = min(max(float(rho), -1.0), 1.0)
+    s1 = sd * x[:, None] + 0 * x[None, :]
+    s2 = sd * (rho * x[:, None] + math.sqrt(1 - rho * rho) * x[None, :])
+    f1, f2 = 1 - np.tanh(s1 / cap) ** 2, 1 - np.tanh(s2 / cap) ** 2
+    ww = w[:, None] * w[None, :]
+    den = float(np.sum(ww * f1 * f1))
+    return float(np.sum(ww * f1 * f2)) / den if den > 0 else 1.0
+
+
+def cap_law_moments(v, ro, cap, k4=0.0):
+    """(E f', Var f(o + z)) of one logit law (o ~ N(0, ro v) the row offset, z ~ N(0, v)),
+    averaged over o: the capped logits' slope and variance within a row."""
+    o, wo, z, wz = _cap_nodes(float(v), float(ro), float(k4), float(cap))
+    t = np.tanh((o[:, None] + z[None, :]) / cap)
+    y, fp = cap * t, 1 - t * t
+    ef = float(wo @ (fp @ wz))
+    m1 = y @ wz
+    var = float(wo @ ((y * y) @ wz - m1**2))
+    return ef, var
+
+
 class Attention(Rule):
     name = "attention"
     title = "Multi-head scaled dot-product attention"
@@ -980,6 +1299,8 @@ class Attention(Rule):
         Param("qk_eps", "epsilon of the QK-norm", 1e-5, lo=0.0),
         Param("rope", "rotary position base (theta_i = rope^(-2i/d_head)), or a sigprop.rope.RopeFreqs (the "
               "frequencies and attention factor themselves); 0 = no rotation", 0.0, lo=0.0, accepts=(RopeFreqs,)),
+        Param("softcap", "soft cap c of the logits (Gemma 2's attn_logit_softcapping): s -> c tanh(s / c) after "
+              "the scaling, before the mask and the softmax; 0 = none (numeric only)", 0.0, lo=0.0),
     )
     assumptions = (
         "Input Gaussian with a token-shared component carrying the correlation (the sampler's "
@@ -1050,6 +1371,16 @@ class Attention(Rule):
         "With QK-norm the factor puts the normalised logits at variance ~s^4 (3 to 4), beyond the ~1 "
         "the QK-norm terms were validated at: the gradient variance is then 7% to 14% high, with "
         "every plane rotating too (s = sqrt 2: +11.5%).",
+        "Soft-capped logits (softcap c: s -> c tanh(s / c)): the row offset (the logit part shared by a "
+        "row's keys, which no longer cancels) is Gaussian with variance (key-shared / token-varying "
+        "ratio) x v given the row's variance v; the one-row statistics are then exact integrals over the "
+        "capped law (every logit gradient times the cap's slope f' = 1 - tanh^2), the QK-norm and rotary "
+        "fourth cumulants as Edgeworth weights.  The two-row statistics are the Gaussian rows' at the "
+        "variance with the capped row's E sum P^2, the pair correlation times v (E f')^2 / Var f, the key "
+        "path's pair terms times the capped row's T2 ratio and E f'_i f'_k / E f'^2 of two rows' total "
+        "logits.  A row's gradient sum (sum_j dS_ij, 0 uncapped) enters the query path through the keys' "
+        "shared part and the key-gradient covariance through its row-diagonal part (its cross-row part "
+        "left out).  Numeric only (no symbolic form).",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "
@@ -1063,12 +1394,16 @@ class Attention(Rule):
         are named quantities (:class:`sigprop.backend.symbolic.Defined`), each defined once
         (``sigprop.backend.symbolic.where`` lists the definitions).  ``modern=False``: plain
         attention's (qk_norm = 0, rope = 0)."""
-        if modern:
-            return super().symbolic()
         import sigprop.backend.symbolic as sm
 
+        if modern:          # (the soft cap is numeric only: the uncapped rule's form)
+            x, g, p = self.symbolic_inputs()
+            p.softcap = 0
+            y, gb = self.forward(sm, x, p), self.backward(sm, x, g, p)
+            return {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr, "g_var": gb.var, "g_corr": gb.corr}
+
         x, g, p = self.symbolic_inputs()
-        p.qk_norm, p.rope = 0, 0
+        p.qk_norm, p.rope, p.softcap = 0, 0, 0
         y = self.forward(sm, x, p)
         gb = self.backward(sm, x, g, p)
         return {"x_mean": y.mean, "x_var": y.var, "x_corr": y.corr, "g_var": gb.var, "g_corr": gb.corr}
@@ -1108,7 +1443,11 @@ class Attention(Rule):
                        lambda: self._forward(m, x, p, False), lambda: self._forward(m, x, p, True))
 
     def _forward(self, m, x, p, rope):
-        c = _Ctx(m, x, p, rope)
+        return _branch(m, _cap_flag(m, p), lambda: self._forward_c(m, x, p, rope, False),
+                       lambda: self._forward_c(m, x, p, rope, True))
+
+    def _forward_c(self, m, x, p, rope, cap):
+        c = _Ctx(m, x, p, rope, cap=cap)
         st = dict(A2=c.row(c.stat("A2")), Bz=c.row(c.stat("Bz")), Cz=c.row(c.stat("Cz")),
                   m1sq=c.row(c.stat("m1sq")), C2=c.pair("C2"))
         var, cov = _forward_moments(m, c, p, st)
@@ -1119,7 +1458,11 @@ class Attention(Rule):
                        lambda: self._backward(m, x, g, p, False), lambda: self._backward(m, x, g, p, True))
 
     def _backward(self, m, x, g, p, rope):
-        c = _Ctx(m, x, p, rope)
+        return _branch(m, _cap_flag(m, p), lambda: self._backward_c(m, x, g, p, rope, False),
+                       lambda: self._backward_c(m, x, g, p, rope, True))
+
+    def _backward_c(self, m, x, g, p, rope, cap):
+        c = _Ctx(m, x, p, rope, cap=cap)
         t = _backward_terms(m, c, p, g, _backward_stats(m, c, p))
         var = t["val"] + t["val_x"] + t["qry"] + t["key"] + t["key_x"]
         cov = t["val_c"] + t["qry_c"] + t["key_c"]
@@ -1154,7 +1497,11 @@ class Attention(Rule):
                        lambda: self._rows(m, x, g, p, n, True))
 
     def _rows(self, m, x, g, p, n, rope):
-        c = _Ctx(m, x, p, rope)
+        return _branch(m, _cap_flag(m, p), lambda: self._rows_c(m, x, g, p, n, rope, False),
+                       lambda: self._rows_c(m, x, g, p, n, rope, True))
+
+    def _rows_c(self, m, x, g, p, n, rope, cap):
+        c = _Ctx(m, x, p, rope, cap=cap)
 
         def at_n(fn):
             return c.at_n(fn, n)
@@ -1193,13 +1540,13 @@ def row_moments(params: dict, x: Forward, n=None) -> np.ndarray:
     xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         if p.rope:     # rotary positions: the statistics of the token-varying part (Ctx.stat)
-            c = _Ctx(m, xx, p, rope=True)
+            c = _Ctx(m, xx, p, rope=True, cap=bool(p.softcap))
             if not p.causal:
                 return np.array([float(c.row(c.stat(nm))) for nm in ("A2", "m1")])
             n = np.arange(1.0, int(p.L) + 1) if n is None else np.asarray(n, dtype=float)
             return np.stack([np.broadcast_to(np.asarray(c.at_n(c.stat(nm), n), dtype=float), n.shape)
                              for nm in ("A2", "m1")])
-        c = _Ctx(m, xx, p)
+        c = _Ctx(m, xx, p, cap=bool(p.softcap))
         if not p.causal:
             return np.array([float(c.row(c.stat(nm))) for nm in ("A2", "m1")])
         n = np.arange(1.0, int(p.L) + 1) if n is None else np.asarray(n, dtype=float)
@@ -1218,7 +1565,7 @@ def pair_law_mean(params: dict, x: Forward, newton: bool = True) -> tuple[float,
     p = _RULE.param_values(params)
     xx = Forward(np.float64(x.mean), np.float64(x.var), np.float64(x.corr))
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        c = _Ctx(m, xx, p, rope=bool(p.rope), check=False)
+        c = _Ctx(m, xx, p, rope=bool(p.rope), check=False, cap=bool(p.softcap))
         v, _, rho, _ = c.pair_law(newton)
     return float(np.asarray(v, float).ravel()[0]), float(np.asarray(rho, float).ravel()[0])
 
@@ -1701,27 +2048,34 @@ def _forward_moments(m, c, p, st):
 def _backward_stats(m, c, p):
     """Row- and pair-averaged statistics of the backward."""
     st = _backward_row_stats(m, c, c.row)
+    # soft cap: the pair law's variance and correlation are the capped rows' Gaussian
+    # equivalents; the weight is in the pre-cap logits' units and the key-path pair terms carry
+    # the capped row's f'^2 (Ctx._cap_pair)
+    rT2, vs, bc = (1.0, 1.0, 1.0)
+    if c.capped:
+        c.pair_law()
+        rT2, vs, bc = c.cap_pair
     if c.rope:
         # the key path's two-row weight is the cosine of the two rows' key-gradient directions,
         # r_a kq(i - k), regressed on the pair's logit correlation rho (Ctx.pair_law)
         _, beta, _, _, _ = c.shifted(c.L)
         c.pair_law()
         w0, slope, mean = c.pair_dir
-        weight = lambda v, rho: (w0 + slope * (rho - mean)) * beta * v  # noqa: E731
+        weight = lambda v, rho: (w0 + slope * (rho / bc - mean)) * beta * v * vs  # noqa: E731
     else:
-        weight = lambda v, rho: rho * v  # noqa: E731
-    st.update(C2=c.pair("C2"), T2x=c.pair("T2x"), rvT2x=c.pair("T2x", weight=weight))
+        weight = lambda v, rho: rho / bc * v * vs  # noqa: E731
+    st.update(C2=c.pair("C2"), T2x=rT2 * c.pair("T2x"), rvT2x=rT2 * c.pair("T2x", weight=weight))
     st["PP"] = m.choose(p.causal, lambda: c.pair("PP"), lambda: st["A2"] ** 2)
     return st
 
 
 def _backward_row_stats(m, c, avg):
     """The one-row statistics of the backward, each averaged by ``avg`` (row average or per length)."""
-    names = ("A2", "T2", "Ajj2", "Ra", "vT2") + (("T2kc",) if c.rope else ())
+    names = ("A2", "T2", "Ajj2", "Ra", "vT2") + (("T2kc",) if c.rope else ()) + (("Sckc", "vSc") if c.capped else ())
     if c.has_k4():       # QK-norm (its fourth cumulant marks it): the projection's statistic
         names += ("vT2e2",)
     st = {k: avg(c.stat(k)) for k in names}
-    st["trA2"] = avg(c.stat("trA2")) if c.rope else 1 + avg(c.stat("trA2m1"))
+    st["trA2"] = avg(c.stat("trA2")) if (c.rope or c.capped) else 1 + avg(c.stat("trA2m1"))
     return st
 
 
@@ -1772,6 +2126,13 @@ def _backward_terms(m, c, p, g, st):
     val_c = (1 - A2) / (L - 1) + rg * (1 - C2)
     qry_c = c.tau**2 * rg * (tr * T2x + lb * (1 - 2 * A2 + PP))
     key_c = -(key + key_x) / (L - 1)
+    if c.capped:
+        # soft cap: a row's gradient sum sum_j dS_ij = sum_l delta_l P_l (f'_l - sum_j P_j f'_j)
+        # no longer vanishes: it meets the keys' shared part on the query path (as the rotary
+        # key-shared part does), and the key gradients' column sum (sum_j dK_j = sum_i R_i a_i)
+        # is no longer 0 (its row-diagonal part kept; the cross-row part, O(rg), left out)
+        qry = qry + c.tau * p.d * sq2 * (p.d * sk2 * c.c2 + c.sbk2) * gt * st["Sckc"]
+        key_c = -(key + key_x - gt * st["vSc"]) / (L - 1)
     if c.rope:
         # rotated keys: the key-shared part no longer cancels in sum_j dS_ij R k_j (a generic
         # direction, weight (1 - kbar) T2), and the rotation offsets decorrelate the key and

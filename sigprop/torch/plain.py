@@ -9,8 +9,8 @@ Layout: ``layers[i]`` (:class:`Block`) with ``attn.q``, ``attn.k``, ``attn.v``, 
 norm (``nn.Identity`` without one).  ``forward(x)`` takes the stream entering layer 1, (batch,
 seq, d_model), and returns the top.  Semantics: the model object's (pre, post, peri and
 output placements, parallel blocks, MLP or gated FFN, LayerNorm or RMSNorm with gain 1 and
-bias 0, causal mask, dropout in training mode).  Rotary positions, QK-norm and grouped-query
-attention are not implemented here (refused).
+bias 0, causal mask, soft-capped logits (``attn_softcap``), dropout in training mode).  Rotary
+positions, QK-norm and grouped-query attention are not implemented here (refused).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class Attention(nn.Module):
         super().__init__()
         d, H, dh = m.d_model, m.n_heads, m.d_head
         self.H, self.dh, self.causal, self.p = H, dh, m.causal, m.dropout.attention
+        self.softcap = m.attn_softcap            # logits -> c tanh(logits / c) before the mask (None: none)
         self.q, self.k, self.v = (nn.Linear(d, H * dh) for _ in range(3))
         self.o = nn.Linear(H * dh, d)
 
@@ -42,6 +43,8 @@ class Attention(nn.Module):
         B, L, _ = h.shape
         q, k, v = (f(h).view(B, L, self.H, self.dh).transpose(1, 2) for f in (self.q, self.k, self.v))
         s = q @ k.transpose(-1, -2) / math.sqrt(self.dh)
+        if self.softcap is not None:
+            s = self.softcap * torch.tanh(s / self.softcap)
         if self.causal:
             s = s.masked_fill(torch.ones(L, L, dtype=torch.bool, device=h.device).triu(1), float("-inf"))
         a = nn.functional.dropout(torch.softmax(s, dim=-1), self.p, self.training)
