@@ -306,3 +306,16 @@ def test_transformers_gemma2_with_a_cap(one_thread):
     meas = torch_measure(r.model, src, trials=4, batch=4, seed=0)
     assert compare_measured(r.model, meas)[1].passed
     assert not compare_measured(r.model.replace(attn_softcap=None), meas)[1].passed
+
+
+def test_long_capped_causal_rotary_sequences_refused_in_one_line(capsys):
+    """The capped rule's per-row-length integrals make a long causal rotary prediction take
+    minutes (Gemma 2 2B at 256 tokens: more than 5): refused before anything runs."""
+    import time
+
+    from _cli import cli
+    t = time.perf_counter()
+    code, out, err = cli(capsys, "predict", "--hf-config", "tests/data/hf/gemma2-2b.json", "--seq-len", "256")
+    assert code == 2 and not out and err.count("\n") == 1
+    assert "soft-capped causal attention with rotary positions is predicted up to 64 tokens" in err
+    assert time.perf_counter() - t < 30

@@ -60,6 +60,11 @@ VAR_TABLE_AFTER = 128
 _LOG_VAR_LIMIT = 600.0
 
 
+#: the longest causal sequence with rotary positions at which a soft-capped attention is
+#: predicted: its capped statistics are integrals per row length (Gemma 2 2B, 26 layers: 2
+#: layers at 64 tokens took 10 s, all 26 at 256 tokens more than 5 minutes)
+SOFTCAP_ROPE_MAX_LEN = 64
+
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
                        "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap"})
@@ -488,6 +493,12 @@ class Predictor:
 
     def __init__(self, model, stop_at_saturation: bool = False, tables: TableCache | None = None):
         require(model, SUPPORTED | pointwise_norm(model), "predict")
+        if model.attn_softcap is not None and model.causal and model.rope is not None \
+                and model.seq_len > SOFTCAP_ROPE_MAX_LEN:
+            raise DomainError(f"soft-capped causal attention with rotary positions is predicted up to "
+                              f"{SOFTCAP_ROPE_MAX_LEN} tokens (its capped statistics are integrals per row length: "
+                              f"beyond that a prediction takes minutes, yet), got seq_len {model.seq_len}; "
+                              f"a shorter sequence (--seq-len {SOFTCAP_ROPE_MAX_LEN})")
         self.model = model
         self.stop_at_saturation = stop_at_saturation
         self.saturation: tuple[int, str] | None = None
