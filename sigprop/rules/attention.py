@@ -1371,16 +1371,10 @@ class Attention(Rule):
         "With QK-norm the factor puts the normalised logits at variance ~s^4 (3 to 4), beyond the ~1 "
         "the QK-norm terms were validated at: the gradient variance is then 7% to 14% high, with "
         "every plane rotating too (s = sqrt 2: +11.5%).",
-        "Soft-capped logits (softcap c: s -> c tanh(s / c)): the row offset (the logit part shared by a "
-        "row's keys, which no longer cancels) is Gaussian with variance (key-shared / token-varying "
-        "ratio) x v given the row's variance v; the one-row statistics are then exact integrals over the "
-        "capped law (every logit gradient times the cap's slope f' = 1 - tanh^2), the QK-norm and rotary "
-        "fourth cumulants as Edgeworth weights.  The two-row statistics are the Gaussian rows' at the "
-        "variance with the capped row's E sum P^2, the pair correlation times v (E f')^2 / Var f, the key "
-        "path's pair terms times the capped row's T2 ratio and E f'_i f'_k / E f'^2 of two rows' total "
-        "logits.  A row's gradient sum (sum_j dS_ij, 0 uncapped) enters the query path through the keys' "
-        "shared part and the key-gradient covariance through its row-diagonal part (its cross-row part "
-        "left out).  Numeric only (no symbolic form).",
+        "Soft-capped logits (softcap c: s -> c tanh(s / c)): one-row statistics are exact integrals "
+        "over the capped law, the row's shared logit offset (which no longer cancels) taken as Gaussian; "
+        "two-row statistics at the Gaussian row with the capped row's E sum P^2; the cross-row part of a "
+        "row's gradient sum left out; numeric only (the module docstring has the details).",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "
