@@ -93,3 +93,23 @@ def model_options(fn=None, *, multi_arch: bool = False, default_layers: int | No
 
     wrapper.__signature__ = sig.replace(parameters=[*params, *extra])
     return wrapper
+
+
+def hf_for_torch(hf_path, opts: dict, module, command: str, overrides):
+    """The Hugging Face config ``hf_path`` resolved for a command that has transformers build
+    the model itself (``measure``, ``audit``): only the options in ``overrides`` apply, and
+    ``--module`` is exclusive with it (DomainError otherwise).  Returns
+    ``sigprop.model.options.build_hf``'s result."""
+    from sigprop.errors import DomainError
+    from sigprop.model.options import build_hf
+
+    if module is not None:
+        raise DomainError(f"--hf-config and --module are exclusive: {command} one model")
+    def flags(keys) -> str:
+        return ", ".join("--" + k.replace("_", "-") for k in keys)
+
+    other = sorted(k for k in opts if k not in overrides)
+    if other:
+        raise DomainError(f"{command} has transformers build the model from the Hugging Face config: drop "
+                          f"{flags(other)} (what applies: {flags(sorted(overrides))})")
+    return build_hf(hf_path, opts)

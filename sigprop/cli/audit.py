@@ -46,16 +46,9 @@ def audit_cmd(
     init_std = None
     extra: dict = {}
     if hf_path is not None:
-        if module is not None:
-            raise DomainError("--hf-config and --module are exclusive: audit one model")
-        other = sorted(k for k in opts if k not in AUDIT_OVERRIDES)
-        if other:
-            raise DomainError(f"audit has transformers build the model from the Hugging Face config: drop "
-                              f"{', '.join('--' + k.replace('_', '-') for k in other)} (what applies: "
-                              f"{', '.join('--' + k.replace('_', '-') for k in sorted(AUDIT_OVERRIDES))})")
-        from sigprop.model.options import build_hf
+        from sigprop.cli._model_options import hf_for_torch
 
-        res = build_hf(hf_path, opts)
+        res = hf_for_torch(hf_path, opts, module, "audit", AUDIT_OVERRIDES)
         model = res.model
         lay = get_layout(layout or f"hf:{res.family}")
         cfg = res.transformers_config()

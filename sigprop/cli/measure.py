@@ -73,16 +73,9 @@ def measure_cmd(
     hf_path = opts.pop("hf_config", None)
     extra = {}
     if hf_path is not None:
-        if module is not None:
-            raise DomainError("--hf-config and --module are exclusive: measure one model")
-        other = sorted(k for k in opts if k not in MEASURE_OVERRIDES)
-        if other:
-            raise DomainError(f"measure has transformers build the model from the Hugging Face config: drop "
-                              f"{', '.join('--' + k.replace('_', '-') for k in other)} (what applies: "
-                              f"{', '.join('--' + k.replace('_', '-') for k in sorted(MEASURE_OVERRIDES))})")
-        from sigprop.model.options import build_hf
+        from sigprop.cli._model_options import hf_for_torch
 
-        res = build_hf(hf_path, opts)
+        res = hf_for_torch(hf_path, opts, module, "measure", MEASURE_OVERRIDES)
         model = res.model
         lay = get_layout(layout or f"hf:{res.family}")
         tm.require_libraries(transformers=True)

@@ -166,7 +166,7 @@ def audit(model, source, *, seed: int = 0, init_std: float | None = None) -> Aud
     """Build ``source``'s model once (torch's global generator seeded with ``seed``; the caller's
     generator state is restored) and compare its tensors with ``model``'s init.  ``init_std``:
     the family's initializer_range (for the explanation of an assumed std only)."""
-    from sigprop.torch.init import find_blocks, is_norm, submodule, weight_view
+    from sigprop.torch.init import is_norm, model_blocks, plan_views
     from sigprop.torch.measure import _guarded, require_libraries
 
     torch, _ = require_libraries()
@@ -181,22 +181,12 @@ def audit(model, source, *, seed: int = 0, init_std: float | None = None) -> Aud
     if not isinstance(net, torch.nn.Module):
         raise DomainError(f"{source.description or 'the factory'} returned {type(net).__name__}, not a "
                           "torch.nn.Module (the model to audit)")
-    prefix, blocks = find_blocks(net, lay)
-    if len(blocks) != model.n_layers:
-        raise DomainError(f"the PyTorch model has {len(blocks)} blocks ({prefix}{lay.block}), the sigprop "
-                          f"model {model.n_layers} layers")
+    prefix, blocks = model_blocks(net, model, lay)
     param_names = {id(p): n for n, p in net.named_parameters()}
     seen: set = set()
     rows = []
-    for step in plan:
+    for step, where, w, mod, view, bview in plan_views(model, lay, plan, prefix, blocks):
         i, kind, name = step["layer"], step["kind"], step["name"]
-        where = f"{prefix}{lay.block.format(i)}"
-        try:
-            w = lay.weights[kind][name]
-        except KeyError:
-            raise DomainError(f"layout {lay.name} has no {kind} weight {name!r}") from None
-        mod = submodule(blocks[i], w.path, where)
-        view, bview = weight_view(mod, w, *model.fans(kind, name), model.d_head, where)
         part = f"[{name}]" if w.split is not None else ""
         base = f"{where}.{w.path}" if w.path else where
         seen.add(id(mod.weight))

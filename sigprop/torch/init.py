@@ -104,6 +104,32 @@ def is_norm(module) -> bool:
     return type(module).__name__.endswith(("LayerNorm", "RMSNorm"))
 
 
+def model_blocks(net, model, lay) -> tuple:
+    """(prefix, blocks) of ``net`` in layout ``lay`` (:func:`find_blocks`), one block per layer
+    of the sigprop ``model`` (DomainError otherwise)."""
+    prefix, blocks = find_blocks(net, lay)
+    if len(blocks) != model.n_layers:
+        raise DomainError(f"the PyTorch model has {len(blocks)} blocks ({prefix}{lay.block}), the sigprop "
+                          f"model {model.n_layers} layers")
+    return prefix, blocks
+
+
+def plan_views(model, lay, plan: list, prefix: str, blocks: list):
+    """For every step of an :func:`init_plan` (layer, kind, weight name): (the step, the block's
+    name, the layout's weight entry, its module, the view of the weight and of its bias, or
+    None, that the step's std and bias_std describe)."""
+    for step in plan:
+        i, kind, name = step["layer"], step["kind"], step["name"]
+        where = f"{prefix}{lay.block.format(i)}"
+        try:
+            w = lay.weights[kind][name]
+        except KeyError:
+            raise DomainError(f"layout {lay.name} has no {kind} weight {name!r}") from None
+        mod = submodule(blocks[i], w.path, where)
+        view, bview = weight_view(mod, w, *model.fans(kind, name), model.d_head, where)
+        yield step, where, w, mod, view, bview
+
+
 def apply_init(net, solution, *, layout: str | None = None, seed: int | None = None, generator=None):
     """Set ``net``'s weights to the init of ``solution`` (a sigprop Model, a solution or model
     object, or a JSON file of one): every mapped weight matrix iid N(0, std^2) with its layer's
@@ -119,10 +145,7 @@ def apply_init(net, solution, *, layout: str | None = None, seed: int | None = N
     require_init(lay)
     if generator is None and seed is not None:
         generator = torch.Generator(device="cpu").manual_seed(int(seed))
-    prefix, blocks = find_blocks(net, lay)
-    if len(blocks) != model.n_layers:
-        raise DomainError(f"the model has {len(blocks)} blocks ({prefix}{lay.block}), the sigprop model "
-                          f"{model.n_layers} layers")
+    prefix, blocks = model_blocks(net, model, lay)
     plan = init_plan(model, scales=lay.scales is not None)
     for attr, vals in scale_plan(model, lay).items():
         for i, blk in enumerate(blocks):
@@ -132,15 +155,7 @@ def apply_init(net, solution, *, layout: str | None = None, seed: int | None = N
                 raise DomainError(f"{prefix}{lay.block.format(i)} has no attribute {attr!r} for the scale "
                                   f"{vals[i]:g}")
     with torch.no_grad():
-        for step in plan:
-            i, kind, name = step["layer"], step["kind"], step["name"]
-            where = f"{prefix}{lay.block.format(i)}"
-            try:
-                w = lay.weights[kind][name]
-            except KeyError:
-                raise DomainError(f"layout {lay.name} has no {kind} weight {name!r}") from None
-            mod = submodule(blocks[i], w.path, where)
-            view, bview = weight_view(mod, w, *model.fans(kind, name), model.d_head, where)
+        for step, where, w, mod, view, bview in plan_views(model, lay, plan, prefix, blocks):
             _normal(torch, view, step["std"], generator)
             if bview is not None:
                 if step["bias_std"] > 0:
