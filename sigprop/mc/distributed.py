@@ -36,7 +36,7 @@ _ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THR
 #: arena the task thread shares the main heap and reuses its pages.  Measured on the floor
 #: slice of benchmarks/backend_speed.py (2 workers against one process): 1.64-1.66x without,
 #: 1.74x with (docs/benchmarks.md).  A cluster started elsewhere needs it in its workers'
-#: environment (README, docs/benchmarks.md).
+#: environment (docs/guide.md, docs/benchmarks.md).
 _PRE_SPAWN = {"MALLOC_ARENA_MAX": 1}
 
 

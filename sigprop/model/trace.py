@@ -94,7 +94,7 @@ def _few_layers(g):
     return g._replace(law="constant" if abs(g.log_ratio) < math.log(1.1) else "undetermined")
 
 
-#: verdict thresholds (documented in README.md, "The verdict"): total factors (last / first
+#: verdict thresholds (documented in docs/guide.md, "The verdict"): total factors (last / first
 #: of the forward variance, input / output of the gradient variance, either direction)
 STABLE_FACTOR = 2.0
 BOUNDED_FACTOR = 10.0
