@@ -1,5 +1,6 @@
-"""The README's examples are what the commands print, and the README keeps the test command
-CI runs."""
+"""The generated documentation pages equal what their scripts write now (docs/reference.py:
+every command and option, from the command-line application), so they cannot drift from the
+code; and the README keeps the test command CI runs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,40 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_reference_page_is_the_generated_one():
+    ref = _script("reference")
+    committed = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    assert committed == ref.render(), "docs/reference.md is stale: run python docs/reference.py --write"
+
+
+def test_reference_names_every_command_and_option():
+    # independent of the generator's formatting: every visible option of every command is in
+    # that command's section, or (a model option) in the shared section
+    import typer
+
+    from sigprop.cli import load
+
+    text = (ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
+    sections = {m.group(1): m.group(2) for m in re.finditer(r"^## `?([^`\n]+)`?\n(.*?)(?=^## |\Z)", text, re.S | re.M)}
+    root = typer.main.get_command(load())
+    for name, cmd in root.commands.items():
+        cmds = getattr(cmd, "commands", None) or {"": cmd}
+        for sub, c in cmds.items():
+            section = sections[f"sigprop {name}{' ' + sub if sub else ''}"]
+            for p in c.params:
+                if getattr(p, "hidden", False) or p.name in ("_version", "_plugin") or not p.opts[0].startswith("-"):
+                    continue
+                where = section + (sections["Model options"] if getattr(p, "rich_help_panel", None) == "Model" else "")
+                assert f"`{max(p.opts, key=len)}" in where, (name, sub, p.opts)
 
 
 def test_readme_keeps_the_ci_test_command():
