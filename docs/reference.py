@@ -20,7 +20,7 @@ HEADER = """# Command reference
 
 Generated from the command-line application by `python docs/reference.py --write`; do not
 edit by hand (a test compares this page with the script's output). What the commands do, with
-examples: [guide.md](guide.md). The other references:
+examples: [guide.md](guide.md) and [tutorial.md](tutorial.md). The other references:
 
 - the JSON formats, input files and exit codes: [formats.md](formats.md);
 - the Python API (`sigprop.predict`, `check`, `solve_init`, `compare`, `build_model`): [api.md](api.md);

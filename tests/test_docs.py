@@ -68,3 +68,14 @@ def test_readme_compare_example_is_what_the_command_prints():
     table = out[out.index("arch     var out"):].split("\n\n")[0].rstrip()
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "\n".join(line.rstrip() for line in table.splitlines()) in readme
+
+
+def test_tutorial_verdict_is_what_predict_says():
+    import sigprop
+
+    text = (ROOT / "docs" / "tutorial.md").read_text(encoding="utf-8")
+    block = text.split("$ sigprop predict --hf-config gpt2/config.json --every 3\n", 1)[1]
+    shown = " ".join(block.split("\nforward variance:", 1)[0].split())
+    p = sigprop.predict(hf_config=ROOT / "docs" / "examples" / "gpt2" / "config.json")
+    assert shown == "verdict: " + " ".join(p.summary["verdict"].split())
+    assert f"forward variance: final {p.summary['forward_var_final']:.4g}," in block
