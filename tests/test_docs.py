@@ -1,6 +1,7 @@
-"""The generated documentation pages equal what their scripts write now (docs/reference.py:
-every command and option, from the command-line application), so they cannot drift from the
-code; and the README keeps the test command CI runs."""
+"""The documentation stays true: the generated pages equal what their scripts write now
+(docs/reference.py: every command and option, from the command-line application;
+docs/rules.py: every rule's metadata, formulas and measured accuracy), the README's and the
+tutorial's examples are what the commands print, and the README keeps the test command CI runs."""
 
 from __future__ import annotations
 
@@ -43,6 +44,35 @@ def test_reference_names_every_command_and_option():
                     continue
                 where = section + (sections["Model options"] if getattr(p, "rich_help_panel", None) == "Model" else "")
                 assert f"`{max(p.opts, key=len)}" in where, (name, sub, p.opts)
+
+
+def _without_formulas(text: str) -> str:
+    text = re.sub(r"sympy [0-9][^ ]*\.\n", "sympy VERSION.\n", text)
+    return re.sub(r"```math\n.*?```\n", "```math```\n", text, flags=re.S)
+
+
+def test_rules_page_is_the_generated_one():
+    # the formulas are sympy's printing: compared in full under the sympy version the page
+    # names, the rest (parameters, assumptions, references, measured accuracy) always
+    import sympy
+
+    th = _script("rules")
+    committed = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
+    fresh = th.render()
+    if f"sympy {sympy.__version__}." in committed:
+        assert committed == fresh, "docs/rules.md is stale: run python docs/rules.py --write"
+    else:
+        assert _without_formulas(committed) == _without_formulas(fresh), "docs/rules.md is stale"
+
+
+def test_rules_page_lists_every_rule_and_assumption():
+    from sigprop.rules import REGISTRY
+
+    text = (ROOT / "docs" / "rules.md").read_text(encoding="utf-8")
+    for rule in REGISTRY.values():
+        assert f"## {rule.name}\n" in text
+        for a in rule.assumptions:
+            assert " ".join(a.split()) in text, (rule.name, a)
 
 
 def test_readme_keeps_the_ci_test_command():
