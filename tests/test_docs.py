@@ -109,3 +109,15 @@ def test_tutorial_verdict_is_what_predict_says():
     p = sigprop.predict(hf_config=ROOT / "docs" / "examples" / "gpt2" / "config.json")
     assert shown == "verdict: " + " ".join(p.summary["verdict"].split())
     assert f"forward variance: final {p.summary['forward_var_final']:.4g}," in block
+
+
+def test_validation_page_is_the_assembled_one(tmp_path):
+    # docs/validation.md is assembled from the stored results (python -m sigprop.mc.validate
+    # --assemble); a hand edit, or a stored result changed without re-assembling, fails here
+    from sigprop.mc import validate
+
+    out = tmp_path / "validation.md"
+    validate.write_markdown(str(out), ROOT / "docs" / "validation")
+    committed = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
+    assert committed == out.read_text(encoding="utf-8"), \
+        "docs/validation.md differs from its stored results: python -m sigprop.mc.validate --assemble"
