@@ -406,9 +406,10 @@ def exp_flushed(x: np.ndarray) -> np.ndarray:
     """exp(x), with 0 where x < EXP_FLUSH (results below ~1e-304), computed in place on ``x``
     (a fresh array the caller owns).  NumPy's vectorised exp leaves its fast path for results
     near or below the smallest normal double (x below about -707): 14-100 ns an element there
-    against 0.8 ns (measured; docs/benchmarks.md, "Eleventh round").  Where the callers use
-    it (:func:`pair_length_sum`, the per-key row moments) their results with the flush
-    are within 2e-15 relative of the unflushed ones (measured on a LLaMA model's calls)."""
+    against 0.8 ns (measured; docs/benchmarks.md, "NumPy's slow paths and the u step").  Where
+    the callers use it (:func:`pair_length_sum`, the per-key row moments) their results with
+    the flush are within 2e-15 relative of the unflushed ones (measured on a LLaMA model's
+    calls)."""
     tiny = x < EXP_FLUSH
     np.maximum(x, EXP_FLUSH, out=x)
     np.exp(x, out=x)

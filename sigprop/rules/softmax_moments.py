@@ -328,7 +328,7 @@ def independent_row_moments(s, counts):
     Numeric only; variances are clipped to [1e-6, 300] (the tables' range); relative accuracy
     ~1e-4 (cubic interpolation in log s, steps 0.05; trapezoid in u at step 0.2 on a
     window that grows with the largest variance; within 1e-6 of step 0.05, tested, and
-    ~1e-7 measured: docs/benchmarks.md, "Eleventh round")."""
+    ~1e-7 measured: docs/benchmarks.md, "NumPy's slow paths and the u step")."""
     s = np.asarray(s, dtype=float)
     counts = np.asarray(counts, dtype=float)
     if s.ndim != 2 or s.shape != counts.shape:
