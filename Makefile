@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test validate validate-models bench figures clean docs-latex
+.PHONY: run test validate validate-models bench figures clean docs-latex docs-site
 
 $(BIN)/sigprop: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,5 +58,14 @@ docs-latex: $(BIN)/sigprop
 	for p in 1 2; do pdftoppm -png -r 100 -f $$p -l $$p -singlefile docs/latex/components.pdf docs/latex/components-table-$$p; done
 	rm -f docs/latex/components.aux docs/latex/components.log
 
+$(VENV)/.docs-deps: $(BIN)/sigprop
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	touch $@
+
+# The documentation site from docs/ (mkdocs.yml): built with --strict, so a broken link or
+# anchor, or a page missing from the navigation, fails; the pages are written to site/.
+docs-site: $(VENV)/.docs-deps
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis site

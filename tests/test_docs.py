@@ -121,3 +121,11 @@ def test_validation_page_is_the_assembled_one(tmp_path):
     committed = (ROOT / "docs" / "validation.md").read_text(encoding="utf-8")
     assert committed == out.read_text(encoding="utf-8"), \
         "docs/validation.md differs from its stored results: python -m sigprop.mc.validate --assemble"
+
+
+def test_site_navigation_lists_every_page():
+    # mkdocs.yml (the documentation site, built with --strict by .ci/run): every page of docs/
+    # is in the navigation, and every navigation entry is a page
+    nav = set(re.findall(r":\s*([\w./-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M))
+    pages = {p.name for p in (ROOT / "docs").glob("*.md")}
+    assert nav == pages, (sorted(pages - nav), sorted(nav - pages))
