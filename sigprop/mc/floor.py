@@ -530,8 +530,9 @@ docs/validation/floor_more`): the second table.
   8 x 4 pass (gradient error at most 0.031 to 0.070), and so do an independent 32-draw sample
   and a 48-draw sample (seed 6; gradient within 3.0%, median 1.7%).
 - R^2: the measured variance changes over 2x in 62 forward and 71 gradient series; 123 of the
-  133 meet the floor at 8 draws. Of the misses, all but one meet it on the 32-draw samples; the
-  one left, deep causal Post-LN `torch-default` at 96 layers, dropout 0 (0.9822 at 32 draws),
+  133 meet the floor at 8 draws. Of the misses, all but one meet it on the 32-draw samples
+  (judged before the position model's pair-of-rows split, which put one more series, causal
+  Post-LN `torch-default` 48 layers dropout 0, at 0.9873 at 8 draws); the one left, deep causal Post-LN `torch-default` at 96 layers, dropout 0 (0.9822 at 32 draws),
   cannot be tested by either sample size: one draw's input gradient varies by a factor of
   several, and subsets of 120 pooled draws scored against the mean of the rest (a near-perfect
   predictor) miss 0.99 in 85% (8 draws) and 52% (32 draws) of cases; against all 120 draws the

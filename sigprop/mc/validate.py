@@ -204,7 +204,7 @@ SUMMARY = """## In short
   sample: seeds 1-5 at the same size and an independent 48-draw sample pass. Where the variance
   changes more than 2x over depth, R^2 of log predicted against log measured variance meets 0.998
   (forward) and 0.99 (gradient) in 123 of 133 series at 8 draws; all but one of the misses meet
-  it on independent 32-draw samples.
+  it on independent 32-draw samples (judged before the position model's last change).
 - **Block layouts** (`peri`, `output`, `parallel`; 24 configurations) and **modern blocks** (the
   `llama`, `gpt2`, `bert`, `olmo2` and `peri` presets, LNS and DSLM on LLaMA blocks; 96
   configurations): all pass, and R^2 meets its floor in every series that changes over 2x.
