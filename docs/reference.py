@@ -30,7 +30,7 @@ examples: [guide.md](guide.md) and [tutorial.md](tutorial.md). The other referen
 Every command takes `-h` / `--help` and `--version`, and `--plugin FILE.py` (repeatable; also the
 `SIGPROP_PLUGINS` environment variable) to import your own components first
 ([extending.md](extending.md)). Exit codes: 0 success, 1 a negative verdict (`check`,
-`check-component`, `measure` outside tolerance, `audit` on a mismatch, `solve-init --strict`
+`check-component`, `measure` outside tolerance, `audit` on a mismatch, `solve-init`
 infeasible), 2 bad input (one line on stderr, `sigprop COMMAND: error: ...`, nothing on stdout),
 3 a numerical failure ([formats.md](formats.md#exit-codes-every-command)).
 
