@@ -233,6 +233,12 @@ default 8 weight draws x batch 4:
   blocks; 96 configurations): all pass (`gpt2` `scaled` at 48 and 96 layers, dropout 0, on six
   samples pooled), and where a variance changes more than 2x over depth
   R^2 is at least 0.998 (forward) and 0.99 (gradient) in every series.
+- Causal models with a norm after the branch (`peri`, `output`) on a stream of variance ~1: the
+  input gradient's token correlation was predicted 0-0.15 against 0.25-0.28 measured (input
+  variance 1; 0-0.95 against 0.38-0.49 at 0.01), all 16 points of `tests/test_out_norm_causal.py`
+  failing (d 128, 32 tokens, 1 and 4 layers, LayerNorm and RMSNorm, 8 x 8 draws); with the norm's
+  per-position correlation folded into the gradient once (`Predictor._branch_backward`,
+  2026-12-02) 0.249-0.269 (0.356-0.491 against 0.380-0.493), error at most 0.026, all pass.
 - Causal models: the first positions are attended by every later row, so the gradient (and the
   forward stream) depend on the position; the predictor carries a position profile, the
   stream's token correlation over pairs of positions and the gradient's covariance over
