@@ -1253,10 +1253,21 @@ class Predictor:
         for op in reversed(rec.out_ops or ()):
             if op.x is None or not op.x.var > 0:
                 return Backward(0.0, g.corr), u, ku, kc
-            if w is not None:
-                k, k2, u = profile.layernorm_backward(u, rec.out_prof, *_gains(lambda q: _bwd(op, q)), grid=G)
-                ku, kc = ku * k, kc * k2
-            g = _bwd(op, g)
+            if w is None:
+                g = _bwd(op, g)
+                continue
+            # the norm divides position t by its own scale (out_prof's divisor): the variance
+            # factor k is carried in ku (and kc, their ratio unchanged), the correlation the
+            # divisor adds is folded into g here, additively (the flat-profile reference is the
+            # rule's own; an upstream correlation of 0 has no ratio), so that the ops below,
+            # the attention's profile relative to the rule at g.corr, see it once: carried as
+            # a factor kc it was counted again on top of the attention's output covariance,
+            # which already holds it (and was lost where the reference was ~0)
+            vg, cg, g = _gains_at(lambda q: _bwd(op, q), g)
+            ref = (cg / vg if vg > 0 else 1.0) * profile.mean_off(u, G)
+            k, _, u = profile.layernorm_backward(u, rec.out_prof, vg, cg, grid=G)
+            g = Backward(g.var, _clip_corr(g.corr + profile.mean_off(u, G) - ref))
+            ku, kc = ku * k, kc * k
         if rec.chain_table is not None:
             if w is not None:
                 vg, cg, g = _gains_at(lambda q: rec.chain_table.backward_of(rec.chain_x, q), g)
