@@ -34,20 +34,34 @@ def _require_path(value, name: str, wanted: str) -> None:
         raise DomainError(f"{name} must be {wanted}, got {type(value).__name__}")
 
 
-def _load_spec(spec):
+def _load_spec(spec, encdec: bool = False):
+    from sigprop.model.encdec import EncoderDecoder, REFUSED
     from sigprop.model.spec import Model
 
-    return spec if isinstance(spec, Model) else Model.load(spec)
+    if isinstance(spec, EncoderDecoder):
+        if not encdec:
+            from sigprop.errors import DomainError
+
+            raise DomainError(REFUSED)
+        return spec
+    return spec if isinstance(spec, Model) else Model.load(spec, encdec=encdec)
 
 
-def build_model(opts: dict, default_layers: int | None = None):
+def build_model(opts: dict, default_layers: int | None = None, encdec: bool = False):
     """Resolve options into a :class:`sigprop.model.spec.Model` (library calls only).
     ``default_layers``: the number of layers when neither the options nor the preset (the
-    model presets have their own) give one."""
+    model presets have their own) give one.  ``encdec``: the caller takes an encoder-decoder
+    model (sigprop.model.encdec.EncoderDecoder: a --spec holding one, or the options
+    encoder_layers and decoder_layers); otherwise one is refused in one line."""
     from sigprop.errors import DomainError
     from sigprop.model import presets
 
     opts = dict(opts)
+    ed = {k: opts.pop(k) for k in presets.ENCDEC_OPTIONS if opts.get(k) is not None}
+    for k in presets.ENCDEC_OPTIONS:
+        opts.pop(k, None)
+    if ed:
+        return _build_encdec(opts, ed, encdec)
     spec = opts.pop("spec", None)
     config = opts.pop("config", None)
     hf_config = opts.pop("hf_config", None)
@@ -57,7 +71,7 @@ def build_model(opts: dict, default_layers: int | None = None):
         if opts or config is not None:
             raise DomainError("--spec gives a fully resolved model: drop the other model options "
                               f"({', '.join('--' + k.replace('_', '-') for k in opts) or '--config'})")
-        return _load_spec(spec)
+        return _load_spec(spec, encdec)
     # canonical name -> (label for messages, value): config values (already checked against
     # the file's keys), then flags, labelled as typed ("--layers must be a positive integer")
     merged = {}
@@ -70,6 +84,29 @@ def build_model(opts: dict, default_layers: int | None = None):
     if "n_layers" not in merged and default_layers is not None and not _preset_sets_layers(merged):
         merged["n_layers"] = ("n_layers", default_layers)
     return presets.resolve(**{label: v for label, v in merged.values()})
+
+
+def _build_encdec(opts: dict, ed: dict, allowed: bool):
+    """The encoder-decoder model of --encoder-layers N --decoder-layers M (--encoder-seq-len) and
+    the other model options (sigprop.model.encdec.from_options)."""
+    from sigprop.errors import DomainError
+    from sigprop.model import encdec, presets
+
+    if not allowed:
+        raise DomainError(encdec.REFUSED)
+    if "encoder_layers" not in ed or "decoder_layers" not in ed:
+        raise DomainError("an encoder-decoder model needs both --encoder-layers and --decoder-layers")
+    for k in ("spec", "hf_config", "config"):
+        if opts.get(k) is not None:
+            raise DomainError(f"--encoder-layers and --decoder-layers build the model from the model options: drop "
+                              f"--{k.replace('_', '-')}")
+    if opts.get("layers") is not None or opts.get("n_layers") is not None:
+        raise DomainError("--layers and --encoder-layers/--decoder-layers both give the depth: give the latter only")
+    for k in ("spec", "hf_config", "config", "layers", "n_layers"):
+        opts.pop(k, None)
+    kw = {(OPTIONS[k].name if k in OPTIONS else k): v for k, v in opts.items()}
+    presets.check_options({**kw, **ed})
+    return encdec.from_options(kw, ed["encoder_layers"], ed["decoder_layers"], ed.get("encoder_seq_len"))
 
 
 def build_hf(hf_config, opts: dict, spec=None, config=None):

@@ -67,7 +67,8 @@ SOFTCAP_ROPE_MAX_LEN = 64
 
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap",
+                       "cross_attention"})
 
 
 # (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:
@@ -539,6 +540,10 @@ class Predictor:
             self.grid = positions.grid_for(m.seq_len) if m.causal else None
         # the size of the position arrays and matrices: L, or the grid's number of blocks
         self.npos = self.grid.size if self.grid is not None else m.seq_len
+        # an encoder-decoder model's decoder (sigprop.model.encdec): per cross-attention op of the
+        # backward pass, (layer, op, log variance of the gradient at its output, its correlation)
+        self.cross_grads: list = []
+        self._branch_lg = 0.0
 
     def _var_ranges(self) -> dict:
         """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a model whose
@@ -1060,7 +1065,8 @@ class Predictor:
         uses = self.repeats[slot][l]
         eager = tables.worth_tabulating(chain, h, uses)
         var_range = self.var_ranges.get(l) if slot == self._att_slot else None
-        if split:
+        if split or any(rule == "cross_attention" for rule, _ in chain):
+            # (cross-attention: op by op, its op's gradient feeds the encoder, sigprop.model.encdec)
             table = None
         elif var_range is not None:
             # the chain after its norm scale (chain[0]), tabulated over the variance too
@@ -1180,6 +1186,7 @@ class Predictor:
         # branch path: b * Out^T Dropout^T F^T (after an input norm: (n N)^T)
         # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
         if rec.parts is None:
+            self._branch_lg = lg + (rec.log_b2 if b else 0.0)
             gbr, u, ku, kc = self._branch_backward(rec, Backward(1.0 if b else 0.0, gc), w)
             lg_branch_extra = rec.log_b2 if b else 0.0
         else:
@@ -1265,6 +1272,9 @@ class Predictor:
                 g = rec.chain_table.backward_of(rec.chain_x, g)
         else:
             for op in reversed(rec.branch_ops):
+                if op.rule == "cross_attention":
+                    self.cross_grads.append((rec.layer, op, self._branch_lg + math.log(g.var) if g.var > 0
+                                             else -math.inf, g.corr))
                 if w is not None:
                     if op.rule == "attention":
                         k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G, op.var_range,
