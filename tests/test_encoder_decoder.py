@@ -150,8 +150,26 @@ def test_deepnorm_encoder_decoder_constants():
     assert dec["layers"][0]["sublayers"][2]["init"]["out"]["std"] == pytest.approx(db * math.sqrt(2 / (5 * d)))
 
 
+def test_compare_marks_both_stacks(tmp_path, run_cli):
+    """compare: a row per stack, marked ("[encoder]", "[decoder]"; JSON "stack"), the same
+    summaries as the trace's; plot --check (its Monte Carlo markers) refuses the model."""
+    m = _model(n=2, m=3)
+    spec = _write(tmp_path, m.to_json())
+    r = run_cli("compare", "--spec", spec, "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["stack"] for row in rows] == ["encoder", "decoder"]
+    s = ED.summary(ED.predict(m))
+    assert rows[0]["summary"] == json.loads(json.dumps(s["encoder"]))
+    assert rows[1]["summary"] == json.loads(json.dumps(s["decoder"]))
+    r = run_cli("compare", "--spec", spec)
+    assert r.exit_code == 0 and "[encoder]" in r.stdout and "[decoder]" in r.stdout
+    r = run_cli("plot", "--spec", spec, "--check", "-o", str(tmp_path / "x.png"))
+    assert r.exit_code == 2 and "encoder-decoder" in r.stderr and r.stdout == ""
+
+
 @pytest.mark.parametrize("args", [
-    ("compare",), ("plot", "-o", "x.png"), ("predict", "--symbolic"), ("solve-init",),
+    ("predict", "--symbolic"), ("solve-init",),
     ("export", "latex", "--what", "model", "-o", "m.tex"),
 ])
 def test_commands_without_encoder_decoder_models_refuse_them(args, tmp_path, run_cli):

@@ -30,8 +30,8 @@ from sigprop.errors import DomainError
 from sigprop.state import Backward, Forward
 
 #: the one line a command that does not take an encoder-decoder model says
-REFUSED = ("an encoder-decoder model ({\"encoder\": ..., \"decoder\": ...}) is taken by the commands predict "
-           "and check only (yet): this command (or API call) does not implement it")
+REFUSED = ("an encoder-decoder model ({\"encoder\": ..., \"decoder\": ...}) is taken by the commands predict, "
+           "check, compare and plot only (yet): this command (or API call) does not implement it")
 _KEYS = ("arch", "encoder", "decoder")
 STACKS = ("encoder", "decoder")
 #: the placeholder upstream gradient of the encoder before the decoder's backward pass
@@ -117,7 +117,7 @@ def refuse(model, who: str) -> None:
     """DomainError (one line) when ``model`` is an encoder-decoder model and ``who`` does not
     implement one."""
     if isinstance(model, EncoderDecoder):
-        raise DomainError(f"{who} does not implement encoder-decoder models (yet): predict and check do")
+        raise DomainError(f"{who} does not implement encoder-decoder models (yet): predict, check, compare and plot do")
 
 
 # ---------------------------------------------------------------------------------------

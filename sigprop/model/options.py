@@ -145,15 +145,16 @@ def _preset_sets_layers(merged: dict) -> bool:
     return info is not None and "n_layers" in info.defaults
 
 
-def build_models(opts: dict, default_layers: int | None = None, default_archs=None) -> list:
+def build_models(opts: dict, default_layers: int | None = None, default_archs=None, encdec: bool = False) -> list:
     """One resolved model per architecture of a comma-separated ``arch`` option (compare,
     plot).  Without ``--arch``: the config file's ``arch`` if it names one, otherwise
     ``default_archs`` (:data:`sigprop.compare.DEFAULT_ARCHS`).  Every name is checked before
-    any model is built.  ``--spec`` gives exactly one model."""
+    any model is built.  ``--spec`` gives exactly one model.  ``encdec``: as for
+    :func:`build_model` (compare and plot take encoder-decoder models, a row per stack)."""
     from sigprop.compare import DEFAULT_ARCHS, parse_archs
 
     if opts.get("spec") is not None or opts.get("hf_config") is not None:
-        return [build_model(opts, default_layers)]
+        return [build_model(opts, default_layers, encdec)]
     if "arch" in opts:
         archs = parse_archs(opts["arch"])
     else:
@@ -162,7 +163,7 @@ def build_models(opts: dict, default_layers: int | None = None, default_archs=No
             named = _load_config(opts["config"]).get("arch")
             if named is not None:
                 archs = (named,)
-    return [build_model({**opts, "arch": a}, default_layers) for a in archs]
+    return [build_model({**opts, "arch": a}, default_layers, encdec) for a in archs]
 
 
 def solve_options(model_opts: dict, target: str | None = None,

@@ -173,7 +173,7 @@ OPTIONS: dict[str, Option] = _opts(
     Option("n_layers", int, None, "number of layers N, each an attention and an FFN sublayer",
            lo=1, hi=MAX_LAYERS, cli="layers"),
     Option("encoder_layers", int, None, "an encoder-decoder model: its encoder's layers N (with --decoder-layers; "
-           "predict and check)", lo=1, hi=MAX_LAYERS),
+           "predict, check, compare, plot)", lo=1, hi=MAX_LAYERS),
     Option("decoder_layers", int, None, "an encoder-decoder model: its decoder's layers M, each self-attention, "
            "cross-attention, FFN (with --encoder-layers)", lo=1, hi=MAX_LAYERS),
     Option("encoder_seq_len", int, None, "an encoder-decoder model: the encoder's sequence length (default "
@@ -876,7 +876,7 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
     given = {k: v for k, v in check_options({"arch": arch, "init": init, **options}).items() if v is not None}
     if any(k in given for k in ENCDEC_OPTIONS):
         raise DomainError("--encoder-layers, --decoder-layers and --encoder-seq-len describe an encoder-decoder "
-                          "model: predict and check take one (yet); this command does not")
+                          "model: predict, check, compare and plot take one (yet); this command does not")
     info = ARCHS[given.get("arch", "preln")]
     arch = info.name
     opts = defaults()
