@@ -127,6 +127,9 @@ def test_check_passes(arch, n, m, causal, tmp_path, run_cli):
     assert obj["pass"] and obj["schema"] == "sigprop.check/1"
     assert [p["stack"] for p in obj["measured"]] == ["encoder"] * (1 + 2 * n) + ["decoder"] * (1 + 3 * m)
     assert set(obj["model"]) == {"arch", "encoder", "decoder"}
+    # the cross-attention's logit variance (queries from the decoder, keys from E) is reported and judged
+    cross = [(p, q) for p, q in zip(obj["predicted"], obj["measured"]) if p["sublayer"] == "cross_attention"]
+    assert len(cross) == m and all(p["logit_var"] is not None and q["logit_var"] is not None for p, q in cross)
 
 
 def test_deepnorm_encoder_decoder_constants():

@@ -65,7 +65,7 @@ class _DecoderTrial(M._Trial):
             else:
                 self.dE += ge
             return gx
-        return Y, backward, None
+        return Y, backward, cache["logits"]
 
 
 def _forward_stack(tr, m, X):

@@ -489,6 +489,24 @@ def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
 
+def _cross_logit_funcs():
+    from sigprop.rules import cross_attention
+
+    return cross_attention.mean_row_logit_var, cross_attention.logit_var
+
+
+class _LogitFuncs(dict):
+    """logit rule -> (mean row logit variance, logit variance) where it is not attention's"""
+
+    def get(self, key, default=None):
+        if key == "cross_attention":
+            return _cross_logit_funcs()
+        return default
+
+
+_LOGIT_FUNCS = _LogitFuncs()
+
+
 class Predictor:
     """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
 
@@ -776,13 +794,15 @@ class Predictor:
             k_att = next(i for i, (rule, _) in enumerate(chain) if rule == sub.logit_rule)
             att_params = chain[k_att][1]
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
+            # (the logit rule's own functions: attention's, or cross-attention's, whose keys are E's)
+            lrule = _LOGIT_FUNCS.get(sub.logit_rule) or (row_logit_var, attention_logit_var)
             if self.stop_at_saturation:
-                rv = row_logit_var(att_params, h_att)
+                rv = lrule[0](att_params, h_att)
                 if not rv <= ROW_LOGIT_VAR_MAX:
                     self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
                                               f"at layer {l + 1}")
                     return None
-            logit_var = attention_logit_var(att_params, h_att)
+            logit_var = lrule[1](att_params, h_att)
         h_in = h
         jac = None
         if euler and sub.post_norm_rows:

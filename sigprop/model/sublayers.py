@@ -149,4 +149,4 @@ def cross_attention_chain(model, cols, l: int) -> list:
     return [("cross_attention", params)]
 
 
-CROSS_ATTENTION = register(Sublayer("cross_attention", cross_attention_chain))
+CROSS_ATTENTION = register(Sublayer("cross_attention", cross_attention_chain, logit_rule="cross_attention"))

@@ -280,3 +280,29 @@ def evaluate(xq: Forward, xe: Forward, g: Backward | None = None, **params):
         return y, None, None
     _, ge = CROSS_KV.evaluate(xe, g, dec_mean=xq.mean, dec_var=xq.var, dec_corr=xq.corr, **params)
     return y, gx, ge
+
+
+def logit_var(p: dict, x: Forward) -> float:
+    """Variance of one pre-softmax logit q_i . k_j / sqrt(d_head) (``p``: the query-side rule's
+    parameters as a dict, the encoder output's state among them; ``x``: the queries' input),
+    shared parts included: var(q) var(k), q from ``x`` and k from E (zero-mean weights: var =
+    d w^2 (s2 + mu^2) + b^2); with QK-norm their normalised second moments (as
+    :func:`sigprop.rules.attention.logit_var`)."""
+    vq = p["d"] * p["q_std"] ** 2 * (x.var + x.mean ** 2) + p.get("q_bias_std", 0.0) ** 2
+    vk = p["d"] * p["k_std"] ** 2 * (p["enc_var"] + p.get("enc_mean", 0.0) ** 2) + p.get("k_bias_std", 0.0) ** 2
+    norm = int(p.get("qk_norm", 0))
+    if not norm:
+        return float(vq * vk)
+    eps = float(p.get("qk_eps", 1e-5))
+    ln = 1 - 1 / p["d_head"] if norm == 1 else 1.0
+    return float(ln * vq / (ln * vq + eps) * ln * vk / (ln * vk + eps) / ln)
+
+
+def mean_row_logit_var(p: dict, x: Forward) -> float:
+    """The mean row logit variance the rule's domain bounds (ROW_LOGIT_VAR_MAX)."""
+    from sigprop.backend import numeric as m
+
+    xe = Forward(float(p.get("enc_mean", 0.0)), float(p["enc_var"]), float(p.get("enc_corr", 0.0)))
+    c = _CrossCtx(m, Forward(float(x.mean), float(x.var), float(x.corr)), xe, _inner(CROSS.param_values(p)),
+                  check=False)
+    return float(c.s_mean)
