@@ -185,3 +185,16 @@ def test_commands_without_encoder_decoder_models_refuse_them(args, tmp_path, run
     assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
     assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "encoder-decoder" in r.stderr, r.stderr
+
+
+def test_config_file_gives_the_same_model(tmp_path, run_cli):
+    """encoder-layers / decoder-layers in a --config file: the same model as the flags."""
+    cfg = tmp_path / "ed.toml"
+    cfg.write_text('arch = "postln"\nencoder-layers = 2\ndecoder_layers = 3\nd-model = 64\nheads = 2\nseq-len = 8\n')
+    a = run_cli("predict", "--config", str(cfg), "--json")
+    b = run_cli("predict", "--arch", "postln", "--encoder-layers", "2", "--decoder-layers", "3", "--d-model", "64",
+                "--heads", "2", "--seq-len", "8", "--json")
+    assert a.exit_code == 0 and b.exit_code == 0, (a.stderr, b.stderr)
+    assert json.loads(a.stdout)["points"] == json.loads(b.stdout)["points"]
+    r = run_cli("predict", "--config", str(cfg), "--layers", "3")
+    assert r.exit_code == 2 and "give the latter only" in r.stderr

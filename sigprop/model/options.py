@@ -56,12 +56,12 @@ def build_model(opts: dict, default_layers: int | None = None, encdec: bool = Fa
     from sigprop.errors import DomainError
     from sigprop.model import presets
 
-    opts = dict(opts)
-    ed = {k: opts.pop(k) for k in presets.ENCDEC_OPTIONS if opts.get(k) is not None}
-    for k in presets.ENCDEC_OPTIONS:
-        opts.pop(k, None)
-    if ed:
-        return _build_encdec(opts, ed, encdec)
+    opts = {k: v for k, v in opts.items() if not (k in presets.ENCDEC_OPTIONS and v is None)}
+    if any(k in opts for k in presets.ENCDEC_OPTIONS):
+        for k in ("spec", "hf_config"):
+            if opts.get(k) is not None:
+                raise DomainError(f"--encoder-layers and --decoder-layers build the model from the model options: "
+                                  f"drop --{k.replace('_', '-')}")
     spec = opts.pop("spec", None)
     config = opts.pop("config", None)
     hf_config = opts.pop("hf_config", None)
@@ -81,30 +81,29 @@ def build_model(opts: dict, default_layers: int | None = None, encdec: bool = Fa
         o = OPTIONS[k]
         # (arch and init are resolve's own arguments; a choice reads "unknown activation 'x'")
         merged[o.name] = (o.name if o.choices else o.flag, v)
+    if any(k in merged for k in presets.ENCDEC_OPTIONS):
+        return _build_encdec(merged, encdec)
     if "n_layers" not in merged and default_layers is not None and not _preset_sets_layers(merged):
         merged["n_layers"] = ("n_layers", default_layers)
     return presets.resolve(**{label: v for label, v in merged.values()})
 
 
-def _build_encdec(opts: dict, ed: dict, allowed: bool):
-    """The encoder-decoder model of --encoder-layers N --decoder-layers M (--encoder-seq-len) and
-    the other model options (sigprop.model.encdec.from_options)."""
+def _build_encdec(merged: dict, allowed: bool):
+    """The encoder-decoder model of encoder_layers N, decoder_layers M (encoder_seq_len) and the
+    other model options (``merged``: canonical name -> (label, value), from a config file and the
+    flags; sigprop.model.encdec.from_options)."""
     from sigprop.errors import DomainError
     from sigprop.model import encdec, presets
 
     if not allowed:
         raise DomainError(encdec.REFUSED)
+    ed = {k: merged.pop(k)[1] for k in presets.ENCDEC_OPTIONS if k in merged}
     if "encoder_layers" not in ed or "decoder_layers" not in ed:
-        raise DomainError("an encoder-decoder model needs both --encoder-layers and --decoder-layers")
-    for k in ("spec", "hf_config", "config"):
-        if opts.get(k) is not None:
-            raise DomainError(f"--encoder-layers and --decoder-layers build the model from the model options: drop "
-                              f"--{k.replace('_', '-')}")
-    if opts.get("layers") is not None or opts.get("n_layers") is not None:
+        raise DomainError("an encoder-decoder model needs both encoder_layers and decoder_layers "
+                          "(--encoder-layers, --decoder-layers)")
+    if "n_layers" in merged:
         raise DomainError("--layers and --encoder-layers/--decoder-layers both give the depth: give the latter only")
-    for k in ("spec", "hf_config", "config", "layers", "n_layers"):
-        opts.pop(k, None)
-    kw = {(OPTIONS[k].name if k in OPTIONS else k): v for k, v in opts.items()}
+    kw = {k: v for k, (_, v) in merged.items()}          # (canonical names: from_options sets causal, seq_len)
     presets.check_options({**kw, **ed})
     return encdec.from_options(kw, ed["encoder_layers"], ed["decoder_layers"], ed.get("encoder_seq_len"))
 
