@@ -70,6 +70,10 @@ KEYWORDS: dict[str, Keyword] = {
     "arch": Keyword("arch", _MODEL),
     "init": Keyword("init", _MODEL),
     "layers": Keyword("n_layers", _MODEL),
+    # (an encoder-decoder model: the command line's predict and check take it; the API refuses it)
+    "encoder_layers": Keyword("encoder_layers", _MODEL),
+    "decoder_layers": Keyword("decoder_layers", _MODEL),
+    "encoder_seq_len": Keyword("encoder_seq_len", _MODEL),
     "d_model": Keyword("d_model", _MODEL),
     "heads": Keyword("n_heads", _MODEL),
     "kv_heads": Keyword("n_kv_heads", _MODEL),

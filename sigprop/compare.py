@@ -26,6 +26,9 @@ class Row:
     model: object           # sigprop.model.spec.Model
     points: list            # list of sigprop.model.predict.StreamPoint (input, then each sublayer)
     summary: dict           # sigprop.model.trace.summary(points)
+    #: an encoder-decoder model's stack ("encoder" or "decoder"; None for a one-stack model): the
+    #: row's model is that stack (the encoder with the decoder's gradient into its output)
+    stack: str | None = None
 
     @property
     def init(self) -> str | None:
@@ -44,7 +47,12 @@ class Row:
         else:
             init = self.init
             name = info.title if init in (None, info.default_init) else f"{info.title}, {init} init"
-        return name + self.stop_note
+        return name + (f" [{self.stack}]" if self.stack else "") + self.stop_note
+
+    @property
+    def style_key(self) -> str:
+        """The plot's style name: the arch, the decoder of an encoder-decoder model apart."""
+        return self.arch if self.stack != "decoder" else f"{self.arch} decoder"
 
     @property
     def saturation_layer(self) -> int | None:
@@ -84,9 +92,27 @@ def row(model) -> Row:
     return Row(model.arch, model, pts, summary(pts))
 
 
+def stack_rows(model) -> list[Row]:
+    """An encoder-decoder model's rows (sigprop.model.encdec): the encoder's, then the
+    decoder's, each judged on its own."""
+    from sigprop.model import encdec
+    from sigprop.model.trace import summary
+
+    pred = encdec.predict(model)
+    enc = model.encoder.replace(grad=pred.e_grad)
+    dec = encdec.decoder_with_encoder(model, pred.e_state)
+    return [Row(model.arch, enc, pred.encoder, summary(pred.encoder), "encoder"),
+            Row(model.arch, dec, pred.decoder, summary(pred.decoder), "decoder")]
+
+
 def compare(models) -> list[Row]:
-    """One row per model, in the given order."""
-    return [row(m) for m in models]
+    """One row per model, in the given order (an encoder-decoder model: a row per stack)."""
+    from sigprop.model.encdec import is_encdec
+
+    out = []
+    for m in models:
+        out += stack_rows(m) if is_encdec(m) else [row(m)]
+    return out
 
 
 def model_title(model) -> str:
@@ -106,5 +132,6 @@ def to_json(rows: list[Row]) -> dict:
         "schema": SCHEMA,
         "version": __version__,
         "rows": [{"arch": r.arch, "init": r.init, "model": r.model.to_json(), "summary": r.summary,
+                  **({"stack": r.stack} if r.stack else {}),
                   **({"hf": r.model.notes["hf"]} if "hf" in (r.model.notes or {}) else {})} for r in rows],
     }

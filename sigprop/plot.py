@@ -157,6 +157,9 @@ def measure(rows, batch: int, trials: int, seed: int, dtype):
     from sigprop.model.checking import require_representable
 
     for r in rows:
+        if getattr(r, "stack", None):
+            raise DomainError("plot --check does not simulate encoder-decoder models (yet): sigprop check does")
+    for r in rows:
         sat = r.saturation_layer
         if sat == 1:
             yield r, None
@@ -187,7 +190,7 @@ def figure_data(rows, measurements=None, mark_every: int | None = None, title: s
                     + (f", {meas.dtype})" if meas.dtype != "float32" else ")"))
     if title is None:
         title = model_title(rows[0].model) if rows else ""
-    return FigureData(PANELS, lines, markers, [r.arch for r in rows], title, note)
+    return FigureData(PANELS, lines, markers, [getattr(r, "style_key", r.arch) for r in rows], title, note)
 
 
 # ---------------------------------------------------------------------------------------

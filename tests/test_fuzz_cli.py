@@ -86,7 +86,9 @@ def _small(name: str):
     return {"layers": st.integers(1, 6), "seq_len": st.integers(2, 64), "heads": st.sampled_from([1, 2, 4, 8]),
             "kv_heads": st.sampled_from([1, 2, 4]), "d_head": st.sampled_from([1, 8, 16, 64]),
             "d_model": st.sampled_from([1, 8, 64, 10**6, 10**12]),
-            "d_ff": st.sampled_from([1, 64, 128, 10**9])}[name]
+            "d_ff": st.sampled_from([1, 64, 128, 10**9]),
+            "encoder_layers": st.integers(1, 4), "decoder_layers": st.integers(1, 4),
+            "encoder_seq_len": st.integers(2, 32)}[name]
 
 
 def _int_text(name: str):

@@ -84,7 +84,8 @@ def test_parallel_list_is_the_parallel_block():
 @pytest.mark.parametrize("edit, message", [
     (lambda o: o["layers"][1]["sublayers"].pop(), "every layer must have the same list of sublayer kinds"),
     (lambda o: o["layers"][0]["sublayers"][3].update(kind="dyt"), "kind must be one of"),
-    (lambda o: o["layers"][0]["sublayers"][3].update(kind="cross_attention"), "'cross_attention' is not implemented"),
+    (lambda o: [l["sublayers"].__setitem__(3, dict(l["sublayers"][1], kind="cross_attention")) for l in o["layers"]],
+     "it belongs in the decoder of an encoder-decoder model"),
     (lambda o: o["layers"][0]["sublayers"][3].update(skip_scale=1), "unknown key 'skip_scale'"),
     (lambda o: o["layers"][2]["sublayers"][3].update(norm_scale="x"), "layers[2].sublayers[3].norm_scale must be a number"),
     (lambda o: o["layers"][2]["sublayers"][0]["init"]["in"].update(std=-1), "layers[2].sublayers[0].init.in.std must be >= 0"),

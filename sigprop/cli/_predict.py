@@ -90,7 +90,19 @@ def run(model_opts: dict, every: int | None = None, as_json: bool = False, symbo
     from sigprop.model.options import build_model
 
     _render_rows.conflict(every, full)
-    model = build_model(model_opts, default_layers=24)
+    model = build_model(model_opts, default_layers=24, encdec=True)
+    from sigprop.model.encdec import is_encdec
+
+    if is_encdec(model):
+        from sigprop.cli._render_encdec import predict_encdec
+
+        if symbolic:
+            from sigprop.model.encdec import refuse
+
+            refuse(model, "--symbolic")
+        predict_encdec(model, every, as_json, full)
+        done()
+        return
     if symbolic:
         from sigprop.model.symbolic import require_supported
 

@@ -46,7 +46,16 @@ def check_cmd(
     conflict(every, full)
 
     tol = tolerances(tolerance_values(tol_var, tol_grad, tol_corr, tol_logit, z))
-    model = build_model(model_opts, default_layers=12)
+    model = build_model(model_opts, default_layers=12, encdec=True)
+    from sigprop.model.encdec import is_encdec
+
+    if is_encdec(model):
+        from sigprop.cli._render_encdec import check_encdec
+
+        passed = check_encdec(model, tol, trials, batch, seed, dtype.value, backend.value, rng.value, dask, as_json,
+                              every, full)
+        done()
+        raise typer.Exit(0 if passed else 1)
     points, meas, res = check_model(model, tol, trials=trials, batch=batch, seed=seed, dtype=dtype.value,
                                     backend=backend.value, device=device.value, rng=rng.value, dask=dask,
                                     workers=workers, progress=True)

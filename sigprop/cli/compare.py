@@ -21,7 +21,7 @@ def compare_cmd(
     from sigprop.cli._report import done
     from sigprop.compare import compare, to_json
 
-    rows = compare(build_models(model_opts, default_layers=24))
+    rows = compare(build_models(model_opts, default_layers=24, encdec=True))
     if as_json:
         print(json.dumps(to_json(rows)))
     else:
@@ -48,7 +48,7 @@ def _render(rows) -> None:
         t.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=None if left else 8)
     for r in rows:
         s = r.summary
-        t.add_row(r.arch + ("*" if r.saturation_layer is not None else ""), _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
+        t.add_row(escape(_name(r)) + ("*" if r.saturation_layer is not None else ""), _f(s["forward_var_final"]), _f(s["grad_ratio_input_output"]), _f(s["corr_top"]),
                   _f(s["max_logit_var"]), s["forward_law"], s["grad_law"])
     c = Console()
     for line in _header(rows):
@@ -60,7 +60,12 @@ def _render(rows) -> None:
                 "the row's values describe the layers before it")
     c.print()
     for r in rows:
-        c.print(f"[bold]{r.arch}[/] (init {r.init or 'from --spec'}): {r.summary['verdict']}")
+        c.print(f"[bold]{escape(_name(r))}[/] (init {r.init or 'from --spec'}): {r.summary['verdict']}")
+
+
+def _name(r) -> str:
+    """The row's arch, with its stack for an encoder-decoder model ("postln [decoder]")."""
+    return r.arch + (f" [{r.stack}]" if getattr(r, "stack", None) else "")
 
 
 def _header(rows) -> list[str]:
@@ -85,6 +90,6 @@ def _header(rows) -> list[str]:
         if all(t == texts[0] for t in texts):
             lines.append(f"{key[0]:<10}{texts[0]}")
             continue
-        lines += [f"{key[0] if i == 0 else '':<10}{r.arch}: {t}" for i, (r, t) in enumerate(zip(rows, texts))
+        lines += [f"{key[0] if i == 0 else '':<10}{_name(r)}: {t}" for i, (r, t) in enumerate(zip(rows, texts))
                   if t is not None]
     return lines

@@ -37,7 +37,7 @@ def plot_cmd(
     plot.check_size(output, width, height, dpi)
     from sigprop.compare import compare
 
-    rows = compare(build_models(model_opts, default_layers=24))
+    rows = compare(build_models(model_opts, default_layers=24, encdec=True))
     measurements = None
     if check:
         import numpy as np
@@ -59,7 +59,7 @@ def plot_cmd(
     data = plot.figure_data(rows, measurements, mark_every=mark_every, title=title)
     fig = plot.make_figure(data, width=width, height=height)
     plot.save(fig, output, dpi=dpi)
-    print(f"wrote {output}: {len(rows)} architectures ({', '.join(r.arch for r in rows)})"
+    print(f"wrote {output}: {len(rows)} architectures ({', '.join(r.arch + (f' [{r.stack}]' if r.stack else '') for r in rows)})"
           + (f"; Monte Carlo markers: {trials} trials x batch {batch}, seed {seed}, {dtype.value}" if check else ""))
 
 

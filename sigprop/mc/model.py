@@ -55,10 +55,11 @@ SUPPORTED_FEATURES = BLOCK_FEATURES | ATTENTION_FEATURES
 _PRE, _POST, _PERI, _OUTPUT = (PLACEMENTS.index(p) for p in ("pre", "post", "peri", "output"))
 
 
-def check_supported(model, backend: Backend | None = None) -> None:
+def check_supported(model, backend: Backend | None = None, extra: frozenset = frozenset()) -> None:
     """Refuse (DomainError) a model with a feature this simulation does not implement, or one
-    whose components have no array-API simulation when ``backend`` is not NumPy."""
-    require(model, SUPPORTED_FEATURES | pointwise_norm(model), "the Monte Carlo")
+    whose components have no array-API simulation when ``backend`` is not NumPy.  ``extra``:
+    features a subclass of the trial simulates (sigprop.mc.encdec: cross_attention)."""
+    require(model, SUPPORTED_FEATURES | pointwise_norm(model) | extra, "the Monte Carlo")
     bk = backend or numpy_backend()
     if bk.is_numpy:
         return
@@ -199,11 +200,14 @@ class _Trial:
     whose derivative is the indicator h > 0 (h > 0 exactly where u > 0 and the unit is kept),
     so no mask is stored."""
 
+    #: features beyond SUPPORTED_FEATURES that a subclass simulates
+    EXTRA_FEATURES: frozenset = frozenset()
+
     def __init__(self, model, rng, dtype):
         self.rng = as_rng(rng)                 # an Rng, or a NumPy Generator (NumPy backend)
         self.m, self.dtype = model, np_dtype(dtype)
         self.bk = self.rng.backend
-        check_supported(model, self.bk)
+        check_supported(model, self.bk, self.EXTRA_FEATURES)
         self.attn = component("attention")
         self.norm = self.ln = component(registry.norm(model.norm).component)    # ln: the same component, by its older name
         self.norm_p = _norm_params(model)

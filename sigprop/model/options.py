@@ -34,20 +34,34 @@ def _require_path(value, name: str, wanted: str) -> None:
         raise DomainError(f"{name} must be {wanted}, got {type(value).__name__}")
 
 
-def _load_spec(spec):
+def _load_spec(spec, encdec: bool = False):
+    from sigprop.model.encdec import EncoderDecoder, REFUSED
     from sigprop.model.spec import Model
 
-    return spec if isinstance(spec, Model) else Model.load(spec)
+    if isinstance(spec, EncoderDecoder):
+        if not encdec:
+            from sigprop.errors import DomainError
+
+            raise DomainError(REFUSED)
+        return spec
+    return spec if isinstance(spec, Model) else Model.load(spec, encdec=encdec)
 
 
-def build_model(opts: dict, default_layers: int | None = None):
+def build_model(opts: dict, default_layers: int | None = None, encdec: bool = False):
     """Resolve options into a :class:`sigprop.model.spec.Model` (library calls only).
     ``default_layers``: the number of layers when neither the options nor the preset (the
-    model presets have their own) give one."""
+    model presets have their own) give one.  ``encdec``: the caller takes an encoder-decoder
+    model (sigprop.model.encdec.EncoderDecoder: a --spec holding one, or the options
+    encoder_layers and decoder_layers); otherwise one is refused in one line."""
     from sigprop.errors import DomainError
     from sigprop.model import presets
 
-    opts = dict(opts)
+    opts = {k: v for k, v in opts.items() if not (k in presets.ENCDEC_OPTIONS and v is None)}
+    if any(k in opts for k in presets.ENCDEC_OPTIONS):
+        for k in ("spec", "hf_config"):
+            if opts.get(k) is not None:
+                raise DomainError(f"--encoder-layers and --decoder-layers build the model from the model options: "
+                                  f"drop --{k.replace('_', '-')}")
     spec = opts.pop("spec", None)
     config = opts.pop("config", None)
     hf_config = opts.pop("hf_config", None)
@@ -57,7 +71,7 @@ def build_model(opts: dict, default_layers: int | None = None):
         if opts or config is not None:
             raise DomainError("--spec gives a fully resolved model: drop the other model options "
                               f"({', '.join('--' + k.replace('_', '-') for k in opts) or '--config'})")
-        return _load_spec(spec)
+        return _load_spec(spec, encdec)
     # canonical name -> (label for messages, value): config values (already checked against
     # the file's keys), then flags, labelled as typed ("--layers must be a positive integer")
     merged = {}
@@ -67,9 +81,31 @@ def build_model(opts: dict, default_layers: int | None = None):
         o = OPTIONS[k]
         # (arch and init are resolve's own arguments; a choice reads "unknown activation 'x'")
         merged[o.name] = (o.name if o.choices else o.flag, v)
+    if any(k in merged for k in presets.ENCDEC_OPTIONS):
+        return _build_encdec(merged, encdec)
     if "n_layers" not in merged and default_layers is not None and not _preset_sets_layers(merged):
         merged["n_layers"] = ("n_layers", default_layers)
     return presets.resolve(**{label: v for label, v in merged.values()})
+
+
+def _build_encdec(merged: dict, allowed: bool):
+    """The encoder-decoder model of encoder_layers N, decoder_layers M (encoder_seq_len) and the
+    other model options (``merged``: canonical name -> (label, value), from a config file and the
+    flags; sigprop.model.encdec.from_options)."""
+    from sigprop.errors import DomainError
+    from sigprop.model import encdec, presets
+
+    if not allowed:
+        raise DomainError(encdec.REFUSED)
+    ed = {k: merged.pop(k)[1] for k in presets.ENCDEC_OPTIONS if k in merged}
+    if "encoder_layers" not in ed or "decoder_layers" not in ed:
+        raise DomainError("an encoder-decoder model needs both encoder_layers and decoder_layers "
+                          "(--encoder-layers, --decoder-layers)")
+    if "n_layers" in merged:
+        raise DomainError("--layers and --encoder-layers/--decoder-layers both give the depth: give the latter only")
+    kw = {k: v for k, (_, v) in merged.items()}          # (canonical names: from_options sets causal, seq_len)
+    presets.check_options({**kw, **ed})
+    return encdec.from_options(kw, ed["encoder_layers"], ed["decoder_layers"], ed.get("encoder_seq_len"))
 
 
 def build_hf(hf_config, opts: dict, spec=None, config=None):
@@ -108,15 +144,16 @@ def _preset_sets_layers(merged: dict) -> bool:
     return info is not None and "n_layers" in info.defaults
 
 
-def build_models(opts: dict, default_layers: int | None = None, default_archs=None) -> list:
+def build_models(opts: dict, default_layers: int | None = None, default_archs=None, encdec: bool = False) -> list:
     """One resolved model per architecture of a comma-separated ``arch`` option (compare,
     plot).  Without ``--arch``: the config file's ``arch`` if it names one, otherwise
     ``default_archs`` (:data:`sigprop.compare.DEFAULT_ARCHS`).  Every name is checked before
-    any model is built.  ``--spec`` gives exactly one model."""
+    any model is built.  ``--spec`` gives exactly one model.  ``encdec``: as for
+    :func:`build_model` (compare and plot take encoder-decoder models, a row per stack)."""
     from sigprop.compare import DEFAULT_ARCHS, parse_archs
 
     if opts.get("spec") is not None or opts.get("hf_config") is not None:
-        return [build_model(opts, default_layers)]
+        return [build_model(opts, default_layers, encdec)]
     if "arch" in opts:
         archs = parse_archs(opts["arch"])
     else:
@@ -125,7 +162,7 @@ def build_models(opts: dict, default_layers: int | None = None, default_archs=No
             named = _load_config(opts["config"]).get("arch")
             if named is not None:
                 archs = (named,)
-    return [build_model({**opts, "arch": a}, default_layers) for a in archs]
+    return [build_model({**opts, "arch": a}, default_layers, encdec) for a in archs]
 
 
 def solve_options(model_opts: dict, target: str | None = None,

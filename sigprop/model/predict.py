@@ -67,7 +67,8 @@ SOFTCAP_ROPE_MAX_LEN = 64
 
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
-                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap"})
+                       "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap",
+                       "cross_attention"})
 
 
 # (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:
@@ -488,6 +489,24 @@ def _exp_rel(lv: float, ref: float) -> float:
     return 0.0 if lv == -math.inf else math.exp(lv - ref)
 
 
+def _cross_logit_funcs():
+    from sigprop.rules import cross_attention
+
+    return cross_attention.mean_row_logit_var, cross_attention.logit_var
+
+
+class _LogitFuncs(dict):
+    """logit rule -> (mean row logit variance, logit variance) where it is not attention's"""
+
+    def get(self, key, default=None):
+        if key == "cross_attention":
+            return _cross_logit_funcs()
+        return default
+
+
+_LOGIT_FUNCS = _LogitFuncs()
+
+
 class Predictor:
     """Builds the per-sublayer rule chains of a :class:`sigprop.model.spec.Model`."""
 
@@ -539,6 +558,10 @@ class Predictor:
             self.grid = positions.grid_for(m.seq_len) if m.causal else None
         # the size of the position arrays and matrices: L, or the grid's number of blocks
         self.npos = self.grid.size if self.grid is not None else m.seq_len
+        # an encoder-decoder model's decoder (sigprop.model.encdec): per cross-attention op of the
+        # backward pass, (layer, op, log variance of the gradient at its output, its correlation)
+        self.cross_grads: list = []
+        self._branch_lg = 0.0
 
     def _var_ranges(self) -> dict:
         """layer (0-based) -> (v_lo, v_hi) for the pre attention sublayers of a model whose
@@ -771,13 +794,15 @@ class Predictor:
             k_att = next(i for i, (rule, _) in enumerate(chain) if rule == sub.logit_rule)
             att_params = chain[k_att][1]
             h_att = Forward(h.mean * n, h.var * n * n, h.corr) if unit.in_norm else h
+            # (the logit rule's own functions: attention's, or cross-attention's, whose keys are E's)
+            lrule = _LOGIT_FUNCS.get(sub.logit_rule) or (row_logit_var, attention_logit_var)
             if self.stop_at_saturation:
-                rv = row_logit_var(att_params, h_att)
+                rv = lrule[0](att_params, h_att)
                 if not rv <= ROW_LOGIT_VAR_MAX:
                     self.saturation = (l + 1, f"attention row logit variance {rv:.3g} beyond {ROW_LOGIT_VAR_MAX:g} "
                                               f"at layer {l + 1}")
                     return None
-            logit_var = attention_logit_var(att_params, h_att)
+            logit_var = lrule[1](att_params, h_att)
         h_in = h
         jac = None
         if euler and sub.post_norm_rows:
@@ -1060,7 +1085,8 @@ class Predictor:
         uses = self.repeats[slot][l]
         eager = tables.worth_tabulating(chain, h, uses)
         var_range = self.var_ranges.get(l) if slot == self._att_slot else None
-        if split:
+        if split or any(rule == "cross_attention" for rule, _ in chain):
+            # (cross-attention: op by op, its op's gradient feeds the encoder, sigprop.model.encdec)
             table = None
         elif var_range is not None:
             # the chain after its norm scale (chain[0]), tabulated over the variance too
@@ -1180,6 +1206,7 @@ class Predictor:
         # branch path: b * Out^T Dropout^T F^T (after an input norm: (n N)^T)
         # b^2 enters as a logarithm (lg_branch_extra), the chain sees a unit gradient
         if rec.parts is None:
+            self._branch_lg = lg + (rec.log_b2 if b else 0.0)
             gbr, u, ku, kc = self._branch_backward(rec, Backward(1.0 if b else 0.0, gc), w)
             lg_branch_extra = rec.log_b2 if b else 0.0
         else:
@@ -1276,6 +1303,9 @@ class Predictor:
                 g = rec.chain_table.backward_of(rec.chain_x, g)
         else:
             for op in reversed(rec.branch_ops):
+                if op.rule == "cross_attention":
+                    self.cross_grads.append((rec.layer, op, self._branch_lg + math.log(g.var) if g.var > 0
+                                             else -math.inf, g.corr))
                 if w is not None:
                     if op.rule == "attention":
                         k, k2, u = profile.attention_backward(op.params, op.x, g, u, self._rows(op), G, op.var_range,

@@ -163,11 +163,21 @@ FFNS = _FFNs()
 #: RoPE's base when rope is on and no base is given (LLaMA, Hugging Face's default)
 DEFAULT_ROPE_BASE = 10000.0
 
+#: the options of an encoder-decoder model (sigprop.model.encdec.from_options), which resolve
+#: itself refuses
+ENCDEC_OPTIONS = ("encoder_layers", "decoder_layers", "encoder_seq_len")
+
 OPTIONS: dict[str, Option] = _opts(
     Option("arch", str, "preln", "architecture preset", choices=ARCH_NAMES),
     Option("init", str, None, "initialisation scheme (default: the architecture's own)", choices=INIT_NAMES),
     Option("n_layers", int, None, "number of layers N, each an attention and an FFN sublayer",
            lo=1, hi=MAX_LAYERS, cli="layers"),
+    Option("encoder_layers", int, None, "an encoder-decoder model: its encoder's layers N (with --decoder-layers; "
+           "predict, check, compare, plot)", lo=1, hi=MAX_LAYERS),
+    Option("decoder_layers", int, None, "an encoder-decoder model: its decoder's layers M, each self-attention, "
+           "cross-attention, FFN (with --encoder-layers)", lo=1, hi=MAX_LAYERS),
+    Option("encoder_seq_len", int, None, "an encoder-decoder model: the encoder's sequence length (default "
+           "--seq-len)", lo=2, hi=MAX_SEQ_LEN, why=TWO_TOKENS),
     Option("d_model", int, 1024, "model width d", lo=1),
     Option("n_heads", int, 16, "attention heads", lo=1, cli="heads"),
     Option("n_kv_heads", int, None, "key/value heads, grouped-query attention (default: heads; must divide "
@@ -864,6 +874,9 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
     combinations that are not defined raise DomainError.
     """
     given = {k: v for k, v in check_options({"arch": arch, "init": init, **options}).items() if v is not None}
+    if any(k in given for k in ENCDEC_OPTIONS):
+        raise DomainError("--encoder-layers, --decoder-layers and --encoder-seq-len describe an encoder-decoder "
+                          "model: predict, check, compare and plot take one (yet); this command does not")
     info = ARCHS[given.get("arch", "preln")]
     arch = info.name
     opts = defaults()

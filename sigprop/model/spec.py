@@ -66,8 +66,10 @@ OPTIONAL_DEFAULTS: Mapping[str, object] = MappingProxyType({
 
 
 def weight_names(kind: str, ffn_kind: str = "mlp") -> tuple[str, ...]:
-    """The weight names of a sublayer of ``kind`` (attention: q, k, v, o; ffn: in, out, or for
-    a gated FFN gate, up, down)."""
+    """The weight names of a sublayer of ``kind`` (attention and cross_attention: q, k, v, o;
+    ffn: in, out, or for a gated FFN gate, up, down)."""
+    if kind == "cross_attention":
+        return WEIGHTS["attention"]
     return FFN_WEIGHTS[ffn_kind] if kind == "ffn" else WEIGHTS[kind]
 
 _MODEL_KEYS = ("arch", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len", "activation",
@@ -169,8 +171,9 @@ class Sublayers(_Frozen):
         for name, value in zip(self.FIELDS, (kind, placement, skip_scale, branch_scale, norm_scale, std, bias_std),
                                strict=True):
             self._set(name, value)
-        if self.kind not in WEIGHTS:
+        if self.kind not in WEIGHTS and self.kind != "cross_attention":
             raise DomainError(f"sublayer kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        wts = WEIGHTS["attention"] if self.kind == "cross_attention" else None
         post = placement_codes(self.placement)
         n = post.shape[0] if post.ndim == 1 else None
         if n is None:
@@ -195,8 +198,8 @@ class Sublayers(_Frozen):
                 raise DomainError(f"{where}.{name}[{i}] must be finite, got {col[i]:g}")
             self._set(name, col)
         given = set(self.std)
-        names = next((ns for ns in (FFN_WEIGHTS.values() if self.kind == "ffn" else (WEIGHTS[self.kind],))
-                      if set(ns) == given), WEIGHTS[self.kind])
+        names = wts or next((ns for ns in (FFN_WEIGHTS.values() if self.kind == "ffn" else (WEIGHTS[self.kind],))
+                             if set(ns) == given), WEIGHTS[self.kind])
         for attr in ("std", "bias_std"):
             given = dict(getattr(self, attr))
             if set(given) != set(names):
@@ -530,6 +533,8 @@ class Model(_Frozen):
             out.append("activation silu")
         if self.sublayers is not None:
             out.append("sublayers")
+            if any(s.kind == "cross_attention" for s in self.sublayers):
+                out.append("cross_attention")
         for p in sorted(set().union(*(s.placements() for s in self.slots() if s.kind != "norm"))):
             if p not in ("pre", "post"):
                 out.append(f"placement {p}")
@@ -678,15 +683,26 @@ class Model(_Frozen):
         return Model.from_json(obj)
 
     @classmethod
-    def load(cls, path) -> "Model":
+    def load(cls, path, encdec: bool = False) -> "Model":
         """Read a JSON file holding either the model object or an object with key "model"
-        (a trace or check output)."""
+        (a trace or check output).  An encoder-decoder model ({"encoder": ..., "decoder": ...},
+        sigprop.model.encdec) is returned as an :class:`sigprop.model.encdec.EncoderDecoder`
+        with ``encdec``, and refused in one line otherwise (the caller does not take one)."""
         from sigprop.files import MAX_MODEL_BYTES, check_path, read_json
 
         path = Path(check_path(path, "model file"))
         obj = read_json(path, "model file", MAX_MODEL_BYTES, " (model values must be finite numbers)")
         if isinstance(obj, dict) and "model" in obj and "layers" not in obj:
             obj = obj["model"]
+        if isinstance(obj, dict) and ("encoder" in obj or "decoder" in obj) and "layers" not in obj:
+            from sigprop.model import encdec as _ed
+
+            if not encdec:
+                raise DomainError(f"{path.name}: {_ed.REFUSED}")
+            try:
+                return _ed.EncoderDecoder.from_json(obj, "model")
+            except DomainError as e:
+                raise DomainError(f"{path.name}: {e}") from None
         try:
             return cls.from_json(obj, "model")
         except DomainError as e:
@@ -773,7 +789,9 @@ def _choice(obj, key: str, choices: tuple, where: str) -> str:
     return v
 
 
-def _parse_model(obj, where: str) -> Model:
+def _parse_model(obj, where: str, cross: bool = False) -> Model:
+    """``cross``: the layers may hold cross_attention sublayers (an encoder-decoder model's
+    decoder stack)."""
     if isinstance(obj, dict):
         core = {k: v for k, v in obj.items() if k not in OPTIONAL_DEFAULTS}
         modern = _parse_modern(obj, where)
@@ -827,6 +845,9 @@ def _parse_model(obj, where: str) -> Model:
         elif modern.get("block", "sequential") != "sequential":
             raise DomainError(f"{where}.block is {modern['block']!r}, but its layers do not say \"parallel\": true")
         kinds = [s.kind for s in slots]
+        if "cross_attention" in kinds and not cross:
+            raise DomainError(f"{where}.layers: a cross_attention sublayer reads an encoder's output: it belongs in "
+                              "the decoder of an encoder-decoder model ({\"arch\", \"encoder\", \"decoder\"})")
         for kind in KINDS:
             if kind not in kinds:
                 raise DomainError(f"{where}.layers: a layer without an {kind} sublayer is not implemented (yet)")
@@ -884,12 +905,13 @@ _LAYER_KEYS = frozenset(KINDS)
 
 
 #: the sublayer kinds a layer's list may hold, and those sigprop does not implement yet
-SUBLAYER_KINDS = (*KINDS, "norm")
+#: (cross_attention: only in the decoder of an encoder-decoder model, sigprop.model.encdec)
+SUBLAYER_KINDS = (*KINDS, "norm", "cross_attention")
 #: the most sublayers a layer's list may hold, and in the whole model (the prediction keeps
 #: every sublayer's state: as many as the ordinary layer's MAX_LAYERS layers have)
 MAX_SUBLAYERS = 64
 MAX_MODEL_SUBLAYERS = 2 * MAX_LAYERS
-_PLANNED_KINDS = ("cross_attention",)
+_PLANNED_KINDS = ()
 _LIST_KEYS = ("sublayers", "parallel")
 
 

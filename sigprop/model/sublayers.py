@@ -123,3 +123,30 @@ ATTENTION = register(Sublayer("attention", attention_chain, mixes_tokens=True, l
 FFN = register(Sublayer("ffn", _ffn_layer_chain, slope_to_norm=True, euler_var=_ffn_euler_var))
 #: a norm of the stream, x' = n N(x): a unit whose branch is its norm scale alone
 NORM = register(Sublayer("norm", lambda model, cols, l: [], hidden_dropout=False))
+
+
+# -- cross-attention (the decoder of an encoder-decoder model, sigprop.model.encdec) --------
+
+def cross_attention_chain(model, cols, l: int) -> list:
+    """The cross-attention rule (sigprop.rules.cross_attention, query side) with layer ``l``'s
+    weight stds; the encoder output's state and length come from the decoder's notes
+    (``encoder_output``, ``encoder_seq_len``: set by sigprop.model.encdec).  No rotary positions;
+    the stack's QK-norm on its queries and keys."""
+    from sigprop.errors import DomainError
+
+    m = model
+    e, lk = m.notes.get("encoder_output"), m.notes.get("encoder_seq_len")
+    if e is None or lk is None:
+        raise DomainError("a cross_attention sublayer reads an encoder's output: predict the encoder-decoder model "
+                          "(sigprop.model.encdec), not its decoder alone")
+    params = dict(d=m.d_model, n_heads=m.n_heads, d_head=m.d_head, L=m.seq_len, L_enc=int(lk),
+                  p=m.dropout.attention, enc_mean=float(e.mean), enc_var=float(e.var), enc_corr=float(e.corr))
+    for name in ("q", "k", "v", "o"):
+        params[f"{name}_std"], params[f"{name}_bias_std"] = float(cols.std[name][l]), float(cols.bias_std[name][l])
+    if m.qk_norm is not None:
+        params["qk_norm"] = registry.norm(m.qk_norm).qk_code
+        params["qk_eps"] = m.norm_eps
+    return [("cross_attention", params)]
+
+
+CROSS_ATTENTION = register(Sublayer("cross_attention", cross_attention_chain, logit_rule="cross_attention"))
