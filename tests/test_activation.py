@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 # Rule.symbolic() does ``from sigprop.backend import symbolic``; until the submodule has been
 # imported that name is the package's lazy-loader *function*, not the namespace module.
 import sigprop.backend.symbolic  # noqa: F401
-from conftest import finite_difference_check, numeric_value, symbolic_value
+from tests.conftest import finite_difference_check, numeric_value, symbolic_value
 from sigprop import symbols
 from sigprop.errors import DomainError
 from sigprop.mc import components as C

@@ -10,16 +10,13 @@ import importlib
 import json
 import math
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _cli import cli  # noqa: E402
+from tests._cli import cli
+from tests._paths import DATA
 
-DATA = Path(__file__).parent / "data"
 GPT2 = DATA / "hf" / "gpt2-small.json"
 
 

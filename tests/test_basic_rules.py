@@ -7,7 +7,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import finite_difference_check, numeric_value, symbolic_value
+from tests.conftest import finite_difference_check, numeric_value, symbolic_value
 from sigprop import symbols
 from sigprop.errors import DomainError
 from sigprop.mc import components as C

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from _cli import cli
+from tests._cli import cli
 from sigprop.cli import _predict
 
 

@@ -5,17 +5,14 @@ command line."""
 from __future__ import annotations
 
 import ast
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _cli import cli  # noqa: E402
+from sigprop.export.torch_code import torch_init_code
+from sigprop.model.presets import resolve
+from sigprop.model.spec import Model
+from tests import _paths
+from tests._cli import cli
 
-from sigprop.export.torch_code import torch_init_code  # noqa: E402
-from sigprop.model.presets import resolve  # noqa: E402
-from sigprop.model.spec import Model  # noqa: E402
-
-DATA = Path(__file__).parent / "data" / "hf"
+DATA = _paths.DATA / "hf"
 
 
 def _neox_model():

@@ -33,7 +33,6 @@ import subprocess
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -43,9 +42,10 @@ from hypothesis import strategies as st  # noqa: E402
 
 from sigprop.model.options import OPTIONS  # noqa: E402
 from tests._cli import cli  # noqa: E402
+from tests._paths import DATA  # noqa: E402
 
 M = ["--layers", "4", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16"]
-HF_DIR = Path(__file__).parent / "data" / "hf"
+HF_DIR = DATA / "hf"
 
 #: seconds one example may take in-process (a tiny model predicts in well under a second once
 #: its tables are built; a first build of an attention table is a few seconds on a loaded CI

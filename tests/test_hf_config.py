@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _cli import cli
+from tests._cli import cli
 from sigprop.errors import DomainError
 from sigprop.interop.hf import SEQ_LEN_FROM_CONFIG, SEQ_LEN_FROM_FLAG, HFModel, read_config, resolve
+from tests import _paths
 
-DATA = Path(__file__).parent / "data" / "hf"
+DATA = _paths.DATA / "hf"
 R0 = 0.221          # sigprop's token-collision probability of the embedding rule
 
 

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from _cli import cli
+from tests._cli import cli
 from sigprop.errors import DomainError
 from sigprop.interop.hf import SEQ_LEN_FROM_CONFIG, read_config, resolve
+from tests import _paths
 
 R0 = 0.221          # sigprop's token-collision probability of the embedding rule
 
-DATA = Path(__file__).parent / "data" / "hf"
+DATA = _paths.DATA / "hf"
 
 #: config.json files shaped like published ones (Qwen3-0.6B, roberta-base, distilbert-base with
 #: its dropout off, starcoder2-3b, Phi-3-mini-4k, gemma-2b, a small Command R, granite-3.0-2b,

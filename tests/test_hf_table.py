@@ -14,7 +14,7 @@ import pytest
 from sigprop.errors import DomainError
 from sigprop.interop import hf
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._paths import ROOT
 
 
 def _table_module():

@@ -393,7 +393,7 @@ def test_simulate_refuses_before_allocating(monkeypatch):
     ["--d-model", "100000"],
 ])
 def test_check_refuses_sizes_beyond_memory(capsys, args):
-    from _cli import cli
+    from tests._cli import cli
 
     base = ["--layers", "4", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16"]
     code, out, err = cli(capsys, "check", *base, *args)

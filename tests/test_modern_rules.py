@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sigprop.backend.symbolic  # noqa: F401  (see tests/test_activation.py)
-from conftest import finite_difference_check, numeric_value, symbolic_value
+from tests.conftest import finite_difference_check, numeric_value, symbolic_value
 from sigprop.errors import DomainError
 from sigprop.mc import components as C
 from sigprop.mc.component import measure

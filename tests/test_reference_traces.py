@@ -38,14 +38,14 @@ causal, 48 layers, dropout 0.1 the input gradient from 121.2 to 134.4 against 15
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
 from sigprop.model.options import build_model
 from sigprop.model.predict import predict
+from tests._paths import DATA
 
-REF = json.loads(Path(__file__).parent.joinpath("data", "reference_traces.json").read_text())
+REF = json.loads(DATA.joinpath("reference_traces.json").read_text())
 
 
 def _close(a, b, rel=1e-12, abs_=1e-300) -> bool:

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from _cli import cli
+from tests._cli import cli
 
 from sigprop.errors import DomainError
 

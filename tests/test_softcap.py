@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _cli import cli  # noqa: E402
+from tests._cli import cli
 
 from sigprop.backend import numeric as nm
 from sigprop.errors import DomainError
@@ -24,8 +21,9 @@ from sigprop.model import presets
 from sigprop.model.spec import Model
 from sigprop.rules.attention import _ROW_CAP, Attention, _cap_row_stats, _row_value
 from sigprop.state import Backward, Forward
+from tests import _paths
 
-DATA = Path(__file__).parent / "data" / "hf"
+DATA = _paths.DATA / "hf"
 RULE = Attention()
 NAMES = tuple(_ROW_CAP)
 
@@ -294,7 +292,7 @@ def test_transformers_gemma2_with_a_cap(one_thread):
     0.1, so that the logits reach variance ~1.6), attn_logit_softcapping 1: measured against
     the prediction of --hf-config, and against the same model without the cap."""
     _need("transformers")
-    from _torch_configs import CONFIGS
+    from tests._torch_configs import CONFIGS
     from sigprop.interop import hf
     from sigprop.interop.torch_names import layout
     from sigprop.torch.measure import compare_measured, hf_source, measure as torch_measure
@@ -313,7 +311,7 @@ def test_long_capped_causal_rotary_sequences_refused_in_one_line(capsys):
     minutes (Gemma 2 2B at 256 tokens: more than 5): refused before anything runs."""
     import time
 
-    from _cli import cli
+    from tests._cli import cli
     t = time.perf_counter()
     code, out, err = cli(capsys, "predict", "--hf-config", "tests/data/hf/gemma2-2b.json", "--seq-len", "256")
     assert code == 2 and not out and err.count("\n") == 1

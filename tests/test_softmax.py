@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 # Rule.symbolic() does ``from sigprop.backend import symbolic``; until the submodule has been
 # imported that name is the package's lazy-loader *function*, not the namespace module.
 import sigprop.backend.symbolic  # noqa: F401
-from conftest import finite_difference_check
+from tests.conftest import finite_difference_check
 from sigprop import symbols
 from sigprop.backend import numeric as nm
 from sigprop.errors import DomainError

@@ -16,7 +16,7 @@ from sigprop.errors import DomainError
 from sigprop.model import predict, presets
 from sigprop.model.spec import Model, StreamNorms
 
-from _cli import cli
+from tests._cli import cli
 
 #: the sizes of the Monte Carlo comparisons (at d_model 64 the ordinary 12-layer Pre-LN layer
 #: already measures an input gradient 0.89 +- 0.03 of the prediction, a finite-width effect

@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-from _cli import cli
+from tests._cli import cli
 
 from sigprop.model import resolve
 from sigprop.model.predict import predict

@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from _cli import cli  # noqa: E402
-from _torch_configs import CONFIGS  # noqa: E402
+from tests._cli import cli
+from tests._torch_configs import CONFIGS
 
 
 def need(module: str):
