@@ -5,7 +5,7 @@ computed with the code under test); what sigprop cannot model exits 2 with one l
 it; and, where transformers is installed, the init stds are those its _init_weights draws.
 
 The measured comparison of each family against transformers' own model (hooks, sigprop
-measure) is in tests/test_torch_interop.py (tests/_torch_configs.py holds their configs);
+measure) is in tests/torch/test_torch_interop.py (tests/_torch_configs.py holds their configs);
 Falcon's, whose logit variance the probe cannot read, is here (test_falcon_agrees_with_transformers)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The predictor on the block description's layouts (placements peri and output, parallel
 blocks, RMSNorm, gated FFNs, the final norm): identities that hold exactly or to a known
-order, independent of the Monte Carlo (which tests/test_mc_model*.py and docs/validation.md
+order, independent of the Monte Carlo (which tests/mc/test_model*.py and docs/validation.md
 compare against)."""
 
 from __future__ import annotations

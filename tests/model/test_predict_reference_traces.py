@@ -32,7 +32,7 @@ uniform-weight part (U^T C' U) plus its softmax part with the pair weights 1 - 1
 causal references (small logits) moved by at most 8.2e-7 in log gradient variance and 2.5e-9 in
 gradient correlation (forward unchanged).  On one sampled causal layer with an upstream
 covariance on the first positions position 0's gradient variance went from 7.33 to 6.99
-against 6.85 +- 0.11 (tests/test_position_pair_rows.py), and on `output`-placement Pre-LN,
+against 6.85 +- 0.11 (tests/model/test_pair_rows.py), and on `output`-placement Pre-LN,
 causal, 48 layers, dropout 0.1 the input gradient from 121.2 to 134.4 against 155.6 +- 4.6
 (stored draws, 8 x 4, seed 0)."""
 

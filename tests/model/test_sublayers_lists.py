@@ -176,7 +176,7 @@ def test_macaron_48_layers_matches_monte_carlo(place, causal):
 def test_simulation_counts_every_sublayer():
     """The Monte Carlo's work and memory estimates count the list's sublayers: the macaron
     layer's two FFNs (its estimate bounds the measured peak as the ordinary layer's does,
-    tests/test_mc_model.py) and its floating-point work."""
+    tests/mc/test_model.py) and its floating-point work."""
     import tracemalloc
 
     from sigprop.mc.backend import Rng, numpy_backend

@@ -222,7 +222,7 @@ def test_vectorised_equals_pointwise(name):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("x,g,params", [
     (Forward(0.5, 1.0, 0.0), None, {}),          # rule needs a zero-mean input
-    (Forward(0.0, -1.0, 0.0), None, {}),         # (a zero variance is a state: tests/test_saturation.py)
+    (Forward(0.0, -1.0, 0.0), None, {}),         # (a zero variance is a state: tests/model/test_predict_saturation.py)
     (Forward(0.0, 1.0, 1.2), None, {}),
     (Forward(0.0, 1.0, 0.2), Backward(-1.0, 0.0), {}),
     (Forward(0.0, 1.0, 0.2), None, {"p": 0.1}),  # no parameters

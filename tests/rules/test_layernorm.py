@@ -123,7 +123,7 @@ def test_domain_errors():
     with pytest.raises(DomainError):
         RULE.evaluate(Forward(0.0, 1.0, 0.5), None, d=3)
     with pytest.raises(DomainError):
-        RULE.evaluate(Forward(0.0, -1.0, 0.5), None, d=100)   # (variance 0 is a state: tests/test_saturation.py)
+        RULE.evaluate(Forward(0.0, -1.0, 0.5), None, d=100)   # (variance 0 is a state: tests/model/test_predict_saturation.py)
     with pytest.raises(DomainError):
         RULE.evaluate(Forward(0.0, 1.0, 0.5), None, d=100, eps=-1e-5)
     with pytest.raises(DomainError):

@@ -14,7 +14,7 @@ import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sigprop.backend.symbolic  # noqa: F401  (see tests/test_activation.py)
+import sigprop.backend.symbolic  # noqa: F401  (see tests/rules/test_activation.py)
 from tests.conftest import finite_difference_check, numeric_value, symbolic_value
 from sigprop.errors import DomainError
 from sigprop.mc import components as C
