@@ -69,3 +69,11 @@ def test_the_rule_can_fail():
     assert _owner(TESTS / "nowhere" / "test_predict.py") is None
     assert _owner(TESTS / "model" / "test_predict_causal.py") == PACKAGE / "model" / "predict"
     assert _owner(TESTS / "test_main.py") == PACKAGE / "main"
+
+
+def test_no_test_loads_a_benchmark():
+    """benchmarks/ holds timing scripts run on demand; what a test needs lives in the package
+    or in tests/ (a benchmark script loaded by its path would make a test of it)."""
+    for test in sorted(TESTS.rglob("*.py")):
+        text = test.read_text(encoding="utf-8")
+        assert "benchmarks" not in text or test.name == "test_layout.py", f"tests/{test.relative_to(TESTS)}"
