@@ -27,9 +27,9 @@ validate: $(VENV)/.test-deps
 
 # Whole-model accuracy floor (sigprop check over archs x inits x depths x dropout x causal);
 # results in docs/validation/floor/, table in docs/validation.md.  Hours on 2 cores (on a Dask
-# cluster: python -m sigprop.mc.floor --dask ADDRESS, or --dask local --workers N).
+# cluster: python -m sigprop.mc.floor --docs --dask ADDRESS, or --dask local --workers N).
 validate-models: $(VENV)/.test-deps
-	$(BIN)/python -m sigprop.mc.floor
+	$(BIN)/python -m sigprop.mc.floor --docs
 	$(BIN)/python -m sigprop.mc.validate --out docs/validation.md --assemble
 
 bench: $(BIN)/sigprop

@@ -7,16 +7,15 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from _cli import cli
+from tests._cli import cli
 
 import sigprop
 from sigprop.api import KEYWORDS, flag
 from sigprop.errors import DomainError
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._paths import ROOT
 TINY = dict(d_model=32, heads=2, d_ff=64, seq_len=8)
 
 

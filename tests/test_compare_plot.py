@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 import pytest
-from _cli import cli
+from tests._cli import cli
 
 from sigprop.compare import DEFAULT_ARCHS, compare, parse_archs, row, to_json
 from sigprop.errors import DomainError

@@ -16,7 +16,8 @@ from sigprop import extend, registry
 from sigprop.backend import numeric
 from sigprop.state import Backward, Forward
 
-from _cli import cli
+from tests._cli import cli
+from tests._paths import DATA
 
 RELU2 = textwrap.dedent("""
     import numpy as np
@@ -184,7 +185,7 @@ def test_plugin_file_and_environment(tmp_path):
 
 
 # -- a pointwise function as a norm kind (DyT) ----------------------------------------------
-DYT = os.path.join(os.path.dirname(__file__), "data", "dyt.py")
+DYT = str(DATA / "dyt.py")
 #: a small model for the refusals (bidirectional)
 SMALL = dict(layers=4, d_model=64, heads=4, d_ff=128, seq_len=16)
 

@@ -12,7 +12,7 @@ import sigprop
 from sigprop import files
 from sigprop.errors import DomainError, SigpropError
 
-from _cli import cli
+from tests._cli import cli
 
 M = ["--layers", "4", "--d-model", "64", "--heads", "4", "--d-ff", "128", "--seq-len", "16"]
 DEEP = 100_000

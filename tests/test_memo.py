@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import ast
 import json
-import pathlib
 
 import pytest
 
@@ -13,8 +12,9 @@ from sigprop import memo
 from sigprop.model import tables
 from sigprop.model.predict import predict
 from sigprop.model.presets import resolve
+from tests import _paths
 
-ROOT = pathlib.Path(__file__).resolve().parents[1] / "sigprop"
+ROOT = _paths.ROOT / "sigprop"
 
 
 def test_bounded_drops_the_oldest_entry_first():

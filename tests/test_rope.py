@@ -20,6 +20,7 @@ from sigprop.rope import RopeFreqs
 from sigprop.rules import REGISTRY
 from sigprop.rules import attention as att
 from sigprop.state import Backward, Forward
+from tests._paths import DATA
 
 RULE = REGISTRY["attention"]
 
@@ -272,7 +273,7 @@ def test_pythia_predicts_a_quarter_rotated():
 
 def hf_data():
     from pathlib import Path
-    return Path(__file__).parent / "data" / "hf"
+    return DATA / "hf"
 
 
 @pytest.mark.parametrize("scaling, seq_len, word", [

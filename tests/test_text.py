@@ -4,11 +4,10 @@ made: the package's docstrings and messages, the docs, the README and every comm
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests._paths import ROOT
 
 #: phrases that point outside the checkout or narrate the development process
 FORBIDDEN = [

@@ -2,10 +2,14 @@
 for every arch with its default init and with ``torch-default`` and ``normal``, at d_model 256,
 4 heads, d_ff 1024, seq 128, depths 12/48/96, dropout 0 and 0.1, bidirectional and causal.
 
-Each configuration's result is stored as JSON under docs/validation/floor/ (resumable: done
-configurations are skipped), and ``--report`` assembles the markdown table.
+Each configuration's result is stored as JSON in ``--out DIR`` (resumable: done
+configurations are skipped); ``--docs`` stores it in this checkout's docs/validation/floor/
+(``layouts/``, ``modern/`` for those matrices), whose tables docs/validation.md shows.  Nothing
+is written without one of the two.  ``--report`` assembles the markdown table from the stored
+results (``--out DIR``, else the checkout's docs store) and the run notes beside them
+(``NOTES.md`` in the same directory, written by hand from the results).
 
-    python -m sigprop.mc.floor [--depths 12,48,96] [--trials 8] [--batch 8] [--seed 0]
+    python -m sigprop.mc.floor (--out DIR | --docs) [--depths 12,48,96] [--trials 8] [--batch 8] [--seed 0]
                                [--backend numpy|torch|cupy] [--device cpu|cuda] [--rng host|device]
                                [--dask ADDRESS|local] [--workers N]
     python -m sigprop.mc.floor --report      # the markdown section (docs/validation.md has it)
@@ -406,57 +410,41 @@ def run_many(configs: list, trials: int, batch: int, seed: int, dist, on_result=
     return results
 
 
-def _matrix_report(store: Path, notes: str = "") -> str:
-    """A matrix's table from its stored results, the pass count and ``notes``."""
+#: what was run of a matrix and what its failures are: Markdown beside its stored results
+#: (``<store>/NOTES.md``), written by hand from them (keep in step), appended to its table
+NOTES_FILE = "NOTES.md"
+
+
+def notes(store: Path) -> str:
+    """The run notes stored beside a matrix's results (``<store>/NOTES.md``; "" without)."""
+    f = store / NOTES_FILE
+    return f.read_text(encoding="utf-8").rstrip("\n") if f.is_file() else ""
+
+
+def _matrix_report(store: Path) -> str:
+    """A matrix's table from its stored results, the pass count and its notes."""
     rows = [json.loads(f.read_text()) for f in sorted(store.glob("*.json"))]
     if not rows:
         return ""
     out = _table(rows)
     out += ["", f"{sum(r['pass'] for r in rows)} of {len(rows)} configurations pass."]
-    if notes:
-        out += ["", notes]
+    text = notes(store)
+    if text:
+        out += ["", text]
     return "\n".join(out)
 
 
 def modern_report(store: Path = OUT_MODERN) -> str:
     """The modern blocks' table (docs/validation.md)."""
-    return _matrix_report(store, MODERN_NOTES)
+    return _matrix_report(store)
 
 
 def layouts_report(store: Path = OUT_LAYOUTS) -> str:
     """The block layouts' table (docs/validation.md)."""
-    return _matrix_report(store, LAYOUT_NOTES)
+    return _matrix_report(store)
 
 
-#: what was run of the modern matrix (written from the stored results; keep in step)
-MODERN_NOTES = """Each preset's own init at 12, 48 and 96 layers and torch-default at 12, 48 and 96 layers,
-seed 0, 8 weight draws x batch 4 or 8 (the table's last columns). `gpt2` `scaled` at 48 and 96
-layers, dropout 0, is judged on six independent samples pooled (seeds 0-5, 48 draws): seed 0's
-sample alone fails at 11 points (48 layers, the input gradient 8% above the prediction in
-six of its eight draws) and seeds 1, 2, 3 and 5 pass alone. `bert` torch-default at 12 layers,
-dropout 0, is six samples pooled likewise (seed 0's alone: gradient R^2 0.9869; seeds 1-5:
-0.9975-0.9996). What the rules do not carry, measured in the `gpt2` and `olmo2` rows: two
-O(1/d) terms of the per-token statistics, a branch output's per-token variance spread (a
-value path's kappa 2 against the Gaussian 1; 0.07% of the `gpt2` input gradient) and the
-attention input norm's slope over later tokens (+0.17%); and, in `olmo2`'s causal stack on a
-tiny embedding stream, position 0's larger share of the first layers' gradient (its own init
-at 96 layers: the gradient within 14% where it grows 10^6-fold from the top)."""
-
-
-#: what the layouts' failures are (written from the stored results; keep in step)
-LAYOUT_NOTES = """8 weight draws x batch 4, seed 0. Without a norm before the attention (the `output`
-placement) the logit variance grows with the stream (0.01 at layer 1, 76 at layer 43 of the
-48-layer model), and in a causal stack the first keys, less correlated with the rest, draw
-far more than their uniform share of attention (rows 64..127 attend to key 0 3-9x its uniform
-weight from layer 19 on). The predictor carries this through per-key attention weights and,
-where a row's per-key logit offset exceeds 2, the rows' Gaussian logit law sampled in full
-(design.md, "The sampled logit law"): the causal 48-layer `output` rows pass, dropout 0.1 with
-gradient error max 0.038 and R^2 0.99991, dropout 0 with 0.058 and 0.9987. `peri` keeps the
-logit variance near 0.01 and `parallel` blocks stay near the plain Pre-LN stack (gradient error
-at most 0.046 and 0.008)."""
-
-
-#: independent, larger samples of the configurations that miss at 8 draws (see NOTES)
+#: independent, larger samples of the configurations that miss at 8 draws (see the floor's notes)
 OUT_MORE = OUT.parent / "floor_more"
 
 
@@ -479,8 +467,9 @@ def report(store: Path = OUT, more: Path = OUT_MORE) -> str:
                    "are smaller):")
         out.append("")
         out += _table(extra)
-    out.append("")
-    out.append(NOTES)
+    text = notes(store)
+    if text:
+        out += ["", text]
     return "\n".join(out)
 
 
@@ -516,37 +505,6 @@ def _table(rows: list) -> list:
     return out
 
 
-#: what was run and what the failures are (written from the stored results; keep in step)
-NOTES = """What was run: the whole grid, every architecture x init (default, `torch-default`, `normal`;
-17 pairs) x dropout {0, 0.1} x {bidirectional, causal} x depth {12, 48, 96}, 8 weight draws x
-batch 4, seed 0. The measurements are stored (`--raw DIR --simulate-only`) and judged against
-the current rules with `--raw DIR --redo`, so a change of the rules is judged on the same
-samples. The configurations that fail or miss an R^2 floor were simulated again on independent
-samples of 32 draws x batch 4 or 8, seed 1 (`--trials 32 --seed 1 --out
-docs/validation/floor_more`): the second table.
-
-- The failure: DSLM-Post's own init, 48 layers, causal, dropout 0 (25 points; the gradient at
-  layer 1 0.551 against 0.602 +- 0.011, the deficit in the FFN steps). Seeds 1-5 at the same
-  8 x 4 pass (gradient error at most 0.031 to 0.070), and so do an independent 32-draw sample
-  and a 48-draw sample (seed 6; gradient within 3.0%, median 1.7%).
-- R^2: the measured variance changes over 2x in 62 forward and 71 gradient series; 123 of the
-  133 meet the floor at 8 draws. Of the misses, all but one meet it on the 32-draw samples
-  (judged before the position model's pair-of-rows split, which put one more series, causal
-  Post-LN `torch-default` 48 layers dropout 0, at 0.9873 at 8 draws); the one left, deep causal Post-LN `torch-default` at 96 layers, dropout 0 (0.9822 at 32 draws),
-  cannot be tested by either sample size: one draw's input gradient varies by a factor of
-  several, and subsets of 120 pooled draws scored against the mean of the rest (a near-perfect
-  predictor) miss 0.99 in 85% (8 draws) and 52% (32 draws) of cases; against all 120 draws the
-  prediction's R^2 is 0.9906.
-- Attention logit variance: no failures (median error of a configuration 1.0%, 0.4% to 8.7%),
-  measured as the mean second moment with a standard error pooled over +-6 neighbouring
-  attention layers.
-- Causal models: the predictor carries a position profile, the stream's correlation over pairs
-  of positions and the gradient's covariance over positions (design.md); without them 7 of the
-  34 causal 12-layer configurations failed, with the input gradient up to 18% low.
-- Not modelled, measured: in causal Post-LN stacks the gradient's concentration at the first
-  positions in the first layers (a few per cent), and the attention output's own per-token
-  dispersion (kappa ~2 rather than the Gaussian 1; ~0.16e-3 in the log gradient per Post-LN
-  attention layer)."""
 
 
 def main():
@@ -557,7 +515,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", default="", help="comma list of archs")
     ap.add_argument("--inits", default="", help="comma list of inits (default: every init of the grid)")
-    ap.add_argument("--out", default=None, help="directory for the per-configuration JSONs (default: docs/validation/floor)")
+    ap.add_argument("--out", default=None, help="directory for the per-configuration JSONs")
+    ap.add_argument("--docs", action="store_true",
+                    help="store them in this checkout's docs/validation/floor (layouts, modern) instead")
     ap.add_argument("--default-init-only", action="store_true")
     ap.add_argument("--dropouts", default="0,0.1")
     ap.add_argument("--causal", default="0,1", help="comma list of 0/1")
@@ -578,6 +538,8 @@ def main():
     ap.add_argument("--dask", default=None, help="run the configurations on a Dask cluster: scheduler address or 'local'")
     ap.add_argument("--workers", type=int, default=None, help="with --dask local (implied alone): worker processes")
     a = ap.parse_args()
+    if a.out and a.docs:
+        raise SystemExit("floor: --out and --docs name two stores; give one")
     out = Path(a.out) if a.out else (OUT_LAYOUTS if a.layouts else OUT_MODERN if a.modern else OUT)
     if a.convert_pickles:
         if not a.raw:
@@ -590,7 +552,10 @@ def main():
     if a.report:
         print(layouts_report(out) if a.layouts else modern_report(out) if a.modern else report(out))
         return
-    out.mkdir(parents=True, exist_ok=True)
+    if not (a.out or a.docs or a.simulate_only):
+        raise SystemExit("floor: say where the results go: --out DIR, or --docs for this checkout's docs/validation/")
+    if not a.simulate_only:
+        out.mkdir(parents=True, exist_ok=True)
     depths = [int(x) for x in a.depths.split(",")]
     only = set(a.only.split(",")) if a.only else None
     inits = set(a.inits.split(",")) if a.inits else None

@@ -465,7 +465,7 @@ def trial_memory(model, batch: int, dtype=np.float32) -> float:
     reaches it (its weights, the (batch, L, width) activations, the (batch, heads, L, L)
     probabilities and dropout masks of an attention layer that keeps them, see
     :data:`RECOMPUTE_BYTES`), plus one layer's temporaries.  Within a factor ~1.5 above the
-    peak measured by tracemalloc (tests/test_mc_model.py)."""
+    peak measured by tracemalloc (tests/mc/test_model.py)."""
     m = model
     item = float(np.dtype(np_dtype(dtype)).itemsize)
     B, L, d, H, kv, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.n_kv_heads, m.d_head, m.d_ff

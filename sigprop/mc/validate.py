@@ -210,7 +210,7 @@ SUMMARY = """## In short
   configurations): all pass, and R^2 meets its floor in every series that changes over 2x.
 - **Causal models with a norm after the branch** (`peri`, `output`) on a stream of variance 1
   and 0.01: the input gradient's token correlation within 0.026 of the measured 0.25-0.49
-  (`tests/test_out_norm_causal.py`: 16 points, d 128, 32 tokens, 1 and 4 layers, LayerNorm and
+  (`tests/model/test_predict_out_norm_causal.py`: 16 points, d 128, 32 tokens, 1 and 4 layers, LayerNorm and
   RMSNorm, 8 x 8 draws, all pass). The stored causal `peri`/`output` layout rows predate this.
 - **Causal models at long context**: the position node grid within 3e-6 of the exact position
   model on the trace and 7e-5 on the gradient's position profile.

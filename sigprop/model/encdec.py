@@ -9,7 +9,7 @@
   receives the sum of every cross-attention's key/value gradient.  Different layers'
   contributions come through independent weights (each layer's own W_k, W_v, W_o), zero-mean,
   so their cross terms vanish in expectation and the variances and covariances add
-  (checked by the whole-model Monte Carlo, tests/test_encoder_decoder.py).
+  (checked by the whole-model Monte Carlo, tests/model/test_encdec.py).
 
 Prediction (:func:`predict`): the encoder's forward pass gives E; the decoder's forward and
 backward passes (its cross-attention chains read E's state from the decoder's notes, the backward

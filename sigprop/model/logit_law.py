@@ -46,7 +46,7 @@ import numpy as np
 #: switching the one layer just below it moved the `output` placement's 48-layer input gradient
 #: by 0.02% without dropout and, at 2.69, 0.14% with dropout 0.1: the order of the law's own
 #: seed-to-seed spread, but a step a solver would meet).  The scan of
-#: benchmarks/key_offsets.py: every validated causal configuration but the `output`
+#: tests/model/test_predict_key_offsets.py: every validated causal configuration but the `output`
 #: placement's is below 1.6; its 12-layer ones reach 2.69, its 48-layer ones ~37
 LAW_LO = 2.0
 LAW_OFFSET = 3.0

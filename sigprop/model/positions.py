@@ -13,7 +13,7 @@ memory do not grow with L beyond the logarithmic growth of the number of nodes (
 :class:`Grid`, the earlier block grid (every position below ``P0`` its own block, then blocks
 growing geometrically by ``Q``, each represented by one position and taken constant over it:
 first order in the block size, 214 blocks at L 8192), is kept for comparison
-(``benchmarks/positions_error.py --grids blocks:P0,Q``).  Its description:
+(tests/model/test_positions.py holds both to the exact position sums).  Its description:
 
 Each block ``b`` covers the
 positions ``start[b] .. end[b] - 1`` (``w[b]`` of them) and is represented by one position

@@ -1434,7 +1434,7 @@ class Points(list):
 #: noted: its per-key weights and query path come from the rows' sampled logit law
 #: (sigprop.model.logit_law: in part from LAW_LO, in full above LAW_OFFSET), or, beyond that
 #: law's longest sequence, stay the additive fit's, noted as approximate.  Measured on the
-#: validated causal models (`benchmarks/key_offsets.py`; docs/validation.md, Block layouts):
+#: validated causal models (tests/model/test_predict_key_offsets.py; docs/validation.md, Block layouts):
 #: every one below 1.1 at the floor's sizes (olmo2 1.6 at its own), the `output` placement's
 #: 12-layer models 2.7, its 48-layer models ~37
 KEY_OFFSET_NOTE = logit_law.LAW_LO

@@ -11,7 +11,7 @@ pre-activation).  Backward is dx = g * f'(x), so
 Formulas are the [TGS-code] ones.  Every one was checked here against
 independent quadrature (mpmath adaptive and 240-point Gauss-Hermite in float64) for
 s2 in {0.01, 0.1, 1, 10, 100, 1000} and r in [-1, 1]: all agree to round-off, so no
-published expression needed correcting.  tests/test_activation.py repeats the quadrature
+published expression needed correcting.  tests/rules/test_activation.py repeats the quadrature
 check at a few points.
 """
 

@@ -5,7 +5,7 @@ token correlation r.  Q = X Wq + bq, K = X Wk + bk, V = X Wv + bv (d -> H dh); p
 A = Dropout_p(softmax(Q K^T / sqrt(dh))) (causal mask if ``causal``), O = A V; heads
 concatenated; Y = O Wo + bo (H dh -> d).  Weights iid N(0, std^2), biases N(0, bias_std^2).
 
-Derivation (sigprop's own; every step checked by Monte Carlo, see tests/test_attention.py)
+Derivation (sigprop's own; every step checked by Monte Carlo, see tests/rules/test_attention.py)
 ------------------------------------------------------------------------------------------
 Write x_j = c + u_j: c is shared by the tokens (second moment c2 = r s2 + mu^2 per feature,
 the input mean folded in), u_j iid N(0, tau), tau = (1 - r) s2.  Per head let
@@ -134,7 +134,7 @@ no longer vanishes, so the query path meets the keys' shared part (weight Sc, as
 key-shared term) and the key gradients' column sum is no longer 0 (its row-diagonal part v Sc);
 the two-row statistics are taken at the Gaussian row with the capped row's E sum P^2
 (``_Ctx._cap_pair``).  Checked against direct sampling of capped rows and against the component
-(tests/test_softcap.py; attention grid ``softcap``).
+(tests/rules/test_attention_softcap.py; attention grid ``softcap``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ with no mask (every query row sees the Lk encoder tokens), O = A V, Y = O Wo + b
 positions; QK-norm (per head over dh) on the queries and the keys.
 
 Derivation (the attention rule's, :mod:`sigprop.rules.attention`, with the two inputs apart;
-checked by Monte Carlo, tests/test_cross_attention.py and the cross_attention grids).
+checked by Monte Carlo, tests/rules/test_cross_attention.py and the cross_attention grids).
 Write e_j = c + u_j (c shared by the encoder tokens, second moment c2 = r_e s2_e + mu_e^2;
 u_j iid N(0, tau), tau = (1 - r_e) s2_e).  Row i's logits are a_i . e_j, a_i = Wk q_i /
 sqrt(dh): the shared part a_i . c cancels in the softmax, so a row sees iid logits of

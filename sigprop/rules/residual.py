@@ -90,7 +90,7 @@ def post_norm_euler_share(log_a2: float, log_b2: float, log_gain: float, log_vx:
     complement of 1 and z (corrections O(1/d)), and D taken as lying in that complement: D's
     own component along z = a x + b F (F contains D), a fraction b^2 v_D / v_z of |D|^2
     (v_z = a^2 v_x + b^2 v_F), is not removed, so the share is high by that fraction (0 without
-    biases; measured 0.12 at v_D / v_F = 0.35, b 0.8: tests/test_postln_rules.py).
+    biases; measured 0.12 at v_D / v_F = 0.35, b 0.8: tests/rules/test_residual_postln.py).
     ``log_gain``: log of the branch path's
     gradient gain, ``log_vx``: log of the stream variance (clipped as its user carries it)."""
     if euler_var <= 0 or log_b2 == -math.inf:
@@ -112,7 +112,7 @@ def post_norm_cross_log_factor(log_b2: float, log_vx: float, log_total: float, b
     above -1/2 (first order).  Position-wise: every position's variance and covariance scale
     alike.  Measured at d 64, d_ff 128, b 0.8, a = 1 on a LayerNorm output (one unit, 600
     weight draws of 64 tokens): 0.71 +- 0.09 of this term without biases and 0.74 +- 0.09 with
-    v_D / v_F = 0.35 (tests/test_postln_rules.py), so at small d it overstates the term."""
+    v_D / v_F = 0.35 (tests/rules/test_residual_postln.py), so at small d it overstates the term."""
     c = branch_var - euler_var
     if c <= 0:
         return 0.0
@@ -164,7 +164,7 @@ def post_norm_skip_share(log_a2: float, log_b2: float, log_vx: float, branch_var
     b/a, whose energy relative to |x|^2 is b^2 v_F / (a^2 v_x), assuming J^T g isotropic in
     the complement of z (and 1).  First order in that ratio: the projection off z also removes
     F's own component along z, which makes the exact share b^2 v_F / (a^2 v_x + b^2 v_F), so
-    this is high by a factor 1 + b^2 v_F / (a^2 v_x) (tests/test_postln_rules.py)."""
+    this is high by a factor 1 + b^2 v_F / (a^2 v_x) (tests/rules/test_residual_postln.py)."""
     if log_a2 == -math.inf:
         return 1.0
     if branch_var > 0 and log_b2 > -math.inf:

@@ -1,7 +1,7 @@
 """Write tests/data/reference_traces.json: the traces of twelve reference models.
 
 Run only to re-pin after a change that is shown (by Monte Carlo) to improve a prediction:
-``python tests/data/make_reference_traces.py``.  tests/test_reference_traces.py requires every
+``python tests/data/make_reference_traces.py``.  tests/model/test_predict_reference_traces.py requires every
 later tree to reproduce these numbers to 1e-12 relative (the re-design of the model layer
 must not move them)."""
 

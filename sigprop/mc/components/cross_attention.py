@@ -13,7 +13,7 @@ the parameters enc_mean, enc_var, enc_corr, independently for every sequence) an
 dLoss/dX (the query path); ``cross_attention_kv`` takes E (X drawn from dec_mean, dec_var, dec_corr)
 and its backward is dLoss/dE (the value and key paths, collected over the Lq query rows).
 The backward is written by hand (checked against central differences in
-tests/test_cross_attention.py).  NumPy arrays.
+tests/rules/test_cross_attention.py).  NumPy arrays.
 """
 
 from __future__ import annotations
