@@ -74,6 +74,7 @@ KEYWORDS: dict[str, Keyword] = {
     "encoder_layers": Keyword("encoder_layers", _MODEL),
     "decoder_layers": Keyword("decoder_layers", _MODEL),
     "encoder_seq_len": Keyword("encoder_seq_len", _MODEL),
+    "deepnorm_variant": Keyword("deepnorm_variant", _MODEL),
     "d_model": Keyword("d_model", _MODEL),
     "heads": Keyword("n_heads", _MODEL),
     "kv_heads": Keyword("n_kv_heads", _MODEL),

@@ -9,6 +9,11 @@ FFN-in and FFN-out weights initialised Xavier-normal with gain ``beta`` (Q and K
 | encoder-decoder, N-layer encoder       | 0.81 (N^4 M)^(1/16)    | 0.87 (N^4 M)^(-1/16)    |
 | encoder-decoder, M-layer decoder       | (3M)^(1/4)             | (12M)^(-1/4)            |
 
+The torchscale implementation (microsoft/torchscale, its encoder's ``deepnorm`` init) divides
+the encoder's V, O and FFN weights by (N^4 M)^(1/16) / 1.15, an encoder beta of
+1.15 (N^4 M)^(-1/16) rather than the paper's 0.87 (N^4 M)^(-1/16) (the same alpha and decoder):
+``variant="torchscale"``.
+
 The general pattern behind the single-stack and decoder rows: a stack with K residual
 sublayers in total takes alpha = K^(1/4), beta = (4K)^(-1/4) (:func:`deepnorm_general`).
 An encoder-only or decoder-only layer has 2 sublayers (attention, FFN), so K = 2N; a
@@ -52,13 +57,20 @@ def deepnorm_constants(n_layers: int, kind: str = "encoder") -> DeepNormConstant
     return deepnorm_general(2 * n)
 
 
-def deepnorm_encoder_decoder(n_enc: int, m_dec: int) -> dict[str, DeepNormConstants]:
+#: the encoder beta's factor of each variant of the encoder-decoder constants
+VARIANTS = {"paper": 0.87, "torchscale": 1.15}
+
+
+def deepnorm_encoder_decoder(n_enc: int, m_dec: int, variant: str = "paper") -> dict[str, DeepNormConstants]:
     """Encoder-decoder model with an N-layer encoder and an M-layer decoder:
-    encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16);
+    encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16) (``variant="torchscale"``:
+    1.15 (N^4 M)^(-1/16));
     decoder alpha = (3M)^(1/4), beta = (12M)^(-1/4).
     Returns ``{"encoder": DeepNormConstants, "decoder": DeepNormConstants}``."""
     n = _positive_int("n_enc", n_enc)
     m = _positive_int("m_dec", m_dec)
+    if variant not in VARIANTS:
+        raise DomainError(f"DeepNorm variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     q = float(n) ** 4 * m
-    return {"encoder": DeepNormConstants(0.81 * q ** (1 / 16), 0.87 * q ** (-1 / 16)),
+    return {"encoder": DeepNormConstants(0.81 * q ** (1 / 16), VARIANTS[variant] * q ** (-1 / 16)),
             "decoder": deepnorm_general(3 * m)}

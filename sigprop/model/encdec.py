@@ -309,13 +309,15 @@ def _deepnorm_stack(js: dict, alpha: float, beta: float) -> dict:
     return js
 
 
-def from_options(resolve: dict, encoder_layers: int, decoder_layers: int, encoder_seq_len=None) -> EncoderDecoder:
+def from_options(resolve: dict, encoder_layers: int, decoder_layers: int, encoder_seq_len=None, *,
+                 deepnorm_variant: str | None = None) -> EncoderDecoder:
     """An encoder-decoder model from the model options (sigprop.model.presets.resolve's keyword
     arguments, ``n_layers`` aside): the encoder (``encoder_layers`` layers, bidirectional, its own
     ``encoder_seq_len``, default the options' seq_len) and the decoder (``decoder_layers`` layers,
     causal as the options say, each layer self-attention, cross-attention, FFN, the cross-attention
     a copy of the layer's self-attention sublayer).  Arch "deepnorm": DeepNorm's encoder-decoder
-    constants (sigprop.model.deepnorm.deepnorm_encoder_decoder) on both stacks."""
+    constants (sigprop.model.deepnorm.deepnorm_encoder_decoder; ``deepnorm_variant`` "paper", the
+    default, or "torchscale") on both stacks; a variant with another arch is refused."""
     from sigprop.model import presets
     from sigprop.model.deepnorm import deepnorm_encoder_decoder
     kw = {k: v for k, v in resolve.items() if k != "n_layers"}
@@ -328,8 +330,11 @@ def from_options(resolve: dict, encoder_layers: int, decoder_layers: int, encode
     enc = presets.resolve(n_layers=encoder_layers, **ekw).to_json()
     dec = presets.resolve(n_layers=decoder_layers, **kw).to_json()
     arch = enc["arch"]
+    if deepnorm_variant is not None and arch != "deepnorm":
+        raise DomainError(f"--deepnorm-variant chooses DeepNorm's encoder constants: it needs --arch deepnorm, "
+                          f"not {arch!r}")
     if arch == "deepnorm":
-        c = deepnorm_encoder_decoder(encoder_layers, decoder_layers)
+        c = deepnorm_encoder_decoder(encoder_layers, decoder_layers, deepnorm_variant or "paper")
         enc = _deepnorm_stack(enc, *c["encoder"])
     dec = with_cross_attention(dec)
     if arch == "deepnorm":

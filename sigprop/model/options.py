@@ -105,7 +105,8 @@ def _build_encdec(merged: dict, allowed: bool):
         raise DomainError("--layers and --encoder-layers/--decoder-layers both give the depth: give the latter only")
     kw = {k: v for k, (_, v) in merged.items()}          # (canonical names: from_options sets causal, seq_len)
     presets.check_options({**kw, **ed})
-    return encdec.from_options(kw, ed["encoder_layers"], ed["decoder_layers"], ed.get("encoder_seq_len"))
+    return encdec.from_options(kw, ed["encoder_layers"], ed["decoder_layers"], ed.get("encoder_seq_len"),
+                               deepnorm_variant=ed.get("deepnorm_variant"))
 
 
 def build_hf(hf_config, opts: dict, spec=None, config=None):

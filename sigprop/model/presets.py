@@ -165,7 +165,7 @@ DEFAULT_ROPE_BASE = 10000.0
 
 #: the options of an encoder-decoder model (sigprop.model.encdec.from_options), which resolve
 #: itself refuses
-ENCDEC_OPTIONS = ("encoder_layers", "decoder_layers", "encoder_seq_len")
+ENCDEC_OPTIONS = ("encoder_layers", "decoder_layers", "encoder_seq_len", "deepnorm_variant")
 
 OPTIONS: dict[str, Option] = _opts(
     Option("arch", str, "preln", "architecture preset", choices=ARCH_NAMES),
@@ -178,6 +178,9 @@ OPTIONS: dict[str, Option] = _opts(
            "cross-attention, FFN (with --encoder-layers)", lo=1, hi=MAX_LAYERS),
     Option("encoder_seq_len", int, None, "an encoder-decoder model: the encoder's sequence length (default "
            "--seq-len)", lo=2, hi=MAX_SEQ_LEN, why=TWO_TOKENS),
+    Option("deepnorm_variant", str, None, "an encoder-decoder model with --arch deepnorm: the encoder's constants "
+           "of the paper (beta 0.87 (N^4 M)^(-1/16), the default) or of the torchscale code (beta 1.15 "
+           "(N^4 M)^(-1/16))", choices=("paper", "torchscale")),
     Option("d_model", int, 1024, "model width d", lo=1),
     Option("n_heads", int, 16, "attention heads", lo=1, cli="heads"),
     Option("n_kv_heads", int, None, "key/value heads, grouped-query attention (default: heads; must divide "

@@ -153,6 +153,32 @@ def test_deepnorm_encoder_decoder_constants():
     assert dec["layers"][0]["sublayers"][2]["init"]["out"]["std"] == pytest.approx(db * math.sqrt(2 / (5 * d)))
 
 
+def test_deepnorm_torchscale_variant(run_cli):
+    """--deepnorm-variant torchscale: the encoder's Xavier gain 1.15 (N^4 M)^(-1/16) (torchscale
+    divides by (N^4 M)^(1/16) / 1.15) where the paper has 0.87; alpha and the decoder unchanged;
+    the variant with another arch is refused in one line."""
+    n, mm, d = 12, 3, 64
+    kw = dict(arch="deepnorm", d_model=d, n_heads=2, d_ff=4 * d, seq_len=8)
+    paper = ED.from_options(kw, n, mm).to_json()
+    ts = ED.from_options(kw, n, mm, deepnorm_variant="torchscale").to_json()
+    q = n**4 * mm
+    pv, tv = (m["encoder"]["layers"][0]["attention"] for m in (paper, ts))
+    assert tv["skip_scale"] == pv["skip_scale"] == pytest.approx(0.81 * q ** (1 / 16))
+    assert tv["init"]["v"]["std"] == pytest.approx(1.15 * q ** (-1 / 16) * math.sqrt(2 / (2 * d)))
+    assert pv["init"]["v"]["std"] == pytest.approx(0.87 * q ** (-1 / 16) * math.sqrt(2 / (2 * d)))
+    assert ts["decoder"] == paper["decoder"]
+    with pytest.raises(DomainError, match="needs --arch deepnorm"):
+        ED.from_options(dict(kw, arch="postln"), n, mm, deepnorm_variant="torchscale")
+    r = run_cli("predict", "--arch", "postln", "--encoder-layers", "2", "--decoder-layers", "2",
+                "--deepnorm-variant", "torchscale", "--d-model", "64", "--heads", "2", "--seq-len", "8")
+    assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1 and "--arch deepnorm" in r.stderr
+    r = run_cli("predict", "--arch", "deepnorm", "--encoder-layers", "2", "--decoder-layers", "2",
+                "--deepnorm-variant", "torchscale", "--d-model", "64", "--heads", "2", "--seq-len", "8", "--json")
+    assert r.exit_code in (0, 1), r.stderr
+    enc = json.loads(r.stdout)["model"]["encoder"]["layers"][0]["attention"]
+    assert enc["init"]["v"]["std"] == pytest.approx(1.15 * (2**5) ** (-1 / 16) * math.sqrt(2 / (2 * d)))
+
+
 def test_compare_marks_both_stacks(tmp_path, run_cli):
     """compare: a row per stack, marked ("[encoder]", "[decoder]"; JSON "stack"), the same
     summaries as the trace's; plot --check (its Monte Carlo markers) refuses the model."""
