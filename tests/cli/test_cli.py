@@ -314,7 +314,7 @@ def test_config_keys_are_the_flag_names(tmp_path):
     assert json.loads(a.stdout)["model"]["n_layers"] == 2
     cfg.write_text("widht = 3\n")
     line = one_error_line(run("predict", "--config", str(cfg)), "predict")
-    assert "known: arch, init, layers, d-model, heads," in line and "n-layers" not in line
+    assert "known: arch, init, layers, " in line and " d-model, heads," in line and "n-layers" not in line
 
 
 def test_relu_and_gelu_run_without_parameters():
