@@ -137,13 +137,23 @@ def _model_section(model: dict) -> list[str]:
             "([presets.md](presets.md#config-files)).", ""] + _table(model.values())
 
 
+def _commands(root) -> list:
+    """The app's commands in sigprop.cli.COMMANDS's order (the app's own order is the order the
+    command modules were first imported in, which a process that ran some commands before
+    changes)."""
+    from sigprop.cli import COMMANDS
+
+    order = {name: k for k, name in enumerate(COMMANDS)}
+    return sorted(root.commands.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+
+
 def render() -> str:
     root = _app()
     model = {p.name: p for p in root.commands["predict"].params if getattr(p, "rich_help_panel", None) == "Model"
              and not getattr(p, "hidden", False)}
     lines = [HEADER.rstrip("\n"), "", "Commands: " + ", ".join(
         f"[`{n}`](#sigprop-{n.replace(' ', '-')})" for n in _names(root)) + "; [model options](#model-options).", ""]
-    for name, cmd in root.commands.items():
+    for name, cmd in _commands(root):
         sub = getattr(cmd, "commands", None)
         if sub:
             for sname, scmd in sub.items():
@@ -156,7 +166,7 @@ def render() -> str:
 
 def _names(root) -> list[str]:
     out = []
-    for name, cmd in root.commands.items():
+    for name, cmd in _commands(root):
         sub = getattr(cmd, "commands", None)
         out += [f"{name} {s}" for s in sub] if sub else [name]
     return out
