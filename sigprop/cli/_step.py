@@ -1,5 +1,5 @@
 """The step options (``--step sgd|adam|adamw --lr LR --batch-size B --adam-betas B1,B2
---adam-eps EPS --weight-decay WD``, the contract's "One optimizer step") shared by check,
+--adam-eps EPS --weight-decay WD``; docs/formats.md, "One optimizer step") shared by check,
 predict, compare and plot.
 
 ``@step_options`` adds them to a command's signature (help panel "Step"); the command

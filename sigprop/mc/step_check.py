@@ -3,7 +3,7 @@ result object (schema ``sigprop.step/1``, docs/formats.md), its summary and its 
 
 There is no prediction to compare with (docs/update.md): the object carries the measurement
 only, ``"predicted": null``, and the command's exit code is 0.  Per trace point: the stream's
-variance at the initial parameters, the contract's ``"update"`` (var, rel, fresh_var,
+variance at the initial parameters, the ``"update"`` (var, rel, fresh_var,
 fresh_rel) with standard errors over the weight draws; per sublayer point also each module's
 output change relative to its output (``"modules"``: q, k, v, o; in, out or gate, up, down),
 each parameter's relative change ||dtheta|| / ||theta|| (``"weights"``; the norm of the change
@@ -69,7 +69,7 @@ _HF_BIASES = (("no biases", False), ("no projection biases", False), ("use_bias 
 
 def linear_biases(model) -> bool:
     """Whether the linear maps of ``model`` have biases (the step simulates all or none): the
-    resolution's ``"bias"`` (``--no-bias``: False; a model file: True, the contract's default),
+    resolution's ``"bias"`` (``--no-bias``: False; a model file: True, the format's default),
     for a Hugging Face config its biases as :mod:`sigprop.interop.hf` names them.  DomainError
     for a config with biases on some maps only, or with a LayerNorm without a bias."""
     hf = model.notes.get("hf")

@@ -1,4 +1,4 @@
-"""The step options of the update analysis (docs/update.md; the contract's "One optimizer
+"""The step options of the update analysis (docs/update.md; docs/formats.md, "One optimizer
 step"): their defaults, their validation, and what the commands without a step simulation say.
 
 ``--step sgd|adam|adamw --lr LR`` with ``--batch-size B`` (default 8), ``--adam-betas B1,B2``
