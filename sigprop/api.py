@@ -390,8 +390,8 @@ class StepResult:
     ``step``: the step's settings; ``points`` and ``summary``: the measured points and the
     summary of the step object; ``seed``, ``trials``; ``exit_code`` 0 (nothing is judged)."""
 
-    def __init__(self, model, measurement, step: dict, bias: bool):
-        self.model, self.measurement, self.step, self.bias = model, measurement, step, bias
+    def __init__(self, model, measurement, step: dict):
+        self.model, self.measurement, self.step = model, measurement, step
         self._obj = None
 
     seed = property(lambda self: self.measurement.seed)
@@ -403,7 +403,7 @@ class StepResult:
         if self._obj is None:
             from sigprop.mc.step_check import step_object
 
-            self._obj = step_object(self.model, self.measurement, self.step, self.bias)
+            self._obj = step_object(self.model, self.measurement, self.step)
             if "hf" in self.model.notes:
                 self._obj["hf"] = self.model.notes["hf"]
         return self._obj
@@ -567,20 +567,15 @@ def check(spec=None, **options):
 
 def _check_step(opts: dict, step: dict) -> StepResult:
     from sigprop.mc import step_check
-    from sigprop.model.checking import DEFAULT_TOL
 
-    if "batch" in opts:
-        raise DomainError("--step takes its batch from --batch-size (default 8): drop --batch")
-    for k, default in (("backend", "numpy"), ("device", "cpu"), ("rng", "host"), ("dask", None), ("workers", None)):
-        if opts.get(k, default) != default:
-            raise DomainError(f"--step runs the NumPy simulation on the CPU, one trial after another: drop {flag(k)}")
-    if any(opts[k] != DEFAULT_TOL[KEYWORDS[k].name] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")):
-        raise DomainError("--step compares nothing (no prediction of the step exists): drop the tolerance options")
+    step_check.require_step_options(
+        opts.get("batch"), {k: (opts.get(k, KEYWORDS[k].default), KEYWORDS[k].default)
+                            for k in ("backend", "device", "rng", "dask", "workers")},
+        {KEYWORDS[k].name: opts[k] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")})
     model = _model(opts, DEFAULT_LAYERS[_C])
-    bias = step_check.linear_biases(model)
-    meas = step_check.run(model, step, trials=opts["trials"], seed=opts["seed"], dtype=opts.get("dtype", "float64"),
-                          bias=bias)
-    return StepResult(model, meas, step, bias)
+    meas = step_check.run(model, step, trials=opts["trials"], seed=opts["seed"],
+                          dtype=opts.get("dtype", "float64"))
+    return StepResult(model, meas, step)
 
 
 def solve_init(**options) -> SolveResult:

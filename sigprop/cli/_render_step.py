@@ -76,7 +76,8 @@ def render_step(model, obj: dict, every: int | None = None, full: bool = False) 
         mods = p.get("modules") or {}
         top = max(mods.items(), key=lambda kv: -1.0 if kv[1]["rel"] is None else kv[1]["rel"], default=None)
         ws = [v["rel"] for k, v in (p.get("weights") or {}).items() if v["rel"] is not None]
-        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _pm(u["rel"], se["rel"]), _pm(u["fresh_rel"], se["fresh_rel"]),
+        t.add_row(f"{p['layer']} {_SUB.get(p['sublayer'], p['sublayer'])}", _pm(u["rel"], se["rel"]),
+                  _pm(u["fresh_rel"], se["fresh_rel"]),
                   "-" if top is None else escape(top[0]), "-" if top is None else _c(top[1]["rel"], 3),
                   _c(max(ws), 3) if ws else "-", _c(p["logit_var"], 3), _c(p["logit_var_after"], 3))
     c.print(t)

@@ -93,29 +93,15 @@ def check_cmd(
 
 def _check_step(model_opts, step_opts, trials, batch, seed, dtype, every, full, as_json, simulation, tolerances):
     """`check --step`: the step's Monte Carlo (sigprop.mc.step_check), rendered."""
-    from sigprop.errors import DomainError
     from sigprop.mc import step_check
-    from sigprop.model.checking import DEFAULT_TOL
     from sigprop.model.update import settings
 
     step = settings(step_opts)
-    if batch is not None:
-        raise DomainError("--step takes its batch from --batch-size (default 8): drop --batch")
-    for name, (value, default) in simulation.items():
-        if value != default:
-            raise DomainError(f"--step runs the NumPy simulation on the CPU, one trial after another: drop --{name}")
-    changed = [k for k, v in tolerances.items() if v != DEFAULT_TOL[k]]
-    if changed:
-        raise DomainError("--step compares nothing (no prediction of the step exists): drop the tolerance options")
+    step_check.require_step_options(batch, simulation, tolerances)
     model = build_model(model_opts, default_layers=12, encdec=True)
-    from sigprop.model.encdec import is_encdec
-
-    if is_encdec(model):
-        raise DomainError("--step does not simulate encoder-decoder models (yet)")
-    bias = step_check.linear_biases(model)
     dt = "float64" if dtype is None else dtype.value
-    meas = step_check.run(model, step, trials=trials, seed=seed, dtype=dt, bias=bias)
-    obj = step_check.step_object(model, meas, step, bias)
+    meas = step_check.run(model, step, trials=trials, seed=seed, dtype=dt)
+    obj = step_check.step_object(model, meas, step)
     if as_json:
         if "hf" in model.notes:
             obj["hf"] = model.notes["hf"]

@@ -23,8 +23,12 @@ Per trace point (:func:`sigprop.mc.model.point_labels`: the input, then every su
 stream before a final norm) and at the model's output it records the variance, over all
 entries with the global mean removed, of the change F(x; theta') - F(x; theta) ("var"), the
 same on the fresh batch ("fresh_var"), and each over that batch's own stream variance
-("rel", "fresh_rel").  Trials (independent weight draws) are pooled with standard errors from
-their spread.
+("rel", "fresh_rel"); per linear map its output's change relative to its output on the step's
+batch, per parameter ||theta' - theta|| / ||theta||, its gradient's RMS and the share of its
+entries where Adam's eps is at least |g|, and per attention sublayer the logit variance before
+and after the step (:class:`StepMeasurement`).  Trials (independent weight draws) are pooled
+with standard errors from their spread; :mod:`sigprop.mc.step_check` makes the
+``sigprop check --step`` object of them.
 
 Covered: pre, post, peri and output placements (per layer), sequential and parallel blocks,
 MLP and gated FFNs with every registered activation, LayerNorm and RMSNorm, the final norm,
@@ -411,8 +415,9 @@ def _var(x) -> float:
 class _Recorder:
     """What the forward passes before and after the step see besides the streams: every
     module's output (each linear map, by its parameter prefix ``layers.{l}.attn.q`` ...; a
-    branch's output is its last map's, ``attn.o``, ``ffn.out`` or ``ffn.down``) and every attention sublayer's logits (all L x L entries of Q K^T /
-    sqrt(d_head), the causal mask aside, as :mod:`sigprop.mc.model` measures them).  The
+    branch's output is its last map's, ``attn.o``, ``ffn.out`` or ``ffn.down``) and every
+    attention sublayer's logits (all L x L entries of Q K^T / sqrt(d_head), the causal mask
+    aside, as :mod:`sigprop.mc.model` measures them).  The
     first pass stores the outputs; the second (:meth:`compare`) turns each into (var before,
     var of the change) and drops the stored array."""
 

@@ -41,6 +41,24 @@ def _num(v):
     return v
 
 
+def require_step_options(batch, simulation: dict, tolerance: dict) -> None:
+    """DomainError for a `check` option that does not apply to the step's Monte Carlo: ``batch``
+    given (the step's batch is --batch-size), a simulation option away from its default
+    (``simulation``: name -> (value, default): backend, device, rng, dask, workers; the step runs
+    in NumPy on the CPU, one draw after another), a tolerance away from its default
+    (``tolerance``: the values of :data:`sigprop.model.checking.DEFAULT_TOL`'s keys; nothing is
+    compared)."""
+    from sigprop.model.checking import DEFAULT_TOL
+
+    if batch is not None:
+        raise DomainError("--step takes its batch from --batch-size (default 8): drop --batch")
+    for name, (value, default) in simulation.items():
+        if getattr(value, "value", value) != getattr(default, "value", default):
+            raise DomainError(f"--step runs the NumPy simulation on the CPU, one trial after another: drop --{name}")
+    if any(v != DEFAULT_TOL[k] for k, v in tolerance.items()):
+        raise DomainError("--step compares nothing (no prediction of the step exists): drop the tolerance options")
+
+
 def require_memory(model, batch_size: int, dtype: str = "float64") -> None:
     """DomainError when one draw of the step would need more memory than is available (about
     three times a check trial's: the parameters, their gradients and new values, the backward's
@@ -88,18 +106,21 @@ def linear_biases(model) -> bool:
                       f"and this {hf['family']} config has {said!r} (not simulated yet)")
 
 
-def run(model, step: dict, trials: int = 8, seed: int = 0, dtype: str = "float64", bias: bool = True):
+def run(model, step: dict, trials: int = 8, seed: int = 0, dtype: str = "float64", bias: bool | None = None):
     """The step's Monte Carlo of ``model`` (:func:`sigprop.mc.step.simulate_step` with the
-    keywords ``step`` of :func:`sigprop.model.update.settings`), after the memory check."""
+    keywords ``step`` of :func:`sigprop.model.update.settings`), after the memory check;
+    ``bias`` None: the model's own (:func:`linear_biases`).  DomainError for a model it does not
+    simulate."""
     from sigprop.mc.step import check_supported, simulate_step
+    from sigprop.model.encdec import is_encdec
 
+    if is_encdec(model):
+        raise DomainError("--step does not simulate encoder-decoder models (yet)")
     check_supported(model)
+    if bias is None:
+        bias = linear_biases(model)
     require_memory(model, step["batch_size"], dtype)
     return simulate_step(model, trials=trials, seed=seed, dtype=np.dtype(dtype), bias=bias, **step)
-
-
-def _point_index(meas) -> dict:
-    return {p: i for i, p in enumerate(meas.points)}
 
 
 def _where(model, key: str):
@@ -228,10 +249,11 @@ def notes(model, step: dict, bias: bool) -> list[str]:
     return out
 
 
-def step_object(model, meas, step: dict, bias: bool = True) -> dict:
+def step_object(model, meas, step: dict) -> dict:
     """The ``sigprop.step/1`` object of a measurement (module docstring)."""
     from sigprop import __version__
 
+    bias = meas.settings["bias"]
     pts = points(model, meas)
     return {"schema": SCHEMA, "version": __version__, "model": model.to_json(), "seed": meas.seed,
             "dtype": meas.settings["dtype"], "trials": meas.trials,
