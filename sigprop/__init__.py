@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 
 #: names served by sigprop.api, imported when first used
 _API = frozenset({"predict", "check", "solve_init", "compare", "build_model", "build_models", "load_spec",
-                  "Prediction", "CheckResult", "SolveResult", "Comparison", "KEYWORDS", "UnknownOption"})
+                  "Prediction", "CheckResult", "StepResult", "SolveResult", "Comparison", "KEYWORDS",
+                  "UnknownOption"})
 
 __all__ = ["__version__", "SigpropError", "DomainError", *sorted(_API)]
 

@@ -62,6 +62,7 @@ class Keyword(NamedTuple):
 
 _B, _P, _C, _X, _S = "build_model", "predict", "check", "compare", "solve_init"
 _MODEL = (_B, _P, _C, _X, _S)
+_STEP = ("step", "lr", "batch_size", "adam_betas", "adam_eps", "weight_decay")
 
 #: API keyword (the command-line flag without its dashes, '-' -> '_') -> :class:`Keyword`.
 #: The single table of names: renaming a flag is renaming its key here.
@@ -114,9 +115,10 @@ KEYWORDS: dict[str, Keyword] = {
     "every": Keyword("every", (_P,), None, int, 1),
     # check (tolerance keys of sigprop.model.checking.DEFAULT_TOL)
     "trials": Keyword("trials", (_C,), 8, int, 2),
-    "batch": Keyword("batch", (_C,), 8, int, 1),
+    # (batch default 8, dtype default float32; with a step: the step's batch_size, float64)
+    "batch": Keyword("batch", (_C,), None, int, 1),
     "seed": Keyword("seed", (_C,), 0, int, 0),
-    "dtype": Keyword("dtype", (_C,), "float32", str, choices=("float32", "float64")),
+    "dtype": Keyword("dtype", (_C,), None, str, choices=("float32", "float64")),
     "tol_var": Keyword("forward_var", (_C,), 0.05, float, 0.0),
     "tol_grad": Keyword("grad_var", (_C,), 0.05, float, 0.0),
     "tol_corr": Keyword("corr", (_C,), 0.03, float, 0.0),
@@ -127,6 +129,13 @@ KEYWORDS: dict[str, Keyword] = {
     "rng": Keyword("rng", (_C,), "host", str, choices=("host", "device")),
     "dask": Keyword("dask", (_C,), None, str),
     "workers": Keyword("workers", (_C,), None, int),
+    # the step (sigprop.model.update; check simulates it, predict and compare refuse it)
+    "step": Keyword("step", (_P, _C, _X), None, str, choices=("sgd", "adam", "adamw")),
+    "lr": Keyword("lr", (_P, _C, _X), None, float),
+    "batch_size": Keyword("batch_size", (_P, _C, _X), None, int),
+    "adam_betas": Keyword("adam_betas", (_P, _C, _X)),
+    "adam_eps": Keyword("adam_eps", (_P, _C, _X), None, float),
+    "weight_decay": Keyword("weight_decay", (_P, _C, _X), None, float),
     # solve_init (arguments of sigprop.solve.solve)
     "target": Keyword("target", (_S,), "unit-variance", str, choices=TARGETS),
     "value": Keyword("value", (_S,), None, float),
@@ -373,6 +382,53 @@ class CheckResult:
                 f"{'pass' if self.passed else 'outside tolerance'}>")
 
 
+class StepResult:
+    """The Monte Carlo of one optimizer step from the initialisation (``sigprop check --step``;
+    no prediction of the step exists, docs/update.md).
+
+    ``measurement``: the :class:`sigprop.mc.step.StepMeasurement` (per point ``var``, ``rel``,
+    ``fresh_var``, ``fresh_rel`` and their ``*_se``; ``modules``, ``weights``, ``logits``);
+    ``step``: the step's settings; ``points`` and ``summary``: the measured points and the
+    summary of the step object; ``seed``, ``trials``; ``exit_code`` 0 (nothing is judged)."""
+
+    def __init__(self, model, measurement, step: dict):
+        self.model, self.measurement, self.step = model, measurement, step
+        self._obj = None
+
+    seed = property(lambda self: self.measurement.seed)
+    trials = property(lambda self: self.measurement.trials)
+    exit_code = 0
+
+    def to_dict(self) -> dict:
+        """The step object (schema ``sigprop.step/1``)."""
+        if self._obj is None:
+            from sigprop.mc.step_check import step_object
+
+            self._obj = step_object(self.model, self.measurement, self.step)
+            if "hf" in self.model.notes:
+                self._obj["hf"] = self.model.notes["hf"]
+        return self._obj
+
+    points = property(lambda self: self.to_dict()["measured"])
+    summary = property(lambda self: self.to_dict()["summary"])
+
+    def to_json(self) -> str:
+        """The step object as JSON text, as ``sigprop check --step ... --json`` prints it."""
+        return json.dumps(self.to_dict())
+
+    def __repr__(self) -> str:
+        s = self.summary
+        return (f"<StepResult {self.model.arch}, {self.model.n_layers} layers, {self.step['optimizer']} lr "
+                f"{self.step['lr']:g}, seed {self.seed}: rel at the top {s['update_rel_top']:.4g}>")
+
+
+def _step(opts: dict) -> dict | None:
+    """The step settings of the step keywords in ``opts`` (None: none given)."""
+    from sigprop.model.update import settings
+
+    return settings({k: opts[k] for k in _STEP if k in opts})
+
+
 class SolveResult:
     """The solution of ``sigprop solve-init``.
 
@@ -470,11 +526,15 @@ def predict(spec=None, **options) -> Prediction:
     from sigprop.model.predict import predict as run
 
     opts = _options(_P, spec, options)
+    if _step(opts) is not None:
+        from sigprop.model.update import refuse_prediction
+
+        refuse_prediction("predict")
     model = _model(opts, DEFAULT_LAYERS[_P])
     return Prediction(model, run(model, stop_at_saturation=True), opts.get("every"))
 
 
-def check(spec=None, **options) -> CheckResult:
+def check(spec=None, **options):
     """Simulate the whole model with NumPy and compare every point with the prediction
     (``sigprop check``).
 
@@ -483,16 +543,40 @@ def check(spec=None, **options) -> CheckResult:
     and ``tol_grad`` (relative, 0.05), ``tol_corr`` (absolute, 0.03), ``tol_logit``
     (relative, 0.05) and ``z`` (4: a point also passes within z standard errors).  A check
     outside tolerance returns a result with ``passed`` False; a model whose softmax saturates
-    (its prediction incomplete) is bad input, as for the command.  Returns a :class:`CheckResult`."""
+    (its prediction incomplete) is bad input, as for the command.  Returns a :class:`CheckResult`.
+
+    With ``step`` ("sgd", "adam", "adamw") and ``lr`` (and ``batch_size`` (8), ``adam_betas``
+    ((0.9, 0.999) or "0.9,0.999"), ``adam_eps`` (1e-8), ``weight_decay`` (0)): the Monte Carlo
+    of one optimizer step from the initialisation, ``trials`` draws, ``dtype`` float64 by
+    default, NumPy only (``batch``, the tolerances and the backend keywords are refused).
+    Returns a :class:`StepResult`."""
     from sigprop.model.checking import check_model, tolerances
 
     opts = _options(_C, spec, options)
+    step = _step(opts)
+    if step is not None:
+        return _check_step(opts, step)
+    opts.setdefault("batch", 8)
+    opts.setdefault("dtype", "float32")
     tol = tolerances({KEYWORDS[k].name: opts[k] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")})
     model = _model(opts, DEFAULT_LAYERS[_C])
     points, meas, res = check_model(model, tol, trials=opts["trials"], batch=opts["batch"], seed=opts["seed"],
                                     dtype=opts["dtype"], backend=opts["backend"], device=opts["device"],
                                     rng=opts["rng"], dask=opts.get("dask"), workers=opts.get("workers"))
     return CheckResult(model, points, meas, res, opts["seed"], opts["trials"], opts["batch"])
+
+
+def _check_step(opts: dict, step: dict) -> StepResult:
+    from sigprop.mc import step_check
+
+    step_check.require_step_options(
+        opts.get("batch"), {k: (opts.get(k, KEYWORDS[k].default), KEYWORDS[k].default)
+                            for k in ("backend", "device", "rng", "dask", "workers")},
+        {KEYWORDS[k].name: opts[k] for k in ("tol_var", "tol_grad", "tol_corr", "tol_logit", "z")})
+    model = _model(opts, DEFAULT_LAYERS[_C])
+    meas = step_check.run(model, step, trials=opts["trials"], seed=opts["seed"],
+                          dtype=opts.get("dtype", "float64"))
+    return StepResult(model, meas, step)
 
 
 def solve_init(**options) -> SolveResult:
@@ -532,7 +616,12 @@ def compare(spec=None, **options) -> Comparison:
     gives a single row.  Returns a :class:`Comparison`."""
     from sigprop.compare import compare as rows
 
-    return Comparison(rows(_models(_options(_X, spec, options), DEFAULT_LAYERS[_X])))
+    opts = _options(_X, spec, options)
+    if _step(opts) is not None:
+        from sigprop.model.update import refuse_prediction
+
+        refuse_prediction("compare")
+    return Comparison(rows(_models(opts, DEFAULT_LAYERS[_X])))
 
 
 for _fn in (build_model, build_models, predict, check, solve_init, compare):
@@ -540,4 +629,4 @@ for _fn in (build_model, build_models, predict, check, solve_init, compare):
 del _fn
 
 __all__ = ["predict", "check", "solve_init", "compare", "build_model", "build_models", "load_spec",
-           "Prediction", "CheckResult", "SolveResult", "Comparison", "KEYWORDS", "UnknownOption"]
+           "Prediction", "CheckResult", "StepResult", "SolveResult", "Comparison", "KEYWORDS", "UnknownOption"]

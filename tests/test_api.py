@@ -136,6 +136,9 @@ JSON_CASES = [
     ("check", dict(d_model=16, heads=2, seq_len=4, trials=2, batch=1)),   # layers: the default (12)
     # no tolerance at all: sampling noise alone fails it (exit 1, passed False)
     ("check", dict(layers=2, trials=2, batch=1, tol_var=0, tol_grad=0, tol_corr=0, tol_logit=0, z=0, **TINY)),
+    # one optimizer step (a StepResult, the sigprop.step/1 object)
+    ("check", dict(step="adamw", lr=1e-3, batch_size=2, adam_betas="0.8,0.95", weight_decay=0.1, trials=2, seed=3,
+                   layers=2, **TINY)),
     ("compare", dict(arch="preln,postln", layers=3, **TINY)),
     ("compare", dict(arch=["dslm", "preln"], init="normal", layers=3, **TINY)),
     ("compare", dict(layers=2, **TINY)),                                  # arch: the default six
@@ -168,7 +171,9 @@ for fn, command, kw, argv in cases:
         out.write(r.to_json() + "\n")
         code = getattr(r, "exit_code", 0)
         extra = {"steps": r.steps is not None} if fn == "solve_init" else {}
-        if fn == "check":
+        if fn == "check" and "step" in kw:
+            extra = {"seed": r.seed, "summary": r.summary}
+        elif fn == "check":
             extra = {"seed": r.seed, "passed": r.passed, "errors": r.errors, "failures": r.failures}
         if fn == "predict":
             extra = {"summary": r.summary, "n_points": len(r.points)}
@@ -220,7 +225,11 @@ def test_json_is_the_commands_stdout(json_runs, i):
         sat = obj["summary"]["saturation_layer"]
         assert extra["n_points"] == 1 + 2 * (obj["model"]["n_layers"] if sat is None else sat - 1)
         assert (sat is not None) == ("init_std" in kw)
-    if fn == "check":
+    if fn == "check" and "step" in kw:
+        assert obj["schema"] == "sigprop.step/1" and code == 0
+        assert extra["seed"] == kw["seed"] == obj["seed"] and extra["summary"] == obj["summary"]
+        assert obj["step"]["adam_betas"] == [0.8, 0.95] and obj["step"]["weight_decay"] == 0.1
+    elif fn == "check":
         assert extra["seed"] == kw.get("seed", 0) == obj["seed"]
         assert extra["passed"] == obj["pass"] == (code == 0)
         assert extra["errors"] == obj["errors"] and extra["failures"] == obj["failures"]
@@ -301,6 +310,13 @@ BAD = [
     ("check", dict(dtype="float16")),
     ("check", dict(tol_var=-1.0)),
     ("check", dict(init_std=1.0, layers=2, **TINY)),                    # the softmax saturates: nothing to compare
+    ("predict", dict(step="adam", lr=1e-3)),                          # no analytic prediction of the step
+    ("compare", dict(step="sgd", lr=0.1)),
+    ("predict", dict(lr=1e-3)),
+    ("check", dict(step="adam")),
+    ("check", dict(step="adam", lr=1e-3, batch=2)),
+    ("check", dict(step="adam", lr=1e-3, tol_var=0.2)),
+    ("check", dict(step="sgd", lr=1.0, adam_eps=1e-6)),
     ("compare", dict(arch="preln,foo")),
     ("compare", dict(arch="preln,preln")),
     ("solve_init", dict(target="unit-forward", strict=True)),

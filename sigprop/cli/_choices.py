@@ -32,3 +32,9 @@ RNG_HELP = ("Random numbers: host = NumPy's generator, moved to the device (the 
             "device = the backend's own generator (faster on a GPU, another stream).")
 DASK_HELP = "Run the independent trials on a Dask cluster: a scheduler address (tcp://host:8786) or 'local'."
 WORKERS_HELP = "With --dask local (implied when given alone): worker processes of the local cluster."
+
+
+class Optimizer(str, Enum):
+    sgd = "sgd"
+    adam = "adam"
+    adamw = "adamw"

@@ -9,15 +9,19 @@ import typer
 
 from sigprop.cli._app import app
 from sigprop.cli._model_options import build_models, model_options
+from sigprop.cli._step import refuse as refuse_step, step_options
 
 
 @app.command("compare")
 @model_options(multi_arch=True, default_layers=24)
+@step_options
 def compare_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the sigprop.compare/1 object."),
     model_opts: dict = None,
+    step_opts: dict = None,
 ) -> None:
     """Compare architectures side by side under the same model options (one prediction each)."""
+    refuse_step("compare", step_opts)
     from sigprop.cli._report import done
     from sigprop.compare import compare, to_json
 

@@ -11,10 +11,12 @@ import typer
 from sigprop.cli._app import app
 from sigprop.cli._choices import DType
 from sigprop.cli._model_options import build_models, model_options
+from sigprop.cli._step import refuse as refuse_step, step_options
 
 
 @app.command("plot")
 @model_options(multi_arch=True, default_layers=24)
+@step_options
 def plot_cmd(
     output: Path = typer.Option(..., "-o", "--output", help="Figure file: .png, .svg or .pdf."),
     check: bool = typer.Option(False, "--check", help="Overlay a whole-model Monte Carlo measurement as markers."),
@@ -29,8 +31,10 @@ def plot_cmd(
     height: float = typer.Option(3.6, min=1.0, max=100.0, help="Figure height in inches."),
     dpi: int = typer.Option(300, min=10, max=2400, help="Resolution of PNG output (at most 50 megapixels in all)."),
     model_opts: dict = None,
+    step_opts: dict = None,
 ) -> None:
     """Plot variance, gradient, correlation and logit variance against depth (needs the 'plot' extra)."""
+    refuse_step("plot", step_opts)
     from sigprop import plot
 
     plot.require_matplotlib()

@@ -23,8 +23,12 @@ Per trace point (:func:`sigprop.mc.model.point_labels`: the input, then every su
 stream before a final norm) and at the model's output it records the variance, over all
 entries with the global mean removed, of the change F(x; theta') - F(x; theta) ("var"), the
 same on the fresh batch ("fresh_var"), and each over that batch's own stream variance
-("rel", "fresh_rel").  Trials (independent weight draws) are pooled with standard errors from
-their spread.
+("rel", "fresh_rel"); per linear map its output's change relative to its output on the step's
+batch, per parameter ||theta' - theta|| / ||theta||, its gradient's RMS and the share of its
+entries where Adam's eps is at least |g|, and per attention sublayer the logit variance before
+and after the step (:class:`StepMeasurement`).  Trials (independent weight draws) are pooled
+with standard errors from their spread; :mod:`sigprop.mc.step_check` makes the
+``sigprop check --step`` object of them.
 
 Covered: pre, post, peri and output placements (per layer), sequential and parallel blocks,
 MLP and gated FFNs with every registered activation, LayerNorm and RMSNorm, the final norm,
@@ -137,8 +141,8 @@ class _Net:
     records its backward closure, which adds its parameters' gradients into ``self.grads``
     and returns the gradient at its input."""
 
-    def __init__(self, model, P, tape: bool):
-        self.m, self.P, self.tape = model, P, tape
+    def __init__(self, model, P, tape: bool, rec=None):
+        self.m, self.P, self.tape, self.rec = model, P, tape, rec
         self.grads = {k: np.zeros_like(v) for k, v in P.items()} if tape else None
         self.act = component(registry.activation(model.activation).component)
         self.centred = _has_norm_bias(model.norm)
@@ -153,6 +157,8 @@ class _Net:
         if b is not None:
             Y += b
         Y = Y.reshape(B, L, W.shape[1])
+        if self.rec is not None:
+            self.rec.module(key, Y)
         if not self.tape:
             return Y, None
         g = self.grads
@@ -219,6 +225,8 @@ class _Net:
         Ve = np.repeat(Vh, G, axis=1) if G > 1 else Vh
         s = 1.0 / np.sqrt(dh)
         S = (Qh @ Ke.transpose(0, 1, 3, 2)) * s
+        if self.rec is not None:
+            self.rec.logits(pre, S)
         if m.causal:
             S = np.where(np.tril(np.ones((L, L), dtype=bool)), S, -np.inf)
         S = S - S.max(axis=-1, keepdims=True)
@@ -339,10 +347,11 @@ class _Net:
         return streams, out, (backs, top)
 
 
-def forward(model, P, X) -> tuple[list[np.ndarray], np.ndarray]:
+def forward(model, P, X, rec=None) -> tuple[list[np.ndarray], np.ndarray]:
     """(the stream at every trace point, the model's output) of batch ``X`` (B, seq_len,
-    d_model) under parameters ``P`` (:func:`init_params`)."""
-    streams, out, _ = _Net(model, P, tape=False).run(X)
+    d_model) under parameters ``P`` (:func:`init_params`); ``rec`` (a :class:`_Recorder`)
+    sees every module's output and every attention sublayer's logits."""
+    streams, out, _ = _Net(model, P, tape=False, rec=rec).run(X)
     return streams, out
 
 
@@ -403,37 +412,118 @@ def _var(x) -> float:
     return float(np.mean(x * x) - np.mean(x) ** 2)
 
 
-def step_trial(model, rng: np.random.Generator, *, optimizer="adam", lr=1e-3, batch_size=8, betas=(0.9, 0.999),
-               eps=1e-8, weight_decay=0.0, dtype=np.float64, bias: bool = True, select=None) -> np.ndarray:
-    """One weight draw: array (n_points + 1, 4) of [var F, var dF, fresh var F, fresh var dF]
-    at every trace point and, last, at the model's output.  ``select``: a predicate on the
-    parameter names (:func:`init_params`); only those take the step, the others keep their
-    initial values (a diagnostic: which parameters the change comes from)."""
+class _Recorder:
+    """What the forward passes before and after the step see besides the streams: every
+    module's output (each linear map, by its parameter prefix ``layers.{l}.attn.q`` ...; a
+    branch's output is its last map's, ``attn.o``, ``ffn.out`` or ``ffn.down``) and every
+    attention sublayer's logits (all L x L entries of Q K^T / sqrt(d_head), the causal mask
+    aside, as :mod:`sigprop.mc.model` measures them).  The
+    first pass stores the outputs; the second (:meth:`compare`) turns each into (var before,
+    var of the change) and drops the stored array."""
+
+    def __init__(self):
+        self.stored: dict[str, np.ndarray] = {}
+        self.modules: dict[str, tuple[float, float]] = {}
+        self.logit_var: dict[str, list[float]] = {}
+        self.second = False
+
+    def module(self, key, Y):
+        if not self.second:
+            self.stored[key] = Y
+            return
+        Y0 = self.stored.pop(key)
+        self.modules[key] = (_var(Y0), _var(Y - Y0))
+
+    def logits(self, key, S):
+        self.logit_var.setdefault(key, []).append(_var(S))
+
+    def compare(self) -> "_Recorder":
+        self.second = True
+        return self
+
+
+def _zero_gradient(model, key: str) -> bool:
+    """A parameter whose gradient is zero in exact arithmetic: the key bias without QK-norm and
+    rotary positions (it adds the same q_i . b_k to every logit of row i, which the softmax
+    ignores).  Its computed gradient is rounding noise, which Adam's eps sees."""
+    return model.qk_norm is None and model.rope is None and key.endswith(".attn.k.bias")
+
+
+def _trial(model, rng, *, optimizer, lr, batch_size, betas, eps, weight_decay, dtype, bias, select):
     m = model
     shape = (batch_size, m.seq_len, m.d_model)
     P = init_params(m, rng, dtype, bias)
     X = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, dtype)
     U = correlated(rng, shape, 0.0, m.grad.var, m.grad.corr, dtype)
     Xf = correlated(rng, shape, m.input.mean, m.input.var, m.input.corr, dtype)
-    P2 = optimizer_step(P, gradients(m, P, X, U), optimizer, lr, betas, eps, weight_decay)
+    grads = gradients(m, P, X, U)
+    P2 = optimizer_step(P, grads, optimizer, lr, betas, eps, weight_decay)
     if select is not None:
         P2 = {k: (v if select(k) else P[k]) for k, v in P2.items()}
-    rows = []
+    rec = _Recorder()
     parts = []
-    for batch in (X, Xf):
-        s0, o0 = forward(m, P, batch)
-        s1, o1 = forward(m, P2, batch)
+    for batch, r in ((X, rec), (Xf, None)):
+        s0, o0 = forward(m, P, batch, r)
+        s1, o1 = forward(m, P2, batch, r and r.compare())
         parts.append([(_var(a), _var(b - a)) for a, b in zip(s0 + [o0], s1 + [o1])])
-    for (vf, vd), (wf, wd) in zip(*parts):
-        rows.append((vf, vd, wf, wd))
-    return np.array(rows)
+    rows = np.array([(vf, vd, wf, wd) for (vf, vd), (wf, wd) in zip(*parts)])
+    weights = {}
+    for k, theta in P.items():
+        g = grads[k]
+        if optimizer == "adam" and weight_decay:
+            g = g + weight_decay * theta
+        small = np.nan if optimizer == "sgd" or _zero_gradient(m, k) else float(np.mean(np.abs(g) <= eps))
+        weights[k] = (float(np.linalg.norm(P2[k] - theta)), float(np.linalg.norm(theta)),
+                      float(np.sqrt(np.mean(g * g))), small)
+    logits = {k: tuple(v) for k, v in rec.logit_var.items()}       # (before, after) on the step's batch
+    return rows, {"modules": rec.modules, "weights": weights, "logits": logits}
+
+
+def step_trial(model, rng: np.random.Generator, *, optimizer="adam", lr=1e-3, batch_size=8, betas=(0.9, 0.999),
+               eps=1e-8, weight_decay=0.0, dtype=np.float64, bias: bool = True, select=None) -> np.ndarray:
+    """One weight draw: array (n_points + 1, 4) of [var F, var dF, fresh var F, fresh var dF]
+    at every trace point and, last, at the model's output.  ``select``: a predicate on the
+    parameter names (:func:`init_params`); only those take the step, the others keep their
+    initial values (a diagnostic: which parameters the change comes from)."""
+    return _trial(model, rng, optimizer=optimizer, lr=lr, batch_size=batch_size, betas=betas, eps=eps,
+                  weight_decay=weight_decay, dtype=dtype, bias=bias, select=select)[0]
+
+
+def _mean_se(a) -> tuple[np.ndarray, np.ndarray]:
+    """Mean over the first axis (trials) and its standard error (NaN from one trial)."""
+    a = np.asarray(a, dtype=np.float64)
+    n = a.shape[0]
+    se = a.std(axis=0, ddof=1) / np.sqrt(n) if n > 1 else np.full(a.shape[1:], np.nan)
+    return a.mean(axis=0), se
+
+
+@dataclass
+class Pooled:
+    """One quantity over the trials: its mean and standard error (NaN from one trial)."""
+    mean: float
+    se: float
 
 
 @dataclass
 class StepMeasurement:
     """Per trace point (``points``, then ("output") last): the stream's variance, the update's
     variance and its ratio to the stream's, on the step's batch and on a fresh one; each the
-    mean over trials with its standard error (``*_se``)."""
+    mean over trials with its standard error (``*_se``).
+
+    Per module and parameter (names as :func:`init_params`'s, without ``.weight``; attention
+    sublayers as ``layers.{l}.attn``), pooled over trials (:class:`Pooled`):
+
+    * ``modules[key]``: the module output's change relative to it on the step's batch,
+      var(Y' - Y) / var(Y) (Y' under the new parameters, its input changed by the layers below
+      too: muP's coordinate check);
+    * ``weights[name]``: ``"rel"`` ||theta' - theta|| / ||theta|| (NaN where theta starts at 0:
+      biases, LayerNorm biases), ``"abs"`` ||theta' - theta||, ``"grad_rms"`` the RMS of the
+      gradient the optimizer took, and ``"eps_share"`` (Adam, AdamW) the fraction of its entries
+      with |g| <= eps, where eps at least halves the step (NaN under SGD and for the key bias
+      without QK-norm or rotary positions, whose gradient is 0 in exact arithmetic);
+    * ``logits[key]``: ``"before"`` and ``"after"``, the attention logit variance on the step's
+      batch under the initial and the new parameters.
+    """
     points: list
     stream_var: np.ndarray
     var: np.ndarray
@@ -449,6 +539,9 @@ class StepMeasurement:
     seed: int
     settings: dict = field(default_factory=dict)
     seconds: float = 0.0
+    modules: dict = field(default_factory=dict)
+    weights: dict = field(default_factory=dict)
+    logits: dict = field(default_factory=dict)
 
     @property
     def rel_top(self) -> float:
@@ -467,6 +560,28 @@ class StepMeasurement:
                 "fresh_rel_se": float(self.fresh_rel_se[k])}
 
 
+def _pool_details(details: list[dict]) -> tuple[dict, dict, dict]:
+    def pooled(values) -> Pooled:
+        mean, se = _mean_se(np.array(values, dtype=np.float64))
+        return Pooled(float(mean), float(se))
+
+    modules, weights, logits = {}, {}, {}
+    first = details[0]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for k in first["modules"]:
+            modules[k] = pooled([d["modules"][k][1] / d["modules"][k][0] for d in details])
+        for k in first["weights"]:
+            rows = np.array([d["weights"][k] for d in details], dtype=np.float64)       # (trials, 4)
+            name = k[:-len(".weight")] if k.endswith(".weight") else k
+            rel = rows[:, 0] / rows[:, 1] if (rows[:, 1] > 0).all() else np.full(len(rows), np.nan)
+            weights[name] = {"rel": pooled(rel), "abs": pooled(rows[:, 0]), "grad_rms": pooled(rows[:, 2]),
+                             "eps_share": pooled(rows[:, 3])}
+        for k in first["logits"]:
+            v = np.array([d["logits"][k] for d in details], dtype=np.float64)            # (trials, 2)
+            logits[k] = {"before": pooled(v[:, 0]), "after": pooled(v[:, 1])}
+    return modules, weights, logits
+
+
 def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: int = 8,
                   betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0, trials: int = 4,
                   seed: int = 0, dtype=np.float64, bias: bool = True, select=None) -> StepMeasurement:
@@ -474,7 +589,8 @@ def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: 
     the t-th child of ``SeedSequence(seed)``.  Dropout is off (the model in eval mode).  rel is
     the mean over trials of each trial's var dF / var F (fresh_rel likewise on the fresh batch).
     ``bias`` False: the linear maps have no biases (:func:`init_params`); ``select``: only
-    the parameters whose names it accepts take the step (:func:`step_trial`)."""
+    the parameters whose names it accepts take the step (:func:`step_trial`).  Also per
+    module, parameter and attention sublayer (:class:`StepMeasurement`)."""
     check_supported(model)
     optimizer_step({}, {}, optimizer, lr, betas, eps, weight_decay)          # validates the settings
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
@@ -482,22 +598,19 @@ def simulate_step(model, optimizer: str = "adam", lr: float = 1e-3, batch_size: 
     if isinstance(trials, bool) or not isinstance(trials, (int, np.integer)) or trials < 1:
         raise DomainError(f"trials must be a positive integer, got {trials!r}")
     t0 = time.perf_counter()
-    raw = np.stack([step_trial(model, np.random.default_rng(s), optimizer=optimizer, lr=lr,
-                               batch_size=int(batch_size), betas=betas, eps=eps, weight_decay=weight_decay,
-                               dtype=dtype, bias=bias, select=select)
-                    for s in np.random.SeedSequence(seed).spawn(trials)])       # (trials, points, 4)
+    out = [_trial(model, np.random.default_rng(s), optimizer=optimizer, lr=lr, batch_size=int(batch_size),
+                  betas=betas, eps=eps, weight_decay=weight_decay, dtype=dtype, bias=bias, select=select)
+           for s in np.random.SeedSequence(seed).spawn(trials)]
+    raw = np.stack([o[0] for o in out])                                   # (trials, points, 4)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = np.stack([raw[..., 1] / raw[..., 0], raw[..., 3] / raw[..., 2]], axis=-1)
 
-    def mean_se(a):
-        se = a.std(axis=0, ddof=1) / np.sqrt(trials) if trials > 1 else np.full(a.shape[1:], np.nan)
-        return a.mean(axis=0), se
-
-    (vf, vf_se), (vd, vd_se), (wd, wd_se) = mean_se(raw[..., 0]), mean_se(raw[..., 1]), mean_se(raw[..., 3])
-    (rel, rel_se), (frel, frel_se) = mean_se(ratios[..., 0]), mean_se(ratios[..., 1])
+    (vf, vf_se), (vd, vd_se), (wd, wd_se) = _mean_se(raw[..., 0]), _mean_se(raw[..., 1]), _mean_se(raw[..., 3])
+    (rel, rel_se), (frel, frel_se) = _mean_se(ratios[..., 0]), _mean_se(ratios[..., 1])
+    modules, weights, logits = _pool_details([o[1] for o in out])
     settings = {"optimizer": optimizer, "lr": lr, "batch_size": int(batch_size), "betas": tuple(betas),
                 "eps": eps, "weight_decay": weight_decay, "dtype": np.dtype(dtype).name, "dropout": "off",
                 "bias": bool(bias)}
     return StepMeasurement(point_labels(model) + [(model.n_layers, "output")], vf, vd, rel, wd, frel,
                            vf_se, vd_se, rel_se, wd_se, frel_se, trials, seed, settings,
-                           time.perf_counter() - t0)
+                           time.perf_counter() - t0, modules, weights, logits)

@@ -964,7 +964,8 @@ def resolve(arch: str = "preln", init: str | None = None, **options) -> Model:
 
     cols = {kind: Sublayers(kind, placement, skip, scales.branch, scales.norm, res.std[kind], bias_std[kind])
             for kind, skip in (("attention", skip_att), ("ffn", skip_ffn))}
-    notes = {"init": init_name, **notes, **res.notes}
+    # ("bias": whether the linear maps have biases, parameters of an optimizer step even at std 0)
+    notes = {"init": init_name, "bias": bool(opts["bias"]), **notes, **res.notes}
     return Model(arch=arch, n_layers=n, d_model=d, n_heads=h, d_head=d_head, d_ff=d_ff,
                  seq_len=opts["seq_len"], activation=activation, norm=opts["norm"],
                  causal=opts["causal"], dropout=dropout, input=inp, grad=grad,
