@@ -152,14 +152,17 @@ def markdown(rows: list[dict], command: str) -> str:
     done = [r for r in rows if "refused" not in r]
     n_pass = sum(r["passed"] for r in done)
     trials, batch, seed = done[0]["trials"], done[0]["batch"], done[0]["seed"]
+    said = {"A": "A: 4 layers, d_model 128, 4 heads of 32, 32 tokens",
+            "B": "B: 8 layers, d_model 256, heads and key-value heads doubled, the FFN width too, 64 tokens"}
+    present = [k for k in SIZES if any(r["size"] == k for r in rows)]
+    sizes = (f"{'one reduced size' if len(present) == 1 else 'reduced sizes'} ("
+             + "; ".join(said[k] for k in present) + ")")
     head = f"""
 ## Hugging Face families against transformers' own models
 
 `{command}` (sigprop/torch/families.py): every family of docs/hf.md that the PyTorch interop
-tests build, at two reduced sizes (A: 4 layers, d_model 128, 4 heads of 32, 32 tokens; B: 8
-layers, d_model 256, heads and key-value heads doubled, 64 tokens; the FFN width scaled with
-d_model), built by transformers {_version()} from the config with the family's own random init
-and measured with hooks in training mode (`sigprop measure`: {trials} builds x {batch} sequences,
+tests build, at {sizes}, built by transformers {_version()} from the config with the family's own
+random init and measured with hooks in training mode (`sigprop measure`: {trials} builds x {batch} sequences,
 seed {seed}, float32), against the prediction from the same config. Inputs: "embedding", a
 Gaussian stream of the variance the family's embedding hands to layer 1 (the default), and
 "unit", variance 1. Pass: `check`'s default rule (5% relative for variances or 0.03 absolute for
