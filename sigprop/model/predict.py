@@ -35,7 +35,7 @@ from sigprop.model.spec import MAX_LAYERS, pointwise_norm, require
 from sigprop.model import tables
 from sigprop.rules.residual import exp_or_inf as _exp
 from sigprop.model.tables import TableCache, _Prescaled
-from sigprop.rules import attention, get, layernorm, residual
+from sigprop.rules import attention, get, layernorm, residual, windows
 from sigprop.rules.attention import ROW_LOGIT_VAR_MAX, row_moments
 from sigprop.rules.attention import logit_var as attention_logit_var
 # the mean row logit variance the attention rule bounds (ROW_LOGIT_VAR_MAX), under the name
@@ -68,7 +68,7 @@ SOFTCAP_ROPE_MAX_LEN = 64
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
                        "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap",
-                       "cross_attention"})
+                       "cross_attention", "window", "local_rope"})
 
 
 # (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:
@@ -464,6 +464,16 @@ def _repeats(cols, with_norm: bool = True) -> tuple[list, list]:
     return [counts[g] for g in group], group
 
 
+def _regroup(group: list, extra) -> tuple[list, list]:
+    """:func:`_repeats`'s counts and ids with a further per-layer key ``extra``."""
+    ids: dict = {}
+    new = [ids.setdefault((g, e), len(ids)) for g, e in zip(group, extra)]
+    counts = [0] * len(ids)
+    for g in new:
+        counts[g] += 1
+    return [counts[g] for g in new], new
+
+
 def _gains(bwd) -> tuple[float, float]:
     """(variance gain, covariance gain) of a backward map linear in the gradient's moments."""
     g0, g1 = bwd(Backward(1.0, 0.0)), bwd(Backward(1.0, 1.0))
@@ -518,6 +528,12 @@ class Predictor:
                               f"{SOFTCAP_ROPE_MAX_LEN} tokens (its capped statistics are integrals per row length: "
                               f"beyond that a prediction takes minutes, yet), got seq_len {model.seq_len}; "
                               f"a shorter sequence (--seq-len {SOFTCAP_ROPE_MAX_LEN})")
+        if model.causal and model.window is not None:
+            act = [w for w in model.window if windows.active(model.seq_len, w, True)]
+            if act:
+                raise DomainError(f"causal sliding-window attention (window {min(act)} < seq_len {model.seq_len}) is "
+                                  "not predicted yet: the causal position model assumes row i attends to keys 0..i "
+                                  f"(a window of at least {model.seq_len} keys, or --seq-len {min(act)}, is global)")
         self.model = model
         self.stop_at_saturation = stop_at_saturation
         self.saturation: tuple[int, str] | None = None
@@ -538,6 +554,9 @@ class Predictor:
         self.repeats, self.groups = {}, {}
         for j, cols in enumerate(m.slots()):
             self.repeats[j], self.groups[j] = _repeats(cols)
+            if m.window is not None and cols.kind == "attention":
+                # a layer's sliding window (and with it its rotary base) is part of its parameters
+                self.repeats[j], self.groups[j] = _regroup(self.groups[j], m.window)
         # what each sublayer's kind declares (sigprop.model.sublayers): the interpreter asks
         # these, not the kind
         self.kinds = [sublayers.get(cols.kind) for cols in m.slots()]

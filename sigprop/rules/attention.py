@@ -2040,6 +2040,10 @@ def euler_terms(p: dict, x: Forward, rows, rg: float, W: np.ndarray | None = Non
     taken as 0 (it does not cancel in a single-key logit change); (vi) the cross term keeps the
     value path only."""
     L, pa, ph = p["L"], p["p"], p_hidden
+    if W is None and windows.active(int(L), int(p.get("window", 0)), bool(p.get("causal", 0))):
+        # a bidirectional sliding window: the sums over the rows that see key t, taken at the
+        # mean row length (the rows at the ends are shorter; first order in their share)
+        L = windows.window(int(L), int(p["window"]), False).mean_len
     H, dh, d = p["n_heads"], p["d_head"], p["d"]
     gv = value_gain(p)
     vx = float(x.var)
