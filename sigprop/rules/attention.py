@@ -120,6 +120,17 @@ of two tokens are rotated against each other (their covariances times kbar(L)); 
 path's cross-row weight (the cosine of the two rows' rotated queries) is regressed on the
 pair correlation.  Causal rows: the same at each row length n.
 
+Sliding windows (``window`` W > 0, sigprop.rules.windows)
+----------------------------------------------------------
+Row i sees at most W keys (causal i-W+1..i; bidirectional W keys centred, clipped at the ends).
+Nothing within a row changes: the one-row statistics at row length n are the same integrals, averaged
+over the lengths that occur.  Two rows i < k now share s keys and see a (row i) and b (row k) keys
+the other does not; the two-row integrals take phi2^(s - q) phi1(u)^a phi1(w)^b per pair (as the
+causal sum takes its nested rows, a = 0), summed over every pair exactly, and rows that share no
+key contribute nothing to C2 and T2x.  The (L - 1) factors and the 1/(L - 1) covariances hold for
+any mask (the rows of A and of dS sum to 1 and 0).  The input is treated as exchangeable over
+positions; with rotary positions the row-level cosine sums are taken at the mean row length.
+
 Soft-capped logits (``softcap`` c > 0, Gemma 2's attn_logit_softcapping)
 --------------------------------------------------------------------------
 Every logit s becomes f(s) = c tanh(s / c) before the mask and the softmax.  The row's shared
@@ -1445,6 +1456,20 @@ class Attention(Rule):
         "over the capped law, the row's shared logit offset (which no longer cancels) taken as Gaussian; "
         "two-row statistics at the Gaussian row with the capped row's E sum P^2; the cross-row part of a "
         "row's gradient sum left out; numeric only (the module docstring has the details).",
+        "Sliding window (window W; numeric only): the one-row statistics are averaged over the row lengths that "
+        "occur (causal min(i + 1, W); bidirectional shorter rows at both ends), exactly up to 16 consecutive "
+        "lengths of equal count and by the causal sums' length quadrature beyond (relative error < 1e-4); the "
+        "two-row statistics are summed over every pair of rows by its shared keys and each row's own keys, "
+        "exactly (sigprop.rules.windows; refused beyond 4e7 row pairs, L x min(W, L)); the (L - 1) factors of "
+        "the pair terms keep their meaning (pairs that share no key contribute 0).  The input is taken as "
+        "exchangeable over positions (one token correlation): exact for the first windowed layer of a "
+        "stack, not after one (the stream's correlation then falls with the distance between positions; "
+        "the predictor refuses a second windowed layer).  The row-level laws (the rotary cosine sums kbar, "
+        "the pair law's variance) are taken at the mean row length; the E[sum P_i^2 sum P_k^2] pair term "
+        "(O(1/d)) as the square of the row average.  Measured (attention grid window: W 1, 5, 32, 300 at L "
+        "16, 64, 256, causal and bidirectional, rotary on and off, 96 points): x var p50 / p90 / p99 0.35 / "
+        "0.95 / 1.40 %, g var 0.57 / 1.41 / 4.35 % (the worst points causal W >= L, i.e. the global rule with "
+        "rotary positions; every windowed point within 2.1%).",
     )
     references = (
         "[TGS] Kedia et al. 2024 (single-head value-path formulas; this rule adds the query "
