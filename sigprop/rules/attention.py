@@ -1042,7 +1042,7 @@ def _window_of(m, p):
     The window, the sequence length and the mask must be one value per evaluation."""
     W = getattr(p, "window", 0)
     if getattr(m, "SYMBOLIC", False):
-        if isinstance(W, (int, float)) and W == 0:
+        if not getattr(W, "free_symbols", None) and W == 0:     # (a number or a sympy 0)
             return None
         raise DomainError("attention: a sliding window (window) has no symbolic form")
     Wa, La, ca = (np.asarray(a) for a in (W, p.L, p.causal))
