@@ -1005,9 +1005,9 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
                      "features (rotate_every_two), base 10000; a fixed permutation of the features shared by queries "
                      "and keys, so the logits are those of the rotate_half convention")
         if rd == d_head:
-            return 10000.0
+            return 10000.0, None
         return rope_for_head("gptj", "default", {"rope_theta": 10000.0, "partial_rotary_factor": rd / d_head},
-                             d_head, seq_len, max_pos, r.fail, notes, "rotary_dim")
+                             d_head, seq_len, max_pos, r.fail, notes, "rotary_dim"), None
     params = r.cfg.get("rope_parameters")
     legacy = r.cfg.get("rope_scaling")
     per_type = {}
