@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sigprop import registry
+from sigprop.rules import windows
 from sigprop.errors import DomainError
 from sigprop.files import MAX_CONFIG_BYTES, check_path, read_json
 
@@ -591,8 +592,12 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     if fam.name in ("gemma2", "gemma3_text") and r.float("final_logit_softcapping", allow_none=True) is not None:
         notes.append("final_logit_softcapping caps the output head's logits, outside the stack: "
                      "it does not change the stream or the gradient given at the top")
-    layer_types = _layer_types(fam, r, n_layers, seq_len, notes)
-    rope_base = _rope(fam, r, d_head, seq_len, max_pos, layer_types, notes) if fam.rope else None
+    layer_types, window = _layer_types(fam, r, n_layers, seq_len, causal, notes)
+    rope_base, local_rope = _rope(fam, r, d_head, seq_len, max_pos, layer_types, notes) if fam.rope else (None, None)
+    if window is not None:
+        win_active = any(windows.active(seq_len, w, causal) for w in window)
+        if not win_active and local_rope is None:
+            window = None            # (every window at least the sequence: full attention everywhere)
     if fam.name in ("bert", "roberta"):
         pet = r.raw("position_embedding_type", "absolute")
         if pet != "absolute":
@@ -714,6 +719,8 @@ def resolve(config: dict, *, seq_len: int | None = None, where: str = "Hugging F
     model = _family_model(fam, r, model, notes)
     if softcap is not None:
         model = model.replace(attn_softcap=softcap)
+    if window is not None:
+        model = model.replace(window=window, local_rope=local_rope)
     hfm_fields = dict(family=fam.name, config=config, seq_len=seq_len, seq_len_source=source, notes=notes,
                       init_std=init_std, embedding=emb, overrides={k: v for k, v in options.items() if v is not None})
     hf_json = {"family": fam.name, "seq_len_source": source, "notes": list(notes)}
@@ -761,9 +768,12 @@ def _attention_checks(fam: Family, r: _Reader, d_head: int) -> float | None:
     return None
 
 
-def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> list:
-    """Every layer's attention type ("full_attention" or "sliding_attention"); refuses a
-    sliding window shorter than the sequence (tokens attend to at most that many keys)."""
+def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, causal: bool, notes: list) -> tuple:
+    """Every layer's attention type ("full_attention" or "sliding_attention") and the model's
+    ``window`` column (sigprop's window of each layer, 0 for full attention; None where no layer
+    has a window).  transformers' causal sliding window w attends to keys i-w+1..i (sigprop's
+    causal window w); Gemma 3's bidirectional one (use_bidirectional_attention: its configuration
+    first sets w' = w // 2 + 1) to |i - j| < w', the centred window 2 (w // 2) + 1."""
     given = r.cfg.get("layer_types")
     if given is not None:
         if not isinstance(given, list) or not all(t in ("full_attention", "sliding_attention") for t in given):
@@ -790,6 +800,7 @@ def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> 
         types = ["full_attention"] * n
     if fam.name in ("qwen2", "qwen3", "smollm3") and given is not None and not r.bool("use_sliding_window", False):
         types = ["full_attention"] * n
+    window = None
     if "sliding_attention" in types:
         key = "sliding_window"
         w = r.raw(key)
@@ -797,12 +808,19 @@ def _layer_types(fam: Family, r: _Reader, n: int, seq_len: int, notes: list) -> 
             if isinstance(w, bool) or not isinstance(w, int) or w < 1:
                 r.fail(f"sliding_window must be a positive integer or null, got {w!r}")
             count = types.count("sliding_attention")
-            if w < seq_len:
-                r.fail(f"sliding_window {w} is shorter than the sequence ({seq_len} tokens) in {count} of {n} "
-                       "layers: local attention is not modelled (a --seq-len of at most the window is)")
-            notes.append(f"sliding_window {w} >= seq_len {seq_len}: the {count} sliding-window layers attend to "
-                         "every earlier token, as full attention")
-    return types
+            if not causal and fam.name != "gemma3_text":
+                r.fail(f"sliding_window {w} with bidirectional attention in {fam.name}: transformers' mask for it "
+                       "is not modelled (Gemma 3's, |i - j| < sliding_window, is)")
+            sw = w if causal else 2 * (w // 2) + 1
+            window = [sw if t == "sliding_attention" else 0 for t in types]
+            if windows.active(seq_len, sw, causal):
+                span = (f"keys i-{w - 1}..i" if causal else f"keys with |i - j| < {w // 2 + 1} (transformers' "
+                        f"sliding_window // 2 + 1 when bidirectional: {sw} keys, fewer at the ends)")
+                notes.append(f"sliding_window {w}: {count} of {n} layers attend to {span} (window {sw})")
+            else:
+                notes.append(f"sliding_window {w} >= seq_len {seq_len}: the {count} sliding-window layers attend to "
+                             f"every {'earlier ' if causal else ''}token, as full attention")
+    return types, window
 
 
 #: families whose attention rotates only the first int(head_dim * partial_rotary_factor) features
@@ -974,9 +992,10 @@ def rope_for_head(fam_name: str, kind: str, p: dict, d_head: int, seq_len: int, 
 
 def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, layer_types: list,
           notes: list):
-    """The rotation of every layer (one value): the rotary base (a float) or a
-    :class:`sigprop.rope.RopeFreqs` (:func:`rope_for_head`); refuses per-layer different
-    rotations."""
+    """(rope, local_rope): the rotation of the full-attention layers and, where the
+    sliding-window layers rotate differently (Gemma 3's rope_local_base_freq, per-type
+    rope_parameters), theirs (else None): each a rotary base (a float) or a
+    :class:`sigprop.rope.RopeFreqs` (:func:`rope_for_head`)."""
     if fam.name == "gptj":
         rd = r.raw("rotary_dim", 64)
         if isinstance(rd, bool) or not isinstance(rd, int) or not 0 < rd <= d_head or rd % 2:
@@ -986,9 +1005,9 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
                      "features (rotate_every_two), base 10000; a fixed permutation of the features shared by queries "
                      "and keys, so the logits are those of the rotate_half convention")
         if rd == d_head:
-            return 10000.0
+            return 10000.0, None
         return rope_for_head("gptj", "default", {"rope_theta": 10000.0, "partial_rotary_factor": rd / d_head},
-                             d_head, seq_len, max_pos, r.fail, notes, "rotary_dim")
+                             d_head, seq_len, max_pos, r.fail, notes, "rotary_dim"), None
     params = r.cfg.get("rope_parameters")
     legacy = r.cfg.get("rope_scaling")
     per_type = {}
@@ -1051,20 +1070,26 @@ def _rope(fam: Family, r: _Reader, d_head: int, seq_len: int, max_pos: int, laye
                          f"frequencies (seq_len {seq_len} {'>' if seq_len > orig else '<='} "
                          f"original_max_position_embeddings {orig})")
         ropes[t] = rope
+    local = None
     if len(set(ropes.values())) > 1:
-        detail = ", ".join(f"{t} {b:g}" if isinstance(b, float) else f"{t} {'none' if b is None else b.describe()}"
-                           for t, b in sorted(ropes.items()))
-        key = "rope_local_base_freq" if fam.name == "gemma3_text" else "rope_parameters"
-        r.fail(f"{key}: the layers use different rotations ({detail}); one rotation for every layer is modelled")
-    rope = next(iter(ropes.values()))
+        if None in ropes.values():
+            detail = ", ".join(f"{t} {b:g}" if isinstance(b, float) else f"{t} {'none' if b is None else b.describe()}"
+                               for t, b in sorted(ropes.items()))
+            r.fail(f"rope_parameters: some layers rotate and some do not ({detail}); not modelled")
+        local = ropes.pop("sliding_attention")
+    rope = ropes.get("full_attention", ropes.get("sliding_attention"))
     if rope is None:
-        return None
-    if isinstance(rope, float):
-        notes.append(f"rotary positions on every query and key, base {rope:g} (rotate_half convention)")
+        return None, None
+
+    def words(b):
+        return f"base {b:g}" if isinstance(b, float) else f"given by their frequencies: {b.describe()}"
+
+    if local is None:
+        notes.append(f"rotary positions on every query and key, {words(rope)} (rotate_half convention)")
     else:
-        notes.append(f"rotary positions on every query and key given by their frequencies: {rope.describe()} "
-                     "(rotate_half convention)")
-    return rope
+        notes.append(f"rotary positions on every query and key (rotate_half convention): the full-attention layers "
+                     f"{words(rope)}, the sliding-window layers {words(local)} (local_rope)")
+    return rope, local
 
 
 def _biases(fam: Family, r: _Reader, notes: list) -> bool:

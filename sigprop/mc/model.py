@@ -48,7 +48,7 @@ BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri",
                             "block parallel", "ffn_kind glu", "final_norm", "sublayers"})
 #: attention features, passed to the attention component as its parameters kv_heads, rope,
 #: qk_norm and qk_eps, softcap (:func:`_attention_params`); simulated where that component has them
-ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm", "attn_softcap"})
+ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm", "attn_softcap", "window", "local_rope"})
 #: what a model may use: the others are refused (DomainError), never ignored
 SUPPORTED_FEATURES = BLOCK_FEATURES | ATTENTION_FEATURES
 
@@ -130,13 +130,16 @@ def _attention_params(m, l, s=None):
     # the modern attention features, only where the model uses them
     if m.n_kv_heads != m.n_heads:
         p["kv_heads"] = m.n_kv_heads
-    if m.rope is not None:
-        p["rope"] = m.rope if isinstance(m.rope, RopeFreqs) else float(m.rope)
+    rope = m.rope_of(l)
+    if rope is not None:
+        p["rope"] = rope if isinstance(rope, RopeFreqs) else float(rope)
     if m.qk_norm is not None:
         p["qk_norm"] = registry.norm(m.qk_norm).qk_code
         p["qk_eps"] = m.norm_eps
     if m.attn_softcap is not None:
         p["softcap"] = m.attn_softcap
+    if m.window_of(l):                  # a sliding window: the component applies its band mask
+        p["window"] = m.window_of(l)
     return p
 
 
@@ -471,7 +474,8 @@ def trial_memory(model, batch: int, dtype=np.float32) -> float:
     B, L, d, H, kv, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.n_kv_heads, m.d_head, m.d_ff
     T, hd = float(B) * L, float(H) * dh
     qkv = (H + 2.0 * kv) * dh
-    modern = kv != H or m.rope is not None or m.qk_norm is not None or m.attn_softcap is not None
+    modern = kv != H or m.rope is not None or m.qk_norm is not None or m.attn_softcap is not None \
+        or m.window is not None
     if modern:                                   # (keys and values expanded to every head, normed copies)
         qkv += 2.0 * H * dh + (2.0 * hd if m.qk_norm is not None else 0.0)
     LL = float(B) * H * L * L

@@ -194,7 +194,7 @@ def rescore(store: Path, rows_file: str, name: str, grid_name: str) -> None:
 SUMMARY = """## In short
 
 - **Components.** Every rule against Monte Carlo over its published grid (and the variant grids:
-  causal, multi-head, grouped-query, QK-norm, rotary, soft-capped attention; the extended
+  causal, multi-head, grouped-query, QK-norm, rotary, soft-capped, sliding-window attention; the extended
   softmax grid), errors at the 50th / 90th / 99th percentile beside the published ones:
   "Results" below.
 - **Whole models** (the accuracy floor; d_model 256, 4 heads, d_ff 1024, 128 tokens; 8 weight

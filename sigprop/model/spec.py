@@ -62,7 +62,7 @@ FFN_KINDS = ("mlp", "glu")
 DEFAULT_NORM_EPS = 1e-5
 OPTIONAL_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "norm_eps": DEFAULT_NORM_EPS, "block": "sequential", "ffn_kind": "mlp", "n_kv_heads": None,
-    "rope": None, "qk_norm": None, "final_norm": False, "attn_softcap": None})
+    "rope": None, "qk_norm": None, "final_norm": False, "attn_softcap": None, "window": None, "local_rope": None})
 
 
 def weight_names(kind: str, ffn_kind: str = "mlp") -> tuple[str, ...]:
@@ -389,15 +389,20 @@ class Model(_Frozen):
                  grad: Backward, attention: Sublayers, ffn: Sublayers, notes: Mapping | None = None, *,
                  norm_eps: float = DEFAULT_NORM_EPS, block: str = "sequential", ffn_kind: str = "mlp",
                  n_kv_heads: int | None = None, rope: float | RopeFreqs | None = None, qk_norm: str | None = None,
-                 final_norm: bool = False, attn_softcap: float | None = None, sublayers: tuple | None = None):
+                 final_norm: bool = False, attn_softcap: float | None = None, window=None,
+                 local_rope: float | RopeFreqs | None = None, sublayers: tuple | None = None):
         # ``notes``: extra information (not part of the model object, not written by
         # to_json, not compared).  The keyword-only fields are the modern blocks' (docs/formats.md):
         # ``rope`` is the rotary base or a sigprop.rope.RopeFreqs (None: no rotation); ``n_kv_heads`` None means n_heads;
         # ``attn_softcap`` the attention logits' soft cap c (s -> c tanh(s / c); None: none).
+        # ``window``: sliding-window attention, one window per layer (a tuple of n_layers ints,
+        # 0 = global; an int: every layer; None: none); ``local_rope`` the rotary base (or
+        # RopeFreqs) of the layers with a window (None: they use ``rope``).
         for name, value in zip(self.FIELDS, (arch, n_layers, d_model, n_heads, d_head, d_ff, seq_len, activation,
                                              norm, causal, dropout, input, grad, attention, ffn,
                                              {} if notes is None else notes, norm_eps, block, ffn_kind,
-                                             n_kv_heads, rope, qk_norm, final_norm, attn_softcap, sublayers), strict=True):
+                                             n_kv_heads, rope, qk_norm, final_norm, attn_softcap, window, local_rope,
+                                             sublayers), strict=True):
             self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")
@@ -504,6 +509,29 @@ class Model(_Frozen):
             if not _is_number(c) or not (math.isfinite(float(c)) and float(c) > 0):
                 raise DomainError(f"attn_softcap must be null or a finite number > 0, got {c!r}")
             self._set("attn_softcap", float(c))
+        if self.window is not None:
+            w = self.window
+            w = [w] * self.n_layers if _is_int(w) else list(w) if isinstance(w, (list, tuple, np.ndarray)) else w
+            if not isinstance(w, list) or len(w) != self.n_layers or not all(_is_int(v) and v >= 0 for v in w):
+                raise DomainError(f"window must be null, an integer >= 0 or a list of n_layers ({self.n_layers}) "
+                                  f"integers >= 0 (0 = global attention), got {self.window!r}")
+            w = tuple(int(v) for v in w)
+            self._set("window", w if any(w) else None)
+        if self.local_rope is not None:
+            r = self.local_rope
+            if isinstance(r, RopeFreqs):
+                if self.d_head != 2 * r.n_planes:
+                    raise DomainError(f"local_rope.inv_freq has {r.n_planes} entries; d_head {self.d_head} needs "
+                                      f"{self.d_head // 2}")
+            else:
+                if not _is_number(r) or not (math.isfinite(float(r)) and float(r) > 1):
+                    raise DomainError(f"local_rope.base must be a finite number > 1, got {r!r}")
+                if self.d_head % 2:
+                    raise DomainError(f"local_rope needs an even d_head, got {self.d_head}")
+                self._set("local_rope", float(r))
+            if self.window is None:
+                raise DomainError("local_rope is the rotary base of the layers with a sliding window: the model "
+                                  "has none (window)")
         if self.block == "parallel":
             slots = self.slots()
             if any(s.kind == "norm" for s in slots):
@@ -551,7 +579,22 @@ class Model(_Frozen):
             out.append("final_norm")
         if self.attn_softcap is not None:
             out.append("attn_softcap")
+        if self.window is not None:
+            out.append("window")
+        if self.local_rope is not None:
+            out.append("local_rope")
         return out
+
+    def window_of(self, layer: int) -> int:
+        """Layer ``layer``'s (0-based) sliding window, 0 for global attention."""
+        return 0 if self.window is None else self.window[layer]
+
+    def rope_of(self, layer: int):
+        """The rotary positions of layer ``layer`` (0-based): ``local_rope`` for a layer with a
+        window where the model has one, else ``rope``."""
+        if self.local_rope is not None and self.window_of(layer):
+            return self.local_rope
+        return self.rope
 
     def replace(self, **changes) -> "Model":
         """A copy with some fields changed (validated like a new model)."""
@@ -663,7 +706,11 @@ class Model(_Frozen):
             if k == "block" and self.sublayers is not None:
                 continue            # a list of sublayers says "parallel" in every layer
             if v != default:
-                out[k] = (v.to_json() if isinstance(v, RopeFreqs) else {"base": v}) if k == "rope" else v
+                if k in ("rope", "local_rope"):
+                    v = v.to_json() if isinstance(v, RopeFreqs) else {"base": v}
+                elif k == "window":
+                    v = v[0] if len(set(v)) == 1 else list(v)
+                out[k] = v
         return out
 
     @classmethod
@@ -680,6 +727,11 @@ class Model(_Frozen):
             raise DomainError(f"n_layers must lie in [1, {self.n_layers}], got {n_layers}")
         obj = self.to_json()
         obj["n_layers"], obj["layers"] = n_layers, obj["layers"][:n_layers]
+        if isinstance(obj.get("window"), list):
+            obj["window"] = obj["window"][:n_layers]
+            if not any(obj["window"]):
+                obj.pop("window")
+                obj.pop("local_rope", None)
         return Model.from_json(obj)
 
     @classmethod
@@ -736,6 +788,10 @@ def _check_state(where: str, mean, var, corr) -> None:
 # ---------------------------------------------------------------------------------------
 # parsing
 # ---------------------------------------------------------------------------------------
+
+def _is_int(v) -> bool:
+    return not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+
 
 def _is_number(v) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
@@ -888,6 +944,26 @@ def _parse_modern(obj: dict, where: str) -> dict:
             out["rope"] = _num(r, "base", f"{where}.rope")
             if not out["rope"] > 1:
                 raise DomainError(f"{where}.rope.base must be > 1, got {_fmt(out['rope'])}")
+    for key in ("rope", "local_rope"):
+        if key == "rope" or obj.get(key) is None:
+            continue
+        r = obj[key]
+        freqs = rope_from_json(r, where)
+        if freqs is not None:
+            out[key] = freqs
+        else:
+            _keys(r, ("base",), f"{where}.{key}")
+            out[key] = _num(r, "base", f"{where}.{key}")
+            if not out[key] > 1:
+                raise DomainError(f"{where}.{key}.base must be > 1, got {_fmt(out[key])}")
+    if obj.get("window") is not None:
+        w = obj["window"]
+        vals = w if isinstance(w, list) else [w]
+        for i, v in enumerate(vals):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                at = f"{where}.window" + (f"[{i}]" if isinstance(w, list) else "")
+                raise DomainError(f"{at} must be an integer >= 0 (keys a row attends to; 0 = global), got {v!r}")
+        out["window"] = w
     if obj.get("qk_norm") is not None:
         out["qk_norm"] = _choice(obj, "qk_norm", registry.norms(), where)
     if obj.get("attn_softcap") is not None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import Callable, NamedTuple
 
 from sigprop import registry
+from sigprop.rules import windows
 
 
 class Sublayer(NamedTuple):
@@ -75,10 +76,14 @@ def attention_chain(model, cols, l: int) -> list:
     if m.qk_norm is not None:
         params["qk_norm"] = registry.norm(m.qk_norm).qk_code
         params["qk_eps"] = m.norm_eps
-    if m.rope is not None:
-        params["rope"] = m.rope
+    rope = m.rope_of(l)
+    if rope is not None:
+        params["rope"] = rope
     if m.attn_softcap is not None:
         params["softcap"] = m.attn_softcap
+    w = m.window_of(l)
+    if windows.active(m.seq_len, w, bool(m.causal)):       # (a window that changes nothing is left out)
+        params["window"] = w
     return [("attention", params)]
 
 

@@ -100,7 +100,7 @@ def _const(col: np.ndarray) -> float | None:
 #: implements: the block layouts, norms and FFN kinds of the predictor, which it runs, but for
 #: layers given as other lists of sublayers (its per-sublayer maps are those of attention then FFN)
 #: and the attention logits' soft cap (the rule's capped statistics are numeric only)
-SUPPORTED = _PREDICT_SUPPORTED - {"sublayers", "attn_softcap"}
+SUPPORTED = _PREDICT_SUPPORTED - {"sublayers", "attn_softcap", "window", "local_rope"}
 
 
 def require_supported(model) -> None:

@@ -99,6 +99,7 @@ class _CrossCtx(_Ctx):
         self.rho_var = (1 - self.ra**2) ** 2 * self.relvar / 2
         self.L = p.L + 0 * self.s_mean
         self.causal = 0
+        self.win, self.Lr = None, self.L          # (no sliding window in cross-attention)
         self.vsh = vq * (p.d * sk2 * self.c2 + sbk2)
 
     def _normed(self, m, p):

@@ -409,12 +409,7 @@ def _with(name: str, **changes) -> dict:
 
 REFUSED = [
     (_with("gemma2-2b.json", attn_logit_softcapping=0.0), (), "attn_logit_softcapping"),
-    (load("gemma3-1b.json"), (), "sliding_window"),
-    (load("gemma3-1b.json"), ("--seq-len", "512"), "rope_local_base_freq"),
     (_with("gemma2-2b-uncapped.json", query_pre_attn_scalar=144), (), "query_pre_attn_scalar"),
-    (_with("mistral-7b.json", sliding_window=1024), (), "sliding_window"),
-    (_with("qwen2-0.5b.json", use_sliding_window=True, sliding_window=1024, max_window_layers=12), (),
-     "sliding_window"),
     (_with("tinyllama/config.json", num_local_experts=8, num_experts_per_tok=2), (), "num_local_experts"),
     (_with("qwen2-0.5b.json", num_experts=60), (), "num_experts"),
     (_with("bert-base.json", position_embedding_type="relative_key"), (), "position_embedding_type"),
@@ -440,6 +435,40 @@ REFUSED = [
     (_with("tinyllama/config.json", hidden_size="big"), (), "hidden_size"),
     (_with("bert-base.json", hidden_dropout_prob=1.5), (), "hidden_dropout_prob"),
 ]
+
+
+#: sliding windows: resolved into the model's window column (and Gemma 3's local rotary base);
+#: the predictor refuses a causal window shorter than the sequence, in one line
+WINDOWED = [
+    (load("gemma3-1b.json"), None, [512] * 5 + [0], 1e4),
+    (_with("mistral-7b.json", sliding_window=1024), None, [1024] * 6, None),
+    (_with("qwen2-0.5b.json", use_sliding_window=True, sliding_window=1024, max_window_layers=12), None,
+     [0] * 12 + [1024] * 12, None),
+]
+
+
+@pytest.mark.parametrize("config, seq, window, local", WINDOWED, ids=["gemma3", "mistral", "qwen2"])
+def test_sliding_windows_resolve_and_causal_ones_are_refused_by_predict(capsys, tmp_path, config, seq, window, local):
+    m = resolve(config).model
+    assert list(m.window[:len(window)]) == window and m.local_rope == local
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    line = one_error_line(*cli(capsys, "predict", "--hf-config", str(path)))
+    assert "causal sliding-window attention" in line and "--seq-len" in line, line
+
+
+def test_gemma3_within_its_window_is_predicted_with_its_local_base(capsys, tmp_path):
+    """At --seq-len 512 Gemma 3's local layers see every earlier key: full attention, rotated with
+    rope_local_base_freq (10,000) while the global layers use rope_theta (1,000,000)."""
+    h = resolve(load("gemma3-1b.json"), seq_len=512)
+    assert h.model.local_rope == 1e4 and h.model.rope == 1e6
+    assert h.model.rope_of(0) == 1e4 and h.model.rope_of(5) == 1e6
+    assert "rope_local_base_freq" not in " ".join(h.notes) or "local_rope" in " ".join(h.notes)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(load("gemma3-1b.json")))
+    code, out, err = cli(capsys, "predict", "--hf-config", str(path), "--seq-len", "64", "--layers", "6", "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"]["local_rope"] == {"base": 1e4}
 
 
 @pytest.mark.parametrize("config, args, word", REFUSED, ids=[w for _, _, w in REFUSED])

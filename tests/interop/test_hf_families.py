@@ -231,17 +231,22 @@ def test_notes_name_the_family_fields(tmp_path):
 
 
 def test_sliding_windows(tmp_path):
-    """A window at least the sequence is full attention; shorter is refused, naming it."""
+    """A window at least the sequence is full attention (no window column); a shorter one is the
+    model's window column, which the predictor refuses for causal models (naming it)."""
+    from sigprop.model.predict import Predictor
+
     for family, kw in (("starcoder2", {}), ("phi3", {}), ("olmo3", {}),
                        ("qwen3", dict(use_sliding_window=True, sliding_window=1024, max_window_layers=20))):
         cfg = dict(CONFIGS[family], **kw)
-        with pytest.raises(DomainError, match="sliding_window"):
-            resolve(cfg, seq_len=4097)
-        resolve(cfg, seq_len=min(cfg["sliding_window"], 64))
+        m = resolve(cfg, seq_len=4097).model
+        assert m.window is not None and max(m.window) == cfg["sliding_window"]
+        with pytest.raises(DomainError, match="sliding-window"):
+            Predictor(m)
+        assert resolve(cfg, seq_len=min(cfg["sliding_window"], 64)).model.window is None
     # Qwen3 without use_sliding_window ignores the window; OLMo 3's full layers every fourth
-    resolve(dict(CONFIGS["qwen3"], sliding_window=16), seq_len=2048)
-    with pytest.raises(DomainError, match="in 24 of 32 layers"):
-        resolve(CONFIGS["olmo3"], seq_len=8192)
+    assert resolve(dict(CONFIGS["qwen3"], sliding_window=16), seq_len=2048).model.window is None
+    w = resolve(CONFIGS["olmo3"], seq_len=8192).model.window
+    assert sum(1 for v in w if v) == 24 and w[3] == w[7] == 0
 
 
 def test_distilbert_dropout_only_on_the_ffn_branch():

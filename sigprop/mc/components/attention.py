@@ -3,7 +3,8 @@
 Forward (docs/formats.md, attention F), per head h with width ``d_head``::
 
     Q = X Wq + bq,  K = X Wk + bk,  V = X Wv + bv          (d -> n_heads * d_head)
-    S = Q K^T / sqrt(d_head)  (+ causal mask: key j > query i removed)
+    S = Q K^T / sqrt(d_head)  (+ causal mask: key j > query i removed; a sliding window
+                               ``window`` W: keys outside row i's W removed, sigprop.rules.windows)
     P = softmax(S) row-wise;  A = Dropout_p(P)  (keep 1-p, rescale 1/(1-p))
     O = A V;  Y = concat_h(O) Wo + bo                       (n_heads * d_head -> d)
 
@@ -34,6 +35,7 @@ from sigprop.mc.sampling import keep_mask, standard_normal
 from sigprop.mc.sweep import Case, SweepSpec
 from sigprop.rope import RopeFreqs
 from sigprop.rope import thetas as rope_thetas
+from sigprop.rules import windows
 from sigprop.state import Backward, Forward
 
 _NAMES = ("q", "k", "v")
@@ -70,7 +72,19 @@ def _modern(params) -> bool:
     """Grouped-query heads, QK-norm, rotary positions or soft-capped logits: the general forward/backward (the
     plain one keeps its fused layout and, bit for bit, its earlier results)."""
     return (_kv_heads(params) != int(params.get("n_heads", 1)) or bool(params.get("qk_norm", 0))
-            or bool(params.get("rope", 0.0)) or bool(params.get("softcap", 0.0)))
+            or bool(params.get("rope", 0.0)) or bool(params.get("softcap", 0.0)) or _window(params) is not None)
+
+
+def _window(params):
+    """The (L, L) keep-mask of an active sliding window (``window`` W > 0, fewer keys than the
+    mask without it: sigprop.rules.windows), else None."""
+    W = int(params.get("window", 0) or 0)
+    if W <= 0:
+        return None
+    L, causal = int(params["L"]), bool(params.get("causal", 0))
+    if not windows.active(L, W, causal):
+        return None
+    return windows.mask(L, W, causal)
 
 
 def rope_tables(L: int, dh: int, base) -> tuple[np.ndarray, np.ndarray]:
@@ -185,7 +199,7 @@ class AttentionMC(Component):
         backward differentiates exactly these effective maps.  The softmax is
         exp(S - max) / sum (the standard has none), the max shift skipped where no logit can
         overflow or underflow (|S| <= 60)."""
-        if _modern(params):
+        if _modern({**params, "L": X.shape[1]}):
             return self._forward_modern(X, W, params, rng)
         bk = backend_of(X)
         xp = bk.xp
@@ -335,7 +349,10 @@ class AttentionMC(Component):
             T = xp.tanh(S * (1.0 / cap))
             S = T * cap
             cache["slope"] = 1.0 - T * T
-        if causal:
+        band = _window({**params, "L": L})
+        if band is not None:                                    # a sliding window: its band
+            S = xp.where(bk.asarray(band), S, -xp.inf)
+        elif causal:
             S = xp.where(bk.tri(L), S, -xp.inf)
         S = S - xp.max(S, axis=-1, keepdims=True)
         P = xp.exp(S)
@@ -465,7 +482,7 @@ def _case(pt: dict) -> Case:
             "q_std": pt["wqk_std_sqrt_d"] / np.sqrt(d), "k_std": pt["wqk_std_sqrt_d"] / np.sqrt(d),
             "v_std": pt["wv_std_sqrt_d"] / np.sqrt(d), "o_std": 1.0 / np.sqrt(d),
             "p": pt["p"], "causal": pt.get("causal", 0)}
-    for key in ("kv_heads", "qk_norm", "rope", "softcap"):     # the modern variants' parameters
+    for key in ("kv_heads", "qk_norm", "rope", "softcap", "window"):     # the modern variants' parameters
         if key in pt:
             rule[key] = pt[key]
     if "rope_freqs" in pt:                          # a named frequency vector (ROPE_FREQS)
@@ -540,6 +557,13 @@ _SOFTCAP_GRID = {**_MODERN, "softcap": (5.0, 20.0, 50.0), "x_std": (1.0,), "x_co
                  "g_corr": (0.5,), "d": (256,), "n_heads": (4,), "d_head": (64,), "L": (64,),
                  "wqk_std_sqrt_d": (1.0, 1.4, 1.9), "p": (0.0, 1 / 3), "causal": (0, 1)}
 
+#: sliding windows: W = 1 (each row its own key), 5 (a few keys), 32 (L/2 at 64 tokens, more than
+#: L at 16) and 300 (beyond L: causal, global; bidirectional, shorter rows at both ends at 256),
+#: bidirectional and causal, without and with rotary positions
+_WINDOW_GRID = {**_MODERN, "window": (1, 5, 32, 300), "x_std": (1.0,), "x_corr": (0.0, 0.5), "g_corr": (0.5,),
+                "d": (256,), "n_heads": (4,), "d_head": (64,), "L": (16, 64, 256),
+                "wqk_std_sqrt_d": (0.6, 1.4), "rope": (0.0, 1e4), "p": (0.0,), "causal": (0, 1)}
+
 SWEEP = SweepSpec(
     component=COMPONENT,
     grid=_GRID,
@@ -595,6 +619,10 @@ SWEEP = SweepSpec(
                  "sqrt 2 (exact in the rule) is +11.5% (SE 0.6%), longrope75 itself +8.1%, and without the "
                  "factor +0.1% (8 draws x 16 sequences). Without QK-norm longrope75 is +1.3% (r 0) and "
                  "+1.6% (r 0.5) at L 64 (2.4 SE)."},
+        "window": {"published_forms": False, "grid": _WINDOW_GRID, "note": "sliding windows (window 1, 5, 32 and 300 keys) at 16, 64 and 256 "
+                   "tokens, bidirectional (centred, shorter rows at the ends) and causal, without and with rotary "
+                   "positions (base 1e4), input correlation 0 and 0.5, Q/K scale 0.6 and 1.4 (d 256, 4 heads of 64, "
+                   "gradient correlation 0.5)."},
         "rope": {"published_forms": False, "grid": _ROPE_GRID, "note": "rotary positions (bases 1e4 and 5e5), input correlation up to 0.9, 16, 64 and 256 "
                  "tokens, logit variance up to ~4, without and with RMS QK-norm; bidirectional and causal "
                  "(d 256, 4 heads of 64); 120 points. Noise: the per-point standard errors (median 0.8%, "
