@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import json
-import math
 
+from sigprop.model.trace import json_num
 from sigprop import __version__
 from sigprop.mc.sweep import MOMENTS
 
 LABEL = {"x_mean": "x mean", "x_var": "x var", "x_corr": "x cov", "g_var": "g var", "g_corr": "g cov"}
 
 
-def _num(v):
-    v = float(v)
-    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf" if v < 0 else None)
 
 
 def render_sweep(res, spec, grid, as_json, dtype):
@@ -51,10 +48,10 @@ def render_single(res, as_json: bool) -> None:
             "schema": "sigprop.component-check/1", "version": __version__, "component": res.component,
             "params": res.params, "seed": res.seed, "dtype": res.dtype, "runs": res.trials, "trials": res.trials,
             "batch": res.batch,
-            "predicted": {k: _num(v) for k, v in res.predicted.items()},
-            "measured": {k: _num(v) for k, v in res.measured.items()},
-            "se": {k: _num(v) for k, v in res.se.items()},
-            "errors_percent": {k: _num(100 * v) for k, v in res.errors.items()},
+            "predicted": {k: json_num(v) for k, v in res.predicted.items()},
+            "measured": {k: json_num(v) for k, v in res.measured.items()},
+            "se": {k: json_num(v) for k, v in res.se.items()},
+            "errors_percent": {k: json_num(100 * v) for k, v in res.errors.items()},
             "tolerance": {"rel": t["var"], "var_rel": t["var"], "grad_rel": t["grad"], "corr_abs": t["corr"],
                           "z": t["z"]},
             "pass_by_moment": res.passed_by_moment, "pass": res.passed, "simulate_s": res.seconds,

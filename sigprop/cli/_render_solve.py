@@ -4,8 +4,8 @@ under key "model" so that `predict --spec` / `check --spec` read the file unchan
 
 from __future__ import annotations
 
-import math
 
+from sigprop.model.trace import json_num
 from sigprop import __version__
 
 WEIGHT_LABELS = (
@@ -15,15 +15,6 @@ WEIGHT_LABELS = (
 )
 
 
-def _num(v):
-    if v is None:
-        return None
-    v = float(v)
-    if math.isnan(v):
-        return None
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v
 
 
 def _columns(sol) -> list[tuple[str, str, object]]:
@@ -51,8 +42,8 @@ def _columns(sol) -> list[tuple[str, str, object]]:
 
 
 def _formula_json(f) -> dict:
-    return {"law": f.law, "formula": f.text, "first": _num(f.first), "last": _num(f.last),
-            "min": _num(f.lo), "max": _num(f.hi)}
+    return {"law": f.law, "formula": f.text, "first": json_num(f.first), "last": json_num(f.last),
+            "min": json_num(f.lo), "max": json_num(f.hi)}
 
 
 def _jsonable(v):
@@ -60,7 +51,7 @@ def _jsonable(v):
         return {k: _jsonable(x) for k, x in v.items()}
     if isinstance(v, bool) or v is None:
         return v
-    return _num(v)
+    return json_num(v)
 
 
 def solution_json(sol, steps=None) -> dict:
@@ -74,10 +65,10 @@ def solution_json(sol, steps=None) -> dict:
     if sol.target == "max-depth":
         obj.update({
             "init": sol.init, "max_grad_ratio": sol.max_ratio, "max_layers": sol.n_max,
-            "max_depth": sol.max_depth, "grad_ratio_at_max": _num(sol.ratio_at_max),
-            "first_outside": sol.first_outside, "grad_ratio_outside": _num(sol.ratio_outside),
+            "max_depth": sol.max_depth, "grad_ratio_at_max": json_num(sol.ratio_at_max),
+            "first_outside": sol.first_outside, "grad_ratio_outside": json_num(sol.ratio_outside),
             "grad_law": sol.law, "limited_by": sol.law_detail,
-            "evaluations": [{"n_layers": n, "grad_ratio": _num(r)} for n, r in sol.evaluations],
+            "evaluations": [{"n_layers": n, "grad_ratio": json_num(r)} for n, r in sol.evaluations],
         })
     else:
         obj["tolerance"] = sol.tol
@@ -86,9 +77,9 @@ def solution_json(sol, steps=None) -> dict:
             obj["beta_k"] = sol.beta_k
         obj["solution"] = {key: _formula_json(f) for _, key, f in _columns(sol)} if sol.model is not None else None
         dev = sol.deviations() if sol.points else {}
-        obj["prediction"] = {k: _num(v) for k, v in dev.items()}
+        obj["prediction"] = {k: json_num(v) for k, v in dev.items()}
         if "logit_var_max_dev" in sol.extra:
-            obj["prediction"]["logit_var_max_dev"] = _num(sol.extra["logit_var_max_dev"])
+            obj["prediction"]["logit_var_max_dev"] = json_num(sol.extra["logit_var_max_dev"])
         if sol.target == "unit-variance":
             from sigprop.solve.prose import plain
 

@@ -14,10 +14,10 @@ eps (there eps at least halves the step).
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
+from sigprop.model.trace import json_num
 from sigprop.errors import DomainError
 
 SCHEMA = "sigprop.step/1"
@@ -28,17 +28,6 @@ EPS_NOTE_SHARE = 0.01
 _KIND = {"attn": "attention", "ffn": "ffn"}
 
 
-def _num(v):
-    """A JSON number: NaN (an undefined ratio, a standard error from one draw) is null, an
-    overflow the string "inf" / "-inf" (as the trace writes it)."""
-    if v is None:
-        return None
-    v = float(v)
-    if math.isnan(v):
-        return None
-    if math.isinf(v):
-        return "inf" if v > 0 else "-inf"
-    return v
 
 
 def require_step_options(batch, simulation: dict, tolerance: dict) -> None:
@@ -147,12 +136,12 @@ def points(model, meas) -> list[dict]:
     extra = {p: {"modules": {}, "weights": {}, "logit": None} for p in meas.points}
     for k, v in meas.modules.items():
         p, name = _where(model, k)
-        extra[p]["modules"][name] = {"rel": _num(v.mean), "rel_se": _num(v.se)}
+        extra[p]["modules"][name] = {"rel": json_num(v.mean), "rel_se": json_num(v.se)}
     for k, v in meas.weights.items():
         p, name = _where(model, k)
-        extra[p]["weights"][name] = {"rel": _num(v["rel"].mean), "rel_se": _num(v["rel"].se),
-                                     "abs": _num(v["abs"].mean), "abs_se": _num(v["abs"].se),
-                                     "grad_rms": _num(v["grad_rms"].mean), "eps_share": _num(v["eps_share"].mean)}
+        extra[p]["weights"][name] = {"rel": json_num(v["rel"].mean), "rel_se": json_num(v["rel"].se),
+                                     "abs": json_num(v["abs"].mean), "abs_se": json_num(v["abs"].se),
+                                     "grad_rms": json_num(v["grad_rms"].mean), "eps_share": json_num(v["eps_share"].mean)}
     for k, v in meas.logits.items():
         p, _ = _where(model, k + ".o")
         extra[p]["logit"] = v
@@ -161,16 +150,16 @@ def points(model, meas) -> list[dict]:
         lg = e["logit"]
         shares = [w["eps_share"] for w in e["weights"].values() if w["eps_share"] is not None]
         pt = {"layer": layer, "sublayer": sub,
-              "forward": {"var": _num(meas.stream_var[i])},
-              "update": {"var": _num(meas.var[i]), "rel": _num(meas.rel[i]), "fresh_var": _num(meas.fresh_var[i]),
-                         "fresh_rel": _num(meas.fresh_rel[i])},
-              "logit_var": None if lg is None else _num(lg["before"].mean),
-              "logit_var_after": None if lg is None else _num(lg["after"].mean),
-              "se": {"forward": {"var": _num(meas.stream_var_se[i])},
-                     "update": {"var": _num(meas.var_se[i]), "rel": _num(meas.rel_se[i]),
-                                "fresh_var": _num(meas.fresh_var_se[i]), "fresh_rel": _num(meas.fresh_rel_se[i])},
-                     "logit_var": None if lg is None else _num(lg["before"].se),
-                     "logit_var_after": None if lg is None else _num(lg["after"].se)}}
+              "forward": {"var": json_num(meas.stream_var[i])},
+              "update": {"var": json_num(meas.var[i]), "rel": json_num(meas.rel[i]), "fresh_var": json_num(meas.fresh_var[i]),
+                         "fresh_rel": json_num(meas.fresh_rel[i])},
+              "logit_var": None if lg is None else json_num(lg["before"].mean),
+              "logit_var_after": None if lg is None else json_num(lg["after"].mean),
+              "se": {"forward": {"var": json_num(meas.stream_var_se[i])},
+                     "update": {"var": json_num(meas.var_se[i]), "rel": json_num(meas.rel_se[i]),
+                                "fresh_var": json_num(meas.fresh_var_se[i]), "fresh_rel": json_num(meas.fresh_rel_se[i])},
+                     "logit_var": None if lg is None else json_num(lg["before"].se),
+                     "logit_var_after": None if lg is None else json_num(lg["after"].se)}}
         if sub != "input":
             pt["modules"] = e["modules"]
             pt["weights"] = e["weights"]
@@ -215,9 +204,9 @@ def summary(model, meas, pts, step: dict) -> dict:
     mx = max(att, key=lambda p: p["logit_var_after"]) if att else None
     s = {"update_rel_top": top["rel"], "update_rel_top_se": top_se["rel"],
          "update_fresh_rel_top": top["fresh_rel"], "update_fresh_rel_top_se": top_se["fresh_rel"],
-         "update_rel_output": _num(meas.rel[out_i]), "update_rel_output_se": _num(meas.rel_se[out_i]),
-         "update_fresh_rel_output": _num(meas.fresh_rel[out_i]),
-         "update_fresh_rel_output_se": _num(meas.fresh_rel_se[out_i]),
+         "update_rel_output": json_num(meas.rel[out_i]), "update_rel_output_se": json_num(meas.rel_se[out_i]),
+         "update_fresh_rel_output": json_num(meas.fresh_rel[out_i]),
+         "update_fresh_rel_output_se": json_num(meas.fresh_rel_se[out_i]),
          "largest_module_rel": _largest(pts, "modules"), "largest_weight_rel": _largest(pts, "weights"),
          "max_logit_var_after": None if mx is None else {"layer": mx["layer"], "value": mx["logit_var_after"],
                                                          "before": mx["logit_var"]},

@@ -24,6 +24,17 @@ def num(v: float):
     return v
 
 
+def json_num(v):
+    """A JSON number where NaN may occur (an undefined ratio, a standard error from one draw):
+    None and NaN become null, an overflow the strings "inf" / "-inf" (as :func:`num`)."""
+    if v is None:
+        return None
+    v = float(v)
+    if math.isnan(v):
+        return None
+    return num(v)
+
+
 def point_json(p, with_log: bool) -> dict:
     out = {
         "layer": p.layer, "sublayer": p.sublayer,
