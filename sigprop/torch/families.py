@@ -106,8 +106,6 @@ def measure_one(family: str, size: str = "A", inputs: str = "embedding", *, tria
                 seed: int = 0) -> dict:
     """One row of the table: ``family`` at ``size`` with ``inputs``, measured as transformers
     builds it (``trials`` builds x ``batch`` sequences, ``seed``) against the prediction."""
-    import torch
-
     from sigprop.interop import hf
     from sigprop.interop.torch_names import layout
     from sigprop.torch.measure import compare_measured, hf_source, measure
@@ -121,12 +119,7 @@ def measure_one(family: str, size: str = "A", inputs: str = "embedding", *, tria
     except DomainError as e:
         return {"family": family, "size": size, "inputs": inputs, "refused": str(e), "passed": None}
     src = hf_source(r.transformers_config(), r.family, layout=layout("hf:" + r.family))
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        meas = measure(r.model, src, trials=trials, batch=batch, seed=seed)
-    finally:
-        torch.set_num_threads(old)
+    meas = measure(r.model, src, trials=trials, batch=batch, seed=seed, threads=1)
     t1 = time.perf_counter()
     _, res = compare_measured(r.model, meas)
     t2 = time.perf_counter()
