@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -58,3 +59,49 @@ def finite_difference_check(component, params, x_shape, seed=0, eps=1e-6):
     analytic = float(np.sum(component.backward(G, cache) * V))
     numeric = float(np.sum(G * (fwd(X + eps * V)[0] - fwd(X - eps * V)[0])) / (2 * eps))
     return analytic, numeric
+
+
+def _process_state():
+    """What the generated pages and every later test read from the process-wide registries:
+    the rules' metadata, the sweeps' grids, the registered components (only when loaded)."""
+    import sys
+
+    if "sigprop.rules" not in sys.modules:
+        return None
+    from sigprop.rules import REGISTRY
+
+    rules = [(n, type(r).__name__, r.title, tuple(r.assumptions), tuple(r.references),
+              tuple((p.name, p.describe(), p.doc) for p in r.params)) for n, r in REGISTRY.items()]
+    sweeps = None
+    if "sigprop.mc.components" in sys.modules:
+        C = sys.modules["sigprop.mc.components"]
+        sweeps = ([(k, s.component.rule, repr(s.grid), repr(s.variants), tuple(s.moments))
+                   for k, s in C.SWEEPS.items()], tuple(C.COMPONENTS))
+    store = Path(__file__).resolve().parents[1] / "docs" / "validation"
+    stored = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in store.glob("*.json")))
+    return rules, sweeps, stored
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _leaves_the_process_as_it_found_it(request):
+    """A test that registers a rule or component, or edits a sweep's grid, and does not undo it
+    changes what later tests in the same worker see (docs/rules.py renders the registries):
+    fail the test that did it."""
+    before = _process_state()
+    yield
+    after = _process_state()
+    if before is None:
+        return
+    changed = [b[0] for b, a in zip(before[0], after[0]) if a != b]
+    if len(before[0]) != len(after[0]):
+        changed.append("the rule list")
+    if before[1] is not None and after[1] != before[1]:
+        changed.append("the sweeps or components")
+    if after[2] != before[2]:
+        changed.append("docs/validation/*.json")
+    if changed:
+        pytest.fail(f"{request.node.nodeid} changed the process-wide registries ({changed}); "
+                    "undo registrations in the test (see tests/test_extend.py's scratch_registry)")
