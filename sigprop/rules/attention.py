@@ -1096,8 +1096,33 @@ def _row_value(m, name, v, n, k4=False):
                        shown=(("v", v, _POS), ("n", n, _POS)), tex=_row_tex(name, k4), text=name + ("_k4" if k4 else ""),
                        numeric=lambda v, n: _row_value(_nm(), name, v, n, k4))
     if name in _ROW_ON_DEMAND:               # (QK-norm only: not in every model's integrals)
-        return _memo(m, f"rows.{name}" + (".k4" if k4 else ""), (v, n), lambda: _row_stats(m, v, n, (name,), k4))[name]
-    return _memo(m, "rows4" if k4 else "rows", (v, n), lambda: _row_stats(m, v, n, _ROW_SHARED, k4))[name]
+        tag = f"rows.{name}" + (".k4" if k4 else "")
+        return _memo(m, tag, (v, n), lambda: _row_stats_tabled(m, tag, v, n, (name,), k4))[name]
+    tag = "rows4" if k4 else "rows"
+    return _memo(m, tag, (v, n), lambda: _row_stats_tabled(m, tag, v, n, _ROW_SHARED, k4))[name]
+
+
+def _row_stats_tabled(m, tag, v, n, names, k4):
+    """:func:`_row_stats`, from the shipped interpolant (:mod:`sigprop.rules.row_table`) at the
+    (v, n) it covers and by the integrals elsewhere (numeric only)."""
+    from sigprop.rules import row_table
+
+    t = row_table.table(tag)
+    if t is None:
+        return _row_stats(m, v, n, names, k4)
+    vv, nn = np.asarray(v, dtype=float), np.asarray(n, dtype=float)
+    shape = np.broadcast_shapes(vv.shape, nn.shape)
+    vf = np.maximum(np.broadcast_to(vv, shape).ravel(), _VMIN)     # _row_stats's floor
+    nf = np.broadcast_to(nn, shape).ravel()
+    ok = t.covers(vf, nf)
+    out = np.empty((len(names), vf.size))
+    if ok.any():
+        out[:, ok] = t.lookup(vf[ok], nf[ok])
+    if not ok.all():
+        rest = _row_stats(m, vf[~ok], nf[~ok], names, k4)
+        for i, name in enumerate(names):
+            out[i, ~ok] = rest[name]
+    return {name: out[i].reshape(shape)[()] for i, name in enumerate(names)}
 
 
 def _row_tex(name, k4):
