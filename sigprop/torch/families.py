@@ -17,6 +17,7 @@ writes the Markdown section that ``python -m sigprop.mc.validate --assemble`` ap
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 
@@ -195,6 +196,38 @@ def _version() -> str:
         return "?"
 
 
+def _stored_rows(path: str) -> dict:
+    """The rows of a ``--rows`` file by (family, size, input, trials, batch, seed); a missing
+    file is empty, a line that does not parse is skipped (a run killed while writing)."""
+    from pathlib import Path
+
+    out = {}
+    p = Path(path)
+    if not p.is_file():
+        return out
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+            key = tuple(row.pop("key"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        out[key] = row
+    return out
+
+
+def _append_row(path: str, row: dict) -> None:
+    """One JSON line at the end of ``path`` (on a line of its own after a half-written one)."""
+    import os
+
+    with open(path, "ab") as f:
+        if f.tell() > 0:
+            with open(path, "rb") as r:
+                r.seek(-1, os.SEEK_END)
+                if r.read(1) != b"\n":
+                    f.write(b"\n")
+        f.write((json.dumps(row) + "\n").encode("utf-8"))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m sigprop.torch.families", description=__doc__.split("\n\n")[0])
     ap.add_argument("--families", default=",".join(SMALL), help="comma-separated (default: all)")
@@ -204,6 +237,9 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", help="write the Markdown section here (default: print it)")
+    ap.add_argument("--rows", help="a JSON-lines file of measured rows: each row is appended as it is measured, "
+                    "and a row already there (same family, size, input, trials, batch and seed) is taken "
+                    "from it instead of measured again (a long run resumes)")
     a = ap.parse_args(argv)
     fams = [f for f in a.families.split(",") if f]
     for name, known, what in ((fams, SMALL, "family"), (a.sizes.split(","), SIZES, "size"),
@@ -212,11 +248,17 @@ def main(argv=None) -> int:
         if bad:
             print(f"unknown {what} {bad[0]!r}; known: {', '.join(known)}", file=sys.stderr)
             return 2
+    stored = _stored_rows(a.rows) if a.rows else {}
     rows = []
     for fam in fams:
         for size in a.sizes.split(","):
             for inp in a.inputs.split(","):
-                row = measure_one(fam, size, inp, trials=a.trials, batch=a.batch, seed=a.seed)
+                key = (fam, size, inp, a.trials, a.batch, a.seed)
+                row = stored.get(key)
+                if row is None:
+                    row = measure_one(fam, size, inp, trials=a.trials, batch=a.batch, seed=a.seed)
+                    if a.rows:
+                        _append_row(a.rows, {"key": list(key), **row})
                 rows.append(row)
                 if "refused" in row:
                     print(f"{fam} {size} {inp}: refused: {row['refused']}", file=sys.stderr, flush=True)

@@ -55,3 +55,30 @@ def test_unknown_selection_is_one_line_and_exit_2(capsys):
     assert families.main(["--families", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown family 'nosuch'" in err
+
+
+def test_a_rows_file_resumes_a_run(tmp_path, monkeypatch, capsys):
+    """--rows: a row already in the file (same family, size, input, trials, batch, seed) is
+    taken from it, a line a killed run left half-written is skipped, new rows are appended."""
+    import json
+
+    err = {k: {"median": 0.01, "p90": 0.02, "max": 0.03} for k in
+           ("forward_var_relerr", "grad_var_relerr", "forward_corr_abserr", "grad_corr_abserr", "logit_var_relerr")}
+    row = dict(family="gpt2", size="A", inputs="unit", heads="4/4", passed=True, errors=err, failures=[],
+               trials=8, batch=4, seed=0, measure_s=1.0, predict_s=1.0)
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps({"key": ["gpt2", "A", "unit", 8, 4, 0], **row}) + "\n" + '{"key": ["bert", "A"', encoding="utf-8")
+    measured = []
+
+    def fake(family, size, inputs, **kw):
+        measured.append((family, size, inputs))
+        return dict(row, family=family, inputs=inputs)
+
+    monkeypatch.setattr(families, "measure_one", fake)
+    assert families.main(["--families", "gpt2,bert", "--sizes", "A", "--inputs", "unit", "--rows", str(f)]) == 0
+    assert measured == [("bert", "A", "unit")]
+    assert "| gpt2 | A | unit |" in capsys.readouterr().out
+    lines = f.read_text(encoding="utf-8").splitlines()
+    assert json.loads(lines[-1])["key"] == ["bert", "A", "unit", 8, 4, 0]
+    assert families.main(["--families", "gpt2,bert", "--sizes", "A", "--inputs", "unit", "--rows", str(f)]) == 0
+    assert measured == [("bert", "A", "unit")]                 # both from the file now
