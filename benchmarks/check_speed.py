@@ -15,6 +15,10 @@ repetition (so that a busy neighbour slows all of them alike), medians over the 
    NumPy's BLAS threads.  torch is imported here only; without it this part is skipped.
 
     python benchmarks/check_speed.py [--repeats 7] [--layers 4] [--batch 8] [--arch preln postln]
+    python benchmarks/check_speed.py --shape 7b --layers 1 --batch 1 --repeats 3 --arch preln
+
+``--shape 1b | 7b`` times the same blocks at a 1B and a 7B model's widths and 2,048 tokens
+(what ``check`` costs per trial at real sizes; at least 3 repetitions there).
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ import time
 import numpy as np
 
 REFERENCE = dict(d_model=256, n_heads=4, d_head=64, d_ff=1024, seq_len=128, dropout=0.1)
+#: ``--shape``: the reference model, and the widths of a 1B and a 7B model at 2,048 tokens (the
+#: same Pre-LN / Post-LN ReLU blocks, d_ff 4 d_model; run with --layers 1 --batch 1)
+SHAPES = {"reference": REFERENCE,
+          "1b": dict(d_model=2048, n_heads=16, d_head=128, d_ff=8192, seq_len=2048, dropout=0.1),
+          "7b": dict(d_model=4096, n_heads=32, d_head=128, d_ff=16384, seq_len=2048, dropout=0.1)}
 
 
 def _openblas():
@@ -233,9 +242,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=None,
                     help="BLAS threads for NumPy and PyTorch alike (default: NumPy's own setting)")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="reference")
     args = ap.parse_args(argv)
-    if args.repeats < 5:
-        ap.error("use at least 5 repetitions (medians)")
+    if args.repeats < (5 if args.shape == "reference" else 3):
+        ap.error("use at least 5 repetitions (medians; 3 at --shape 1b or 7b)")
     if args.threads is not None and not set_blas_threads(args.threads):
         print("could not set OpenBLAS threads (set OPENBLAS_NUM_THREADS instead)")
 
@@ -251,13 +261,15 @@ def main(argv=None) -> int:
             torch.set_num_threads(threads)
         except ImportError:
             print("PyTorch is not installed: the PyTorch comparison is skipped (pip install torch)")
-    models = {a: resolve(a, n_layers=args.layers, **REFERENCE) for a in args.arch}
+    shape = SHAPES[args.shape]
+    models = {a: resolve(a, n_layers=args.layers, **shape) for a in args.arch}
     shapes = gemm_shapes(next(iter(models.values())), args.batch)
     flop = gemm_flop(shapes)
     bare = BareGemm(shapes)
     n_sq = 1024
     square = BareGemm([(1, n_sq, n_sq, n_sq)])
-    print(f"check speed: {args.layers} layers, d_model 256, 4 heads x 64, d_ff 1024, seq 128, batch {args.batch}, "
+    print(f"check speed: {args.layers} layers, d_model {shape['d_model']}, {shape['n_heads']} heads x "
+          f"{shape['d_head']}, d_ff {shape['d_ff']}, seq {shape['seq_len']}, batch {args.batch}, "
           f"dropout 0.1, float32; {threads} BLAS thread(s); {load_note()} (start)")
 
     # warm up every path once (page faults, thread pools, first-call costs)

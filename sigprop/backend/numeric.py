@@ -254,13 +254,15 @@ def expect_gamma(f, mean, relvar, n: int = 6):
     shape = np.broadcast_shapes(mean.shape, relvar.shape)
     k = 1.0 / np.maximum(np.broadcast_to(relvar, shape), 1e-12)
     kf = k.ravel()
-    xs = np.empty((n, kf.size))
-    ws = np.empty((n, kf.size))
-    for kk in np.unique(kf):
-        x, w = _gen_laguerre(n, float(kk) - 1.0)
-        sel = kf == kk
-        xs[:, sel] = (x / kk)[:, None]
-        ws[:, sel] = w[:, None]
+    # one quadrature per distinct shape, gathered to every element that has it (a loop over the
+    # distinct shapes with a mask each cost O(elements x shapes): QK-norm's per-element shapes)
+    uk, inv = np.unique(kf, return_inverse=True)
+    xu, wu = np.empty((n, uk.size)), np.empty((n, uk.size))
+    for i, kk in enumerate(uk.tolist()):
+        x, w = _gen_laguerre(n, kk - 1.0)
+        xu[:, i], wu[:, i] = x / kk, w
+    inv = inv.reshape(-1)
+    xs, ws = xu[:, inv], wu[:, inv]
     xs = xs.reshape((n,) + shape) * np.broadcast_to(mean, shape)
     vals = f(xs)
     vals = np.broadcast_to(vals, np.broadcast_shapes(np.shape(vals), xs.shape))
