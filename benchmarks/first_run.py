@@ -1,4 +1,4 @@
-"""A first run's cost (issue "Every answer in a second"): `sigprop predict` on an empty table
+"""A first run's cost: `sigprop predict` on an empty table
 store, with the shipped one-row table of the attention statistics (sigprop/rules/row_table.py)
 and without it (SIGPROP_ROW_TABLE=off: every statistic by its integral), and a second run on the
 store the first one filled, as ratios against `python -c "import numpy"` measured in the same
