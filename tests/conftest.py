@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 # the predictor's table store (sigprop.model.store): one fresh directory per test session,
 # never the user's cache (tests of the store itself set their own)
@@ -80,9 +81,6 @@ def _process_state():
     store = Path(__file__).resolve().parents[1] / "docs" / "validation"
     stored = tuple(sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in store.glob("*.json")))
     return rules, sweeps, stored
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

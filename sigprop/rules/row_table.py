@@ -13,15 +13,15 @@ over fixed panels, built by this module and shipped as package data (``row_stats
   statistic that vanishes there, m1, is stored divided by v, so its relative accuracy holds at
   any small v), then panels of width 2 in log v up to V_MAX = e^4 (~55);
 * n: the lengths 1 .. 12 exactly (rows shorter than a statistic's number of distinct keys are
-  the rule's truncated ones), then panels of width ~1.9 in log n from 12 to N_MAX = 2^20;
+  the rule's truncated ones), then panels of width ~1.6 in log n from 12 to N_MAX = 2^17;
 * degree 20 per panel and axis (first-kind Chebyshev nodes, barycentric evaluation).
 
-SIGPROP_ROW_TABLE=off in the environment turns the table off.  Outside that range (v > e^4, n > 2^20, a length below 12 that is not an integer) the caller
-evaluates the integral directly.  The interpolants' error against the integrals, measured at
+SIGPROP_ROW_TABLE=off in the environment turns the table off.  Outside that range (v > e^4,
+n > 2^17, a length below 12 that is not an integer) the caller evaluates the integral directly.  The interpolants' error against the integrals, measured at
 seeded random points off the nodes (``tests/rules/test_row_table.py``; ``python -m
 sigprop.rules.row_table --check`` prints it), is stated in :data:`TOLERANCE`.
 
-    python -m sigprop.rules.row_table --write    # rebuild row_stats.npz (about a minute)
+    python -m sigprop.rules.row_table --write    # rebuild row_stats.npz (about 7 s)
     python -m sigprop.rules.row_table --check    # the error at random points, per statistic
 """
 
@@ -61,6 +61,8 @@ DEGREE = 20
 TOLERANCE = 1e-6
 
 _TABLES = ("rows", "rows4", "rows.T2e2", "rows.T2e2.k4")
+#: the fourth-cumulant tables, each with the table of the statistics it corrects
+_BASE = {"rows4": "rows", "rows.T2e2.k4": "rows.T2e2"}
 
 
 def _cheb(deg: int) -> tuple[np.ndarray, np.ndarray]:
@@ -148,12 +150,10 @@ class RowTable:
         exact = n <= N_EXACT
         if np.any(exact):
             idx = np.nonzero(exact)[0]
-            cols = np.round(n[idx]).astype(int) - 1
             for p in np.unique(pv[idx]):
                 s = idx[pv[idx] == p]
                 blk = self.values[:, p * D1:(p + 1) * D1, :][:, :, np.round(n[s]).astype(int) - 1]  # (k, D1, |s|)
                 out[:, s] = np.einsum("pi,kip->kp", cv[s], blk)
-            del cols
         idx = np.nonzero(~exact)[0]
         if idx.size:
             pn, tn = _n_locate(n[idx])
@@ -199,7 +199,7 @@ def _spec(tag: str):
     from sigprop.rules import attention as A
 
     names = ("T2e2",) if "T2e2" in tag else A._ROW_SHARED
-    return names, tag in ("rows4", "rows.T2e2.k4")
+    return names, tag in _BASE
 
 
 def names_of(tag: str) -> tuple[str, ...]:
@@ -253,9 +253,8 @@ def errors(tag: str, points: int = 400, seed: int = 0) -> tuple[tuple[str, ...],
         raise RuntimeError(f"{PATH} is missing or of another version: python -m sigprop.rules.row_table --write")
     got, want = t.lookup(v, n), direct(tag, v, n)
     err, ref = np.abs(got - want), want
-    if tag in ("rows4", "rows.T2e2.k4"):       # relative to the statistic the response corrects
-        base = table("rows" if tag == "rows4" else "rows.T2e2")
-        err, ref, t = err * v**2 / 24, direct("rows" if tag == "rows4" else "rows.T2e2", v, n), base
+    if tag in _BASE:                           # relative to the statistic the response corrects
+        err, ref, t = err * v**2 / 24, direct(_BASE[tag], v, n), table(_BASE[tag])
     # the floor: ~1e-9 of a statistic's scale (~1/n, times v for m1); at n = 1, where several
     # statistics are 0 and their integrals rounding (~2e-10), 0.01 of it
     floor = np.where(n == 1, 1e-2, 1e-9 / n) * v ** t.power[:, None].astype(float)

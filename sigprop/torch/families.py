@@ -201,11 +201,12 @@ def _stored_rows(path: str) -> dict:
     file is empty, a line that does not parse is skipped (a run killed while writing)."""
     from pathlib import Path
 
+    from sigprop import files
+
     out = {}
-    p = Path(path)
-    if not p.is_file():
+    if not Path(path).is_file():
         return out
-    for line in p.read_text(encoding="utf-8").splitlines():
+    for line in files.read_text(path, "--rows file", limit=64 << 20).splitlines():
         try:
             row = json.loads(line)
             key = tuple(row.pop("key"))
