@@ -6,7 +6,7 @@ from sigprop.rules.base import REGISTRY, Rule  # noqa: F401
 import importlib
 
 _MODULES = ["linear", "dropout", "residual", "activation", "layernorm", "embedding", "softmax",
-            "attention", "rmsnorm", "glu", "cross_attention"]
+            "attention", "rmsnorm", "glu", "cross_attention", "moe"]
 for _mod in _MODULES:
     importlib.import_module(f"sigprop.rules.{_mod}")
 
