@@ -38,6 +38,13 @@ def header_items(model, arch: bool = True) -> list[tuple[str, str]]:
     stds = _span([s.std[w] for s in subs for w in s.std])
     biases = _span([s.bias_std[w] for s in subs for w in s.bias_std])
     ffn = f"{registry.activation(m.activation).glu_title} FFN" if m.ffn_kind == "glu" else m.activation
+    if m.ffn_kind == "moe":
+        e = m.moe
+        ffn = (f"mixture of {e.n_experts} {registry.activation(m.activation).glu_title} experts (d_ff "
+               f"{e.d_ff_expert}), top {e.top_k} by {e.router}" + (" renormalised" if e.norm_topk_prob else "")
+               + (f" x {e.route_scale:g}" if e.route_scale != 1 else "")
+               + (f", {e.topk_group} of {e.n_group} groups" if e.n_group > 1 else "")
+               + (f", shared expert d_ff {e.d_ff_shared}" + (" gated" if e.shared_mix else "") if e.d_ff_shared else ""))
     att = [f"{m.n_heads} heads x {m.d_head}"
            + (f" ({m.n_kv_heads} key/value heads)" if m.n_kv_heads != m.n_heads else ""),
            f"{m.seq_len} tokens", "causal" if m.causal else "bidirectional"]

@@ -68,7 +68,7 @@ SOFTCAP_ROPE_MAX_LEN = 64
 #: the modern-block features (spec.Model.features) the predictor implements
 SUPPORTED = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output", "block parallel",
                        "ffn_kind glu", "final_norm", "n_kv_heads", "rope", "qk_norm", "sublayers", "attn_softcap",
-                       "cross_attention", "window", "local_rope"})
+                       "cross_attention", "window", "local_rope", "ffn_kind moe"})
 
 
 # (the records are collections.namedtuple subclasses rather than typing.NamedTuple classes:

@@ -48,7 +48,16 @@ WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 #: the weight names of a gated FFN (ffn_kind "glu")
 GLU_WEIGHTS = ("gate", "up", "down")
 #: ffn_kind -> the FFN sublayer's weight names
-FFN_WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"mlp": WEIGHTS["ffn"], "glu": GLU_WEIGHTS})
+#: a mixture-of-experts FFN's weights (ffn_kind "moe"): the router and every routed expert's
+#: gate, up and down; with a shared expert its three, with a shared-expert gate its vector
+MOE_WEIGHTS = ("router", "gate", "up", "down")
+MOE_SHARED_WEIGHTS = ("shared_gate", "shared_up", "shared_down")
+MOE_MIX_WEIGHTS = ("shared_mix",)
+FFN_WEIGHTS: Mapping[str, tuple[str, ...]] = MappingProxyType({"mlp": WEIGHTS["ffn"], "glu": GLU_WEIGHTS,
+                                                               "moe": MOE_WEIGHTS})
+#: every weight-name set an FFN sublayer may have
+_FFN_NAME_SETS = (WEIGHTS["ffn"], GLU_WEIGHTS, MOE_WEIGHTS, MOE_WEIGHTS + MOE_SHARED_WEIGHTS,
+                  MOE_WEIGHTS + MOE_SHARED_WEIGHTS + MOE_MIX_WEIGHTS)
 KINDS = tuple(WEIGHTS)
 #: the registered activations and norm kinds (sigprop.registry), read when used
 ACTIVATIONS = registry.Names("activation")
@@ -56,21 +65,27 @@ NORMS = registry.Names("norm")
 #: sublayer placements, in the order of their codes in ``Sublayers.placement``
 PLACEMENTS = ("pre", "post", "peri", "output")
 BLOCKS = ("sequential", "parallel")
-FFN_KINDS = ("mlp", "glu")
+FFN_KINDS = ("mlp", "glu", "moe")
+#: the mixture-of-experts routers (MoE.router)
+MOE_ROUTERS = ("softmax", "sigmoid")
 #: the optional model fields (the modern blocks) and their defaults: absent = default, and a
 #: model object written by to_json carries a field only where it differs from its default
 DEFAULT_NORM_EPS = 1e-5
 OPTIONAL_DEFAULTS: Mapping[str, object] = MappingProxyType({
     "norm_eps": DEFAULT_NORM_EPS, "block": "sequential", "ffn_kind": "mlp", "n_kv_heads": None,
-    "rope": None, "qk_norm": None, "final_norm": False, "attn_softcap": None, "window": None, "local_rope": None})
+    "rope": None, "qk_norm": None, "final_norm": False, "attn_softcap": None, "window": None, "local_rope": None,
+    "moe": None})
 
 
-def weight_names(kind: str, ffn_kind: str = "mlp") -> tuple[str, ...]:
+def weight_names(kind: str, ffn_kind="mlp") -> tuple[str, ...]:
     """The weight names of a sublayer of ``kind`` (attention and cross_attention: q, k, v, o;
-    ffn: in, out, or for a gated FFN gate, up, down)."""
+    ffn: in, out, or for a gated FFN gate, up, down; ``ffn_kind`` may be the FFN's names
+    themselves, a tuple: a mixture of experts', :meth:`MoE.weight_names`)."""
     if kind == "cross_attention":
         return WEIGHTS["attention"]
-    return FFN_WEIGHTS[ffn_kind] if kind == "ffn" else WEIGHTS[kind]
+    if kind == "ffn":
+        return ffn_kind if isinstance(ffn_kind, tuple) else FFN_WEIGHTS[ffn_kind]
+    return WEIGHTS[kind]
 
 _MODEL_KEYS = ("arch", "n_layers", "d_model", "n_heads", "d_head", "d_ff", "seq_len", "activation",
                "norm", "causal", "dropout", "input", "grad", "layers")
@@ -198,7 +213,7 @@ class Sublayers(_Frozen):
                 raise DomainError(f"{where}.{name}[{i}] must be finite, got {col[i]:g}")
             self._set(name, col)
         given = set(self.std)
-        names = wts or next((ns for ns in (FFN_WEIGHTS.values() if self.kind == "ffn" else (WEIGHTS[self.kind],))
+        names = wts or next((ns for ns in (_FFN_NAME_SETS if self.kind == "ffn" else (WEIGHTS[self.kind],))
                              if set(ns) == given), WEIGHTS[self.kind])
         for attr in ("std", "bias_std"):
             given = dict(getattr(self, attr))
@@ -354,6 +369,93 @@ class Dropout(_Frozen):
         return "Dropout(" + ", ".join(f"{k}={v!r}" for k, v in zip(self.FIELDS, self._fields())) + ")"
 
 
+class MoE(_Frozen):
+    """A mixture-of-experts FFN's routing and widths (the model's ``moe``, with ffn_kind
+    "moe"; docs/formats.md): ``n_experts`` routed experts of hidden width ``d_ff_expert``, of
+    which the router picks ``top_k`` per token (``router`` "softmax" or "sigmoid" scores;
+    ``norm_topk_prob``: the chosen weights renormalised; ``route_scale`` on every routed
+    weight; group-limited routing over ``n_group`` groups keeping ``topk_group``), and a shared
+    expert of width ``d_ff_shared`` (0: none), gated by sigmoid(h w_mix) where ``shared_mix``."""
+
+    FIELDS = ("n_experts", "top_k", "router", "norm_topk_prob", "route_scale", "d_ff_expert", "n_group",
+              "topk_group", "d_ff_shared", "shared_mix")
+    DEFAULTS = MappingProxyType({"router": "softmax", "norm_topk_prob": False, "route_scale": 1.0, "n_group": 1,
+                                 "topk_group": 1, "d_ff_shared": 0, "shared_mix": False})
+    __slots__ = FIELDS
+
+    def __init__(self, n_experts: int, top_k: int, d_ff_expert: int, router: str = "softmax",
+                 norm_topk_prob: bool = False, route_scale: float = 1.0, n_group: int = 1, topk_group: int = 1,
+                 d_ff_shared: int = 0, shared_mix: bool = False):
+        for k, v in (("n_experts", n_experts), ("top_k", top_k), ("d_ff_expert", d_ff_expert), ("n_group", n_group),
+                     ("topk_group", topk_group)):
+            if not _is_int(v) or v < 1:
+                raise DomainError(f"moe.{k} must be a positive integer, got {v!r}")
+            self._set(k, int(v))
+        if not _is_int(d_ff_shared) or d_ff_shared < 0:
+            raise DomainError(f"moe.d_ff_shared must be an integer >= 0 (0: no shared expert), got {d_ff_shared!r}")
+        self._set("d_ff_shared", int(d_ff_shared))
+        if router not in MOE_ROUTERS:
+            raise DomainError(f"moe.router must be one of {', '.join(map(repr, MOE_ROUTERS))}, got {router!r}")
+        self._set("router", router)
+        for k, v in (("norm_topk_prob", norm_topk_prob), ("shared_mix", shared_mix)):
+            if not isinstance(v, (bool, np.bool_)):
+                raise DomainError(f"moe.{k} must be true or false, got {v!r}")
+            self._set(k, bool(v))
+        if not _is_number(route_scale) or not (math.isfinite(float(route_scale)) and float(route_scale) > 0):
+            raise DomainError(f"moe.route_scale must be a finite number > 0, got {route_scale!r}")
+        self._set("route_scale", float(route_scale))
+        E, k, G, kg = self.n_experts, self.top_k, self.n_group, self.topk_group
+        if k > E:
+            raise DomainError(f"moe.top_k {k} exceeds moe.n_experts {E}")
+        if E % G:
+            raise DomainError(f"moe.n_group {G} must divide moe.n_experts {E}")
+        if kg > G:
+            raise DomainError(f"moe.topk_group {kg} exceeds moe.n_group {G}")
+        if k > kg * (E // G):
+            raise DomainError(f"moe.top_k {k} exceeds the {kg * (E // G)} experts of the {kg} kept groups")
+        if self.shared_mix and not self.d_ff_shared:
+            raise DomainError("moe.shared_mix gates the shared expert: the model has none (moe.d_ff_shared 0)")
+
+    def weight_names(self) -> tuple[str, ...]:
+        return MOE_WEIGHTS + (MOE_SHARED_WEIGHTS if self.d_ff_shared else ()) + (MOE_MIX_WEIGHTS if self.shared_mix else ())
+
+    def to_json(self) -> dict:
+        out = {"n_experts": self.n_experts, "top_k": self.top_k, "d_ff_expert": self.d_ff_expert}
+        for k, default in self.DEFAULTS.items():
+            if getattr(self, k) != default:
+                out[k] = getattr(self, k)
+        return out
+
+    @classmethod
+    def from_json(cls, obj, where: str = "moe") -> "MoE":
+        if not isinstance(obj, dict):
+            raise DomainError(f"{where} must be an object, got {_type_name(obj)}")
+        known = set(cls.FIELDS)
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise DomainError(f"{where}: unknown field {unknown[0]!r} (known: {', '.join(cls.FIELDS)})")
+        for k in ("n_experts", "top_k", "d_ff_expert"):
+            if k not in obj:
+                raise DomainError(f"{where}.{k} is required")
+        try:
+            return cls(**obj)
+        except DomainError as e:
+            raise DomainError(str(e).replace("moe.", f"{where}.", 1)) from None
+        except TypeError as e:
+            raise DomainError(f"{where}: {e}") from None
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, MoE):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return "MoE(" + ", ".join(f"{k}={v!r}" for k, v in zip(self.FIELDS, self._fields())) + ")"
+
+
 # ---------------------------------------------------------------------------------------
 # the model
 # ---------------------------------------------------------------------------------------
@@ -390,7 +492,8 @@ class Model(_Frozen):
                  norm_eps: float = DEFAULT_NORM_EPS, block: str = "sequential", ffn_kind: str = "mlp",
                  n_kv_heads: int | None = None, rope: float | RopeFreqs | None = None, qk_norm: str | None = None,
                  final_norm: bool = False, attn_softcap: float | None = None, window=None,
-                 local_rope: float | RopeFreqs | None = None, sublayers: tuple | None = None):
+                 local_rope: float | RopeFreqs | None = None, moe: "MoE | None" = None,
+                 sublayers: tuple | None = None):
         # ``notes``: extra information (not part of the model object, not written by
         # to_json, not compared).  The keyword-only fields are the modern blocks' (docs/formats.md):
         # ``rope`` is the rotary base or a sigprop.rope.RopeFreqs (None: no rotation); ``n_kv_heads`` None means n_heads;
@@ -402,7 +505,7 @@ class Model(_Frozen):
                                              norm, causal, dropout, input, grad, attention, ffn,
                                              {} if notes is None else notes, norm_eps, block, ffn_kind,
                                              n_kv_heads, rope, qk_norm, final_norm, attn_softcap, window, local_rope,
-                                             sublayers), strict=True):
+                                             moe, sublayers), strict=True):
             self._set(name, value)
         if not isinstance(self.arch, str):
             raise DomainError(f"arch must be a string, got {self.arch!r}")
@@ -476,9 +579,12 @@ class Model(_Frozen):
             raise DomainError(f"block must be one of {', '.join(map(repr, BLOCKS))}, got {self.block!r}")
         if self.ffn_kind not in FFN_KINDS:
             raise DomainError(f"ffn_kind must be one of {', '.join(map(repr, FFN_KINDS))}, got {self.ffn_kind!r}")
-        if self.ffn.names != FFN_WEIGHTS[self.ffn_kind]:
-            raise DomainError(f"an ffn_kind {self.ffn_kind!r} FFN has the weights "
-                              f"{', '.join(FFN_WEIGHTS[self.ffn_kind])}, got {', '.join(self.ffn.names)}")
+        want = self.ffn_weight_names()
+        for s in self.slots():
+            if s.kind == "ffn" and s.names != want:
+                raise DomainError(f"an ffn_kind {self.ffn_kind!r} FFN{self._moe_says()} has the weights "
+                                  f"{', '.join(want)}, got {', '.join(s.names)}")
+        self._check_moe()
         kv = self.n_heads if self.n_kv_heads is None else self.n_kv_heads
         if isinstance(kv, bool) or not isinstance(kv, (int, np.integer)) or kv < 1:
             raise DomainError(f"n_kv_heads must be a positive integer, got {kv!r}")
@@ -549,6 +655,47 @@ class Model(_Frozen):
                     i = int(np.argmax(s.skip_scale != 1))
                     raise DomainError(f"a parallel block has one skip path, the first sublayer's: layers[{i}]"
                                       f".{s.kind}.skip_scale must be 1, got {s.skip_scale[i]:g}")
+
+    def ffn_weight_names(self) -> tuple[str, ...]:
+        """The FFN sublayers' weight names (ffn_kind "moe": the router and experts', and the
+        shared expert's where the model's ``moe`` has one)."""
+        if self.ffn_kind != "moe" or self.moe is None:
+            return FFN_WEIGHTS[self.ffn_kind]
+        return self.moe.weight_names()
+
+    def _moe_says(self) -> str:
+        if self.ffn_kind != "moe" or self.moe is None:
+            return ""
+        return f" (moe.d_ff_shared {self.moe.d_ff_shared}, moe.shared_mix {str(self.moe.shared_mix).lower()})"
+
+    def _check_moe(self) -> None:
+        """ffn_kind "moe" and the ``moe`` object go together; the mixture's experts are gated
+        FFNs without biases or inner dropout, on a pre or post placement."""
+        if self.moe is not None and not isinstance(self.moe, MoE):
+            raise DomainError("moe must be a sigprop.model.spec.MoE")
+        if (self.ffn_kind == "moe") != (self.moe is not None):
+            raise DomainError('ffn_kind "moe" and the moe object (the mixture\'s routing and widths) go together: '
+                              + ("the model has no moe object" if self.moe is None else
+                                 f"the model has a moe object but ffn_kind {self.ffn_kind!r}"))
+        if self.moe is None:
+            return
+        if self.dropout.ffn_inner:
+            raise DomainError(f"a mixture of experts has no inner dropout (dropout.ffn_inner must be 0, got "
+                              f"{self.dropout.ffn_inner:g})")
+        if self.block != "sequential":
+            raise DomainError("a mixture-of-experts FFN in a parallel block is not implemented (yet)")
+        for s in self.slots():
+            if s.kind != "ffn":
+                continue
+            bad = sorted(s.placements() - {"pre", "post"})
+            if bad:
+                raise DomainError(f"a mixture-of-experts FFN with placement {bad[0]!r} (a norm on its output) is not "
+                                  "implemented: the rule gives the mean over tokens of the routed weights, not their "
+                                  "per-token spread")
+            for w, col in s.bias_std.items():
+                if (col != 0).any():
+                    raise DomainError(f"a mixture-of-experts FFN has no biases: ffn.init.{w}.bias_std must be 0, got "
+                                      f"{col[int(np.argmax(col != 0))]:g}")
 
     def features(self) -> list[str]:
         """The modern-block features this model uses, as "field value" names (e.g.
@@ -632,6 +779,11 @@ class Model(_Frozen):
         table = {("attention", "q"): (d, w), ("attention", "k"): (d, kv), ("attention", "v"): (d, kv),
                  ("attention", "o"): (w, d), ("ffn", "in"): (d, f), ("ffn", "out"): (f, d),
                  ("ffn", "gate"): (d, f), ("ffn", "up"): (d, f), ("ffn", "down"): (f, d)}
+        if self.moe is not None and kind == "ffn":
+            e, fe, fs = self.moe.n_experts, self.moe.d_ff_expert, self.moe.d_ff_shared
+            table.update({("ffn", "router"): (d, e), ("ffn", "gate"): (d, fe), ("ffn", "up"): (d, fe),
+                          ("ffn", "down"): (fe, d), ("ffn", "shared_gate"): (d, fs), ("ffn", "shared_up"): (d, fs),
+                          ("ffn", "shared_down"): (fs, d), ("ffn", "shared_mix"): (d, 1)})
         try:
             return table[(kind, name)]
         except KeyError:
@@ -710,6 +862,8 @@ class Model(_Frozen):
                     v = v.to_json() if isinstance(v, RopeFreqs) else {"base": v}
                 elif k == "window":
                     v = v[0] if len(set(v)) == 1 else list(v)
+                elif k == "moe":
+                    v = v.to_json()
                 out[k] = v
         return out
 
@@ -892,8 +1046,11 @@ def _parse_model(obj, where: str, cross: bool = False) -> Model:
         raise DomainError(f"{where}.layers must be an array, got {_type_name(layers)}")
     if len(layers) != n:
         raise DomainError(f"{where}.layers has {len(layers)} entries, n_layers is {n}")
+    ffn_kind = modern.get("ffn_kind", "mlp")
+    if ffn_kind == "moe" and modern.get("moe") is not None:
+        ffn_kind = modern["moe"].weight_names()         # (the FFN's names: the mixture's)
     if any(type(layer) is dict and "sublayers" in layer for layer in layers):
-        slots, parallel = _parse_sublayer_lists(layers, f"{where}.layers", modern.get("ffn_kind", "mlp"))
+        slots, parallel = _parse_sublayer_lists(layers, f"{where}.layers", ffn_kind)
         if parallel:
             if modern.get("block", "parallel") != "parallel":
                 raise DomainError(f"{where}.block is {modern['block']!r}, but its layers say \"parallel\": true")
@@ -910,7 +1067,7 @@ def _parse_model(obj, where: str, cross: bool = False) -> Model:
         cols = {kind: slots[kinds.index(kind)] for kind in KINDS}
         modern["sublayers"] = tuple(slots)
     else:
-        cols = {kind: _parse_sublayers(layers, kind, f"{where}.layers", modern.get("ffn_kind", "mlp"))
+        cols = {kind: _parse_sublayers(layers, kind, f"{where}.layers", ffn_kind)
                 for kind in KINDS}
     try:
         return Model(arch=arch, **ints, activation=activation, norm=norm, causal=causal,
@@ -970,6 +1127,8 @@ def _parse_modern(obj: dict, where: str) -> dict:
         out["attn_softcap"] = _num(obj, "attn_softcap", where)
         if not out["attn_softcap"] > 0:
             raise DomainError(f"{where}.attn_softcap must be > 0, got {_fmt(out['attn_softcap'])}")
+    if obj.get("moe") is not None:
+        out["moe"] = MoE.from_json(obj["moe"], f"{where}.moe")
     if "final_norm" in obj:
         if not isinstance(obj["final_norm"], bool):
             raise DomainError(f"{where}.final_norm must be true or false, got {obj['final_norm']!r}")

@@ -93,11 +93,13 @@ def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None)
     """The FFN's rule chain for weight stds ``std`` and bias stds ``bias_std`` (by weight
     name; numbers or sympy symbols), the model's widths and inner dropout unless given:
     linear, activation, inner dropout, linear; a gated FFN: the GLU rule of its activation,
-    inner dropout, the down projection."""
+    inner dropout, the down projection; a mixture of experts: its rule (:func:`moe_rule`)."""
     m = model
     d = m.d_model if d is None else d
     d_ff = m.d_ff if d_ff is None else d_ff
     p_inner = m.dropout.ffn_inner if p_inner is None else p_inner
+    if m.ffn_kind == "moe":
+        return [moe_rule(m, std, d)]
     if m.ffn_kind == "glu":
         return [(registry.activation(m.activation).glu, dict(d_in=d, d_ff=d_ff, gate_std=std["gate"], up_std=std["up"],
                                                              gate_b_std=bias_std["gate"], up_b_std=bias_std["up"])),
@@ -107,6 +109,24 @@ def ffn_chain(model, std: dict, bias_std: dict, d=None, d_ff=None, p_inner=None)
             (m.activation, {}),
             ("dropout", dict(p=p_inner)),
             ("linear", dict(d_in=d_ff, d_out=d, w_std=std["out"], b_std=bias_std["out"]))]
+
+
+def moe_rule(model, std: dict, d=None) -> tuple:
+    """A mixture-of-experts FFN (ffn_kind "moe", the model's ``moe``) as its rule
+    (sigprop.rules.moe: the experts are the GLU of the model's activation) and parameters."""
+    e, d = model.moe, model.d_model if d is None else d
+    params = dict(d_in=d, d_ff=e.d_ff_expert, n_experts=e.n_experts, top_k=e.top_k,
+                  router=("softmax", "sigmoid").index(e.router), norm_topk=int(e.norm_topk_prob),
+                  route_scale=e.route_scale, n_group=e.n_group, topk_group=e.topk_group,
+                  router_std=std["router"], gate_std=std["gate"], up_std=std["up"], down_std=std["down"],
+                  shared_d_ff=0, shared_gate_std=0.0, shared_up_std=0.0, shared_down_std=0.0, shared_mix=0,
+                  shared_mix_std=0.0)           # (every parameter: rules.compose takes them as given)
+    if e.d_ff_shared:
+        params.update(shared_d_ff=e.d_ff_shared, shared_gate_std=std["shared_gate"], shared_up_std=std["shared_up"],
+                      shared_down_std=std["shared_down"])
+    if e.shared_mix:
+        params.update(shared_mix=1, shared_mix_std=std["shared_mix"])
+    return ("moe_" + registry.activation(model.activation).glu, params)
 
 
 def _ffn_layer_chain(model, cols, l: int) -> list:

@@ -113,7 +113,7 @@ class PlainTransformer(nn.Module):
         super().__init__()
         m = as_model(spec)
         require_ordinary_layers(m, "the plain reference model")
-        for feature in ("rope", "qk_norm", "window"):
+        for feature in ("rope", "qk_norm", "window", "moe"):
             if getattr(m, feature) is not None:
                 raise DomainError(f"the plain reference model does not implement {feature}")
         if m.n_kv_heads != m.n_heads:
