@@ -71,7 +71,9 @@ def _p(params: dict) -> dict:
 def select(pi: np.ndarray, top_k: int, n_group: int = 1, topk_group: int = 1) -> np.ndarray:
     """(T, top_k) indices of the chosen experts of every row of the scores ``pi`` (T, E):
     the top_k by pi, among the topk_group best of n_group consecutive groups (a group's score
-    the sum of its two largest pi) where n_group > 1 and topk_group < n_group."""
+    the sum of its two largest pi) where n_group > 1 and topk_group < n_group.  Ties go to
+    the lower index (a zero router: every token takes the first top_k experts, as the rule
+    and torch.topk have it)."""
     T, E = pi.shape
     score = pi
     if n_group > 1 and topk_group < n_group:
@@ -80,13 +82,11 @@ def select(pi: np.ndarray, top_k: int, n_group: int = 1, topk_group: int = 1) ->
             gs = np.partition(g, E // n_group - 2, axis=2)[:, :, -2:].sum(axis=2)
         else:
             gs = g[:, :, 0]
-        keep = np.argpartition(-gs, topk_group - 1, axis=1)[:, :topk_group]
+        keep = np.argsort(-gs, axis=1, kind="stable")[:, :topk_group]
         kept = np.zeros((T, n_group), bool)
         np.put_along_axis(kept, keep, True, axis=1)
         score = np.where(np.repeat(kept, E // n_group, axis=1), pi, -np.inf)
-    if top_k == E:
-        return np.broadcast_to(np.arange(E), (T, E)).copy()
-    return np.argpartition(-score, top_k - 1, axis=1)[:, :top_k]
+    return np.argsort(-score, axis=1, kind="stable")[:, :top_k]
 
 
 def route(r: np.ndarray, p: dict):

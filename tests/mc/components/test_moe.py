@@ -210,3 +210,14 @@ def test_one_grid_point_agrees_with_the_rule():
     px, pg = REGISTRY["moe_swiglu"].evaluate(case.x, case.g, **case.rule_params)
     for k, e in errors(px, pg, meas).items():
         assert e < 0.04, (k, e)
+
+
+@pytest.mark.parametrize("router,groups", [(0, (1, 1)), (1, (1, 1)), (1, (4, 2))])
+def test_a_zero_router_takes_the_first_experts(router, groups):
+    """All scores tie: every token takes experts 0 .. top_k - 1 (the rule's reading, torch.topk's)."""
+    comp = C.get("moe_swiglu")
+    p = _params(router=router, router_std=0.0, n_group=groups[0], topk_group=groups[1])
+    rng = np.random.default_rng(0)
+    W = comp.sample_weights(rng, p, np.float64)
+    _, cache = comp.forward(rng.standard_normal((2, 3, 6)), W, p, rng)
+    assert all(sorted(s) == [0, 1, 2] for s in cache[2].tolist())
