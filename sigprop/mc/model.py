@@ -10,7 +10,10 @@ model's norm (LayerNorm or RMSNorm over d_model, gain 1, the model's ``norm_eps`
 A layer given as a list of sublayers (``model.slots()``) runs them in that order, each by its
 placement as above; a norm sublayer is x' = n * N(x); a parallel list sums every branch on one
 norm of the stream.  F is the attention or the FFN (``ffn_kind`` "mlp": W_in, activation, Dropout_ffn_inner,
-W_out; "glu": (act(h W_gate + b_gate) * (h W_up + b_up)), Dropout_ffn_inner, W_down), and,
+W_out; "glu": (act(h W_gate + b_gate) * (h W_up + b_up)), Dropout_ffn_inner, W_down; a
+mixture of experts, the model's ``moe``: the router, top-k routed gated experts and the shared
+expert of sigprop.mc.components.moe, its weights from the sublayer's router, gate, up, down and
+shared_* stds), and,
 with ``final_norm``, one more N after the last sublayer.  Written here from the specified
 semantics, independently of the predictor's rule chains, but built from the Monte Carlo
 components (each with a hand-written backward checked against finite differences).  Weights
@@ -45,7 +48,8 @@ from sigprop.rope import RopeFreqs
 
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) simulated here
 BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
-                            "block parallel", "ffn_kind glu", "final_norm", "sublayers"})
+                            "block parallel", "ffn_kind glu", "final_norm", "sublayers",
+                            "moe", "ffn_kind moe"})
 #: attention features, passed to the attention component as its parameters kv_heads, rope,
 #: qk_norm and qk_eps, softcap (:func:`_attention_params`); simulated where that component has them
 ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm", "attn_softcap", "window", "local_rope"})
@@ -66,6 +70,8 @@ def check_supported(model, backend: Backend | None = None, extra: frozenset = fr
     names = ["attention", "linear", "dropout", registry.norm(model.norm).component]
     act = registry.activation(model.activation)
     names.append(act.glu if model.ffn_kind == "glu" else act.component)
+    if getattr(model, "moe", None) is not None:
+        names.append(_moe_component_name(model))
     for name in names:
         if not component(name).array_api:
             raise DomainError(f"the Monte Carlo component {name} runs on the numpy backend only "
@@ -156,6 +162,35 @@ def _ffn_params(m, l, s=None):
             dict(d_in=m.d_ff, d_out=m.d_model, w_std=float(s.std["out"][l]), b_std=float(s.bias_std["out"][l])))
 
 
+def _moe_component_name(m) -> str:
+    """The mixture-of-experts component of the model's activation ("moe_swiglu" for SiLU)."""
+    return "moe_" + registry.activation(m.activation).glu
+
+
+def _is_moe(m, cols) -> bool:
+    """Whether the sublayer with columns ``cols`` is a mixture of experts: a sublayer of kind
+    "moe", or an FFN of a model whose ``ffn_kind`` is "moe"."""
+    return cols.kind == "moe" or (cols.kind == "ffn" and getattr(m, "ffn_kind", None) == "moe")
+
+
+def _moe_params(m, l, s):
+    """The MoE component's (and rule's) parameters of layer ``l``'s mixture-of-experts
+    sublayer with columns ``s``: the model's ``moe`` fields and the sublayer's stds."""
+    e = m.moe
+    p = dict(d_in=m.d_model, d_ff=e.d_ff_expert, n_experts=e.n_experts, top_k=e.top_k,
+             router=("softmax", "sigmoid").index(e.router), norm_topk=int(bool(e.norm_topk_prob)),
+             route_scale=float(e.route_scale), n_group=e.n_group, topk_group=e.topk_group,
+             router_std=float(s.std["router"][l]), gate_std=float(s.std["gate"][l]), up_std=float(s.std["up"][l]),
+             down_std=float(s.std["down"][l]), shared_d_ff=e.d_ff_shared, shared_mix=int(bool(e.shared_mix)),
+             L=m.seq_len)
+    if e.d_ff_shared:
+        for w in ("gate", "up", "down"):
+            p[f"shared_{w}_std"] = float(s.std[f"shared_{w}"][l])
+        if e.shared_mix:
+            p["shared_mix_std"] = float(s.std["shared_mix"][l])
+    return p
+
+
 def _logit_moments(component, cache) -> tuple[float, float]:
     """Mean and second moment of all L x L pre-softmax logits (causal mask aside), from the
     scaled queries Qs = Q / sqrt(dh) and the keys without forming the L x L matrix:
@@ -218,6 +253,7 @@ class _Trial:
         self.act = component(registry.activation(model.activation).component)
         self.glu = component(registry.activation(model.activation).glu) if model.ffn_kind == "glu" else None
         self.drop = component("dropout")
+        self.moe = component(_moe_component_name(model)) if getattr(model, "moe", None) is not None else None
         self.fused_relu = model.activation == "relu" and self.glu is None
 
     def _scale(self, arr, f):
@@ -255,6 +291,8 @@ class _Trial:
                 _, cache = attn.forward(X, W, prm, again)
                 return attn.backward(G, cache)
             return Y, recomputed, logits
+        if _is_moe(m, cols):
+            return self._moe_forward(cols, l, X, n_in, c_out)
         if self.glu is not None:
             return self._glu_forward(cols, l, X, n_in, c_out)
         p_in, p_out = _ffn_params(m, l, cols)
@@ -316,6 +354,17 @@ class _Trial:
                 GH = bk.mul_(GH, keep)
             return self.glu.backward(GH, c_core)
         return Y, backward, None
+
+    def _moe_forward(self, cols, l, X, n_in, c_out):
+        """The mixture of experts c_out * F(n_in * X) (the MoE component, sigprop.mc.components.moe):
+        n_in folded into every matrix that reads the input (router, gates, ups, mix vector),
+        c_out into every down projection."""
+        prm = _moe_params(self.m, l, cols)
+        W = self.moe.sample_weights(self.rng, prm, self.dtype)
+        self.moe.fold(W, n_in, c_out, self.dtype)
+        Y, cache = self.moe.forward(X, W, prm, self.rng)
+        moe = self.moe
+        return Y, (lambda G: moe.backward(G, cache)), None
 
     def step(self, what, l, X):
         """One trace point of layer ``l`` (``what``: "block" for a parallel layer, or a
@@ -490,9 +539,15 @@ def trial_memory(model, batch: int, dtype=np.float32) -> float:
     # (the activation's derivative, or ReLU's output; a GLU's gate, up, act and derivative)
     ffn = (3.0 if glu else 2.0) * d * dff + T * (3.0 if glu else 1.0) * dff + (T * dff / item) * p_ffn
     norms = T * d                                     # a norm's output (its scales are T numbers)
-    kinds = [s.kind for s in m.slots()]
-    n_att, n_ffn, n_norm = kinds.count("attention"), kinds.count("ffn"), kinds.count("norm")
-    layer = n_att * att + n_ffn * ffn + (n_att + n_ffn + n_norm) * norms + (n_att + n_ffn) * (T * d / item) * p_hid
+    kinds = ["moe" if _is_moe(m, s) else s.kind for s in m.slots()]
+    n_att, n_ffn, n_norm, n_moe = kinds.count("attention"), kinds.count("ffn"), kinds.count("norm"), kinds.count("moe")
+    moe = 0.0
+    if n_moe:                          # the MoE component's own estimate (its weights and caches), elements
+        cols = next(s for s in m.slots() if _is_moe(m, s))
+        moe = component(_moe_component_name(m)).memory(_moe_params(m, 0, cols), B)
+        dff = max(dff, m.moe.top_k * m.moe.d_ff_expert + m.moe.d_ff_shared)     # (the temporaries)
+    n_br = n_att + n_ffn + n_moe
+    layer = n_att * att + n_ffn * ffn + n_moe * moe + (n_br + n_norm) * norms + n_br * (T * d / item) * p_hid
     # one layer's temporaries: the logits, their exponentials and the backward's dP and dS
     # (and a recomputed cache), the FFN's hidden activations, the stream and its gradient
     temp = 3.0 * LL + (0.0 if keeps else att_ll) + 2.0 * T * dff + 4.0 * T * d + weights
@@ -739,7 +794,9 @@ def _flops(m, batch: int) -> float:
     Attention, forward: the fused QKV projection (d -> H dh for the queries, d -> H_kv dh for
     the keys and the values), Q K^T and A V (H heads, L x L x dh each), W_o; backward: G W_o^T,
     then A^T G_O, G_O V^T, dS K and dS^T Q (four L x L x dh products per head), and
-    [dQ dK dV] W_qkv^T.  FFN: two products each way ("glu": three; no weight gradients)."""
+    [dQ dK dV] W_qkv^T.  FFN: two products each way ("glu": three; no weight gradients).  A
+    mixture of experts: the router (d x E) and, per token, its top_k routed experts and the
+    shared expert, three products each way (sigprop.mc.components.moe; routed tokens only)."""
     B, L, d, H, dh, dff = batch, m.seq_len, m.d_model, m.n_heads, m.d_head, m.d_ff
     T, hd = B * L, H * dh
     proj = 2.0 * T * d * hd                  # one d x (H dh) projection of every token
@@ -747,5 +804,10 @@ def _flops(m, batch: int) -> float:
     ll = 2.0 * B * H * L * L * dh            # one L x L x dh product of every head
     attn = (2 * proj + 2 * proj_kv + 2 * ll) + (2 * proj + 2 * proj_kv + 4 * ll)
     ffn = (3 if m.ffn_kind == "glu" else 2) * (2.0 * T * d * dff) * 2
-    kinds = [s.kind for s in m.slots()]
-    return m.n_layers * (kinds.count("attention") * attn + kinds.count("ffn") * ffn)
+    kinds = ["moe" if _is_moe(m, s) else s.kind for s in m.slots()]
+    moe = 0.0
+    if "moe" in kinds:
+        e = m.moe
+        per_token = 4.0 * d * e.n_experts + 12.0 * d * (e.top_k * e.d_ff_expert + e.d_ff_shared)
+        moe = T * (per_token + (4.0 * d if e.shared_mix else 0.0))
+    return m.n_layers * (kinds.count("attention") * attn + kinds.count("ffn") * ffn + kinds.count("moe") * moe)

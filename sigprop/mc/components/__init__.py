@@ -10,7 +10,7 @@ from sigprop.errors import DomainError
 # module name per component; each module defines COMPONENT and SWEEP (or, for several
 # components, COMPONENTS and SWEEPS keyed by component name)
 _MODULES = ["linear", "dropout", "residual", "relu", "gelu", "layernorm", "embedding",
-            "softmax", "attention", "silu", "rmsnorm", "glu", "cross_attention"]
+            "softmax", "attention", "silu", "rmsnorm", "glu", "cross_attention", "moe"]
 
 
 def _load():
