@@ -50,9 +50,25 @@ import math
 
 import numpy as np
 
-from sigprop import memo
+from sigprop import memo, symbols
 from sigprop.rules.base import REGISTRY, Param, Rule, positive_int, register, std
 from sigprop.state import Backward, Forward
+
+for _name, _tex, _asm in (
+        ("n_experts", r"E", dict(positive=True, integer=True)), ("top_k", r"k", dict(positive=True, integer=True)),
+        ("router", r"c_{\mathrm{router}}", dict(nonnegative=True, integer=True)),
+        ("norm_topk", r"\nu_{k}", dict(nonnegative=True, integer=True)),
+        ("route_scale", r"s_{\mathrm{route}}", dict(positive=True)),
+        ("n_group", r"G", dict(positive=True, integer=True)), ("topk_group", r"G_{k}", dict(positive=True, integer=True)),
+        ("router_std", r"\sigma_{\mathrm{router}}", dict(nonnegative=True)),
+        ("down_std", r"\sigma_{\mathrm{down}}", dict(nonnegative=True)),
+        ("shared_d_ff", r"d_{\mathrm{sh}}", dict(nonnegative=True, integer=True)),
+        ("shared_gate_std", r"\sigma_{\mathrm{sh,gate}}", dict(nonnegative=True)),
+        ("shared_up_std", r"\sigma_{\mathrm{sh,up}}", dict(nonnegative=True)),
+        ("shared_down_std", r"\sigma_{\mathrm{sh,down}}", dict(nonnegative=True)),
+        ("shared_mix", r"m_{\mathrm{sh}}", dict(nonnegative=True, integer=True)),
+        ("shared_mix_std", r"\sigma_{\mathrm{mix}}", dict(nonnegative=True))):
+    symbols.register(_name, _tex, **_asm)
 
 #: draws of the router logits behind the router averages (pairs of E-vectors)
 DRAWS = 1 << 14
@@ -213,9 +229,10 @@ def _router_value(m, name, p, v, rho):
         import sympy as sp                   # expectation over the draws (module docstring)
 
         label = {"S2": r"S_2", "R2": r"R_2", "J2": r"J_2", "RJ": r"R_J"}[name]
-        return m.named(f"moe.{name}", lambda v, rho, *rest: sp.Function(f"E_router_{name}")(v, rho, *rest),
+        return m.named(f"moe.{name}", lambda v, rho, *rest: sp.Function(f"Router{name}")(v, rho, *rest),
                        shown=(("v", v, {"nonnegative": True}), ("rho", rho, {"real": True})),
-                       hidden=tuple((k, getattr(p, k), {"integer": True, "nonnegative": True}) for k in keys),
+                       hidden=tuple((f, getattr(p, k), {"integer": True, "nonnegative": True})
+                                    for f, k in zip(("E", "k", "c", "nu", "G", "G_k"), keys)),
                        tex=label, text=name,
                        numeric=lambda v, rho, *rest: router_stats(*map(int, rest), float(v), float(rho))[name])
     fixed = tuple(int(getattr(p, k)) for k in keys)
