@@ -48,7 +48,7 @@ def _fmt(p):
 
 #: components whose sweeps store their per-point measurements and standard errors
 #: (docs/validation/rows/NAME-GRID.json), scored in standard errors too
-ROWS_STORED = ("attention", "cross_attention", "cross_attention_kv")
+ROWS_STORED = ("attention", "cross_attention", "cross_attention_kv", "moe_reglu", "moe_geglu", "moe_swiglu")
 _VARS = ("x_var", "g_var")
 
 
