@@ -49,7 +49,7 @@ from sigprop.rope import RopeFreqs
 #: the modern-block features (:meth:`sigprop.model.spec.Model.features`) simulated here
 BLOCK_FEATURES = frozenset({"norm rmsnorm", "activation silu", "placement peri", "placement output",
                             "block parallel", "ffn_kind glu", "final_norm", "sublayers",
-                            "moe", "ffn_kind moe"})
+                            "ffn_kind moe"})
 #: attention features, passed to the attention component as its parameters kv_heads, rope,
 #: qk_norm and qk_eps, softcap (:func:`_attention_params`); simulated where that component has them
 ATTENTION_FEATURES = frozenset({"n_kv_heads", "rope", "qk_norm", "attn_softcap", "window", "local_rope"})
@@ -70,7 +70,7 @@ def check_supported(model, backend: Backend | None = None, extra: frozenset = fr
     names = ["attention", "linear", "dropout", registry.norm(model.norm).component]
     act = registry.activation(model.activation)
     names.append(act.glu if model.ffn_kind == "glu" else act.component)
-    if getattr(model, "moe", None) is not None:
+    if model.moe is not None:
         names.append(_moe_component_name(model))
     for name in names:
         if not component(name).array_api:
@@ -168,9 +168,9 @@ def _moe_component_name(m) -> str:
 
 
 def _is_moe(m, cols) -> bool:
-    """Whether the sublayer with columns ``cols`` is a mixture of experts: a sublayer of kind
-    "moe", or an FFN of a model whose ``ffn_kind`` is "moe"."""
-    return cols.kind == "moe" or (cols.kind == "ffn" and getattr(m, "ffn_kind", None) == "moe")
+    """Whether the sublayer with columns ``cols`` is a mixture of experts: an FFN of a model
+    whose ``ffn_kind`` is "moe"."""
+    return cols.kind == "ffn" and m.ffn_kind == "moe"
 
 
 def _moe_params(m, l, s):
@@ -253,7 +253,7 @@ class _Trial:
         self.act = component(registry.activation(model.activation).component)
         self.glu = component(registry.activation(model.activation).glu) if model.ffn_kind == "glu" else None
         self.drop = component("dropout")
-        self.moe = component(_moe_component_name(model)) if getattr(model, "moe", None) is not None else None
+        self.moe = component(_moe_component_name(model)) if model.moe is not None else None
         self.fused_relu = model.activation == "relu" and self.glu is None
 
     def _scale(self, arr, f):
